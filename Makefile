@@ -1,0 +1,22 @@
+# Entry points; the scripts in hack/ hold the logic.
+GO ?= go
+
+.PHONY: build demo test tools bench-catalog clean
+
+build:
+	$(GO) build -o bin/osimages ./cmd/osimages
+
+demo:
+	$(GO) run ./cmd/osimages demo
+
+test:
+	hack/test.sh
+
+tools:
+	hack/tools.sh
+
+bench-catalog:
+	hack/bench-catalog.sh
+
+clean:
+	rm -rf bin

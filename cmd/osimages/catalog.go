@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sylva-projects/osimages/internal/catalog"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+type catalogOptions struct {
+	valueFiles     []string
+	namespace      string
+	filter         string
+	apply          bool
+	force          bool
+	kubeconfig     string
+	caFile         string
+	registryConfig string
+	concurrency    int
+	timeout        time.Duration
+}
+
+func newCatalogCommand() *cobra.Command {
+	o := catalogOptions{}
+	cmd := &cobra.Command{
+		Use:   "catalog -f values.yaml [-f more.yaml ...]",
+		Short: "Resolve the metadata of every candidate OS image into ConfigMap os-images-info",
+		Long: `catalog reads sylva-units values (os_images_oci_registries,
+sylva_diskimagebuilder_images, os_images), fetches the manifest of every OCI
+image, keeps its sylva annotations as image fields, and prints ConfigMap
+os-images-info as YAML, or applies it with --apply.
+
+Exit codes: 0 done, 1 some image could not be resolved (all are listed, and
+nothing is printed or applied), 2 the values are wrong.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runCatalog(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "values file; repeat to merge several, later wins")
+	f.StringVarP(&o.namespace, "namespace", "n", catalog.DefaultNamespace, "namespace of the os-images-info ConfigMap")
+	f.StringVar(&o.filter, "filter", "", "resolve only the images whose key or registry key fully matches this regular expression")
+	f.BoolVar(&o.apply, "apply", false, "write the ConfigMap to the cluster with server-side apply instead of printing it")
+	f.BoolVar(&o.force, "force", false, "with --apply, resolve and write even when the inputs are unchanged")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
+	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	f.IntVar(&o.concurrency, "concurrency", 8, "manifests fetched at once")
+	f.DurationVar(&o.timeout, "timeout", 60*time.Second, "time allowed to resolve one image, retries included")
+	_ = cmd.MarkFlagRequired("values")
+	return cmd
+}
+
+func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer) error {
+	if o.concurrency < 1 {
+		return inputError(fmt.Errorf("--concurrency must be at least 1"))
+	}
+	filter, err := catalog.CompileFilter(o.filter)
+	if err != nil {
+		return inputError(err)
+	}
+	vals, err := values.LoadFiles(o.valueFiles...)
+	if err != nil {
+		return inputError(err)
+	}
+	plan, err := catalog.PlanFromValues(vals, filter)
+	if err != nil {
+		return inputError(err)
+	}
+	hash := plan.InputsHash()
+
+	var apply func(*corev1.ConfigMap) error
+	if o.apply {
+		client, err := kube.Clientset(o.kubeconfig)
+		if err != nil {
+			return inputError(err)
+		}
+		key := kube.ObjectKey{Namespace: o.namespace, Name: osimage.InfoConfigMapName}
+		current, err := kube.GetConfigMap(ctx, client, key)
+		if err != nil {
+			return failureError(err)
+		}
+		if catalog.UpToDate(current, hash) && !o.force {
+			fmt.Fprintf(stderr, "ConfigMap %s is up to date (inputs %s); nothing to do (--force resolves again)\n", key, hash)
+			return nil
+		}
+		apply = func(cm *corev1.ConfigMap) error {
+			if _, err := kube.ApplyConfigMap(ctx, client, cm); err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "ConfigMap %s applied: %d images\n", key, len(plan.Sources))
+			return nil
+		}
+	}
+
+	client, err := oci.NewClient(oci.Options{
+		Insecure:        plan.Insecure,
+		CAFile:          o.caFile,
+		RegistryConfig:  o.registryConfig,
+		MaxConnsPerHost: o.concurrency,
+	})
+	if err != nil {
+		return inputError(err)
+	}
+	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{Concurrency: o.concurrency, Timeout: o.timeout})
+	if err != nil {
+		var report *catalog.ResolveError
+		if errors.As(err, &report) {
+			return failureError(err)
+		}
+		return err
+	}
+	cm, err := catalog.ConfigMap(o.namespace, resolved, hash)
+	if err != nil {
+		return err
+	}
+	if apply != nil {
+		return failureErrorOrNil(apply(cm))
+	}
+	out, err := yaml.Marshal(cm)
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(out)
+	return err
+}
+
+func failureErrorOrNil(err error) error {
+	if err == nil {
+		return nil
+	}
+	return failureError(err)
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the tools the tests and benchmarks need, once per version, into a
+# cache outside the checkout, so that a fresh clone on the same machine reuses
+# them and a new machine builds them (about 6 minutes cold on 2 cores).
+#
+#   hack/tools.sh          build what is missing
+#   hack/tools.sh env      build what is missing, then print the environment
+#                          (KUBEBUILDER_ASSETS, PATH) to eval
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${OSIMAGES_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/osimages/tools}
+
+ORAS_VERSION=v1.3.6
+YQ_VERSION=v4.54.3
+
+log() { echo "tools: $*" >&2; }
+
+# kube-apiserver and etcd come from a module of their own (hack/tools/envtest):
+# k8s.io/kubernetes needs replace directives, which go install refuses. The
+# folder is keyed by the Kubernetes version and by the module's go.sum, so that
+# any change of that module builds them again.
+envtest_module=$root/hack/tools/envtest
+k8s_version=$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$envtest_module/go.mod" | head -1 | cut -d' ' -f2)
+sum=$(cat "$envtest_module/go.mod" "$envtest_module/go.sum" | sha256sum | cut -c1-12)
+envtest_dir=$cache/envtest-$k8s_version-$sum
+
+build_envtest() {
+  [ -x "$envtest_dir/kube-apiserver" ] && [ -x "$envtest_dir/etcd" ] && return
+  log "building kube-apiserver and etcd $k8s_version into $envtest_dir (about 5 minutes, once)"
+  local tmp
+  tmp=$(mktemp -d "$cache/.envtest.XXXXXX")
+  (cd "$envtest_module" &&
+    go build -trimpath -buildvcs=false -o "$tmp/etcd" ./etcd &&
+    go build -trimpath -buildvcs=false -o "$tmp/kube-apiserver" ./kube-apiserver)
+  rm -rf "$envtest_dir"
+  mv "$tmp" "$envtest_dir"
+}
+
+# go_install DIR PKG@VERSION: a plain go install into a versioned folder.
+go_install() {
+  local dir=$1 pkg=$2 bin
+  bin=$(basename "${pkg%@*}")
+  [ -x "$dir/$bin" ] && return
+  log "installing $pkg into $dir"
+  local tmp
+  tmp=$(mktemp -d "$cache/.install.XXXXXX")
+  GOBIN=$tmp GOFLAGS=-buildvcs=false go install "$pkg"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+}
+
+mkdir -p "$cache"
+build_envtest
+go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
+go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"
+
+if [ "${1:-}" = env ]; then
+  # The Go yq goes first on PATH: a Python yq may be installed and differs.
+  echo "export KUBEBUILDER_ASSETS='$envtest_dir'"
+  echo "export PATH='$cache/yq-$YQ_VERSION:$cache/oras-$ORAS_VERSION':\"\$PATH\""
+fi

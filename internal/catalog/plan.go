@@ -1,0 +1,268 @@
+// Package catalog turns a cluster's values into the os_images catalog that
+// Sylva's os-images-info job publishes: it lists the candidate images (plan),
+// then reads each OCI image's metadata from its manifest annotations
+// (resolve).
+package catalog
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+// Source is one image the values ask for, before its metadata is resolved.
+type Source struct {
+	Key string `json:"key"`
+	URI string `json:"uri"`
+	// RegistryKey is the os_images_oci_registries key of a diskimage-builder
+	// image, empty for a hand-declared one.
+	RegistryKey string `json:"registryKey,omitempty"`
+	// Declared are the hand-declared fields of os_images; they win over the
+	// annotations of the same name.
+	Declared osimage.Image `json:"declared,omitempty"`
+}
+
+// IsOCI says whether the image's metadata comes from an OCI manifest.
+func (s Source) IsOCI() bool { return strings.HasPrefix(s.URI, "oci://") }
+
+// Plan is every image to resolve, sorted by key.
+type Plan struct {
+	Sources []Source `json:"sources"`
+	// Insecure is oci_registry_insecure.
+	Insecure bool `json:"insecure"`
+}
+
+// planFormat versions the inputs hash: bump it when the meaning of a plan
+// changes, so that clusters resolve again after an upgrade.
+const planFormat = "osimages.catalog/v1"
+
+// InputsHash identifies the plan: equal plans resolve to the same catalog as
+// long as the registries' tags do not move.
+func (p Plan) InputsHash() string {
+	data, _ := json.Marshal(struct {
+		Format string `json:"format"`
+		Plan
+	}{planFormat, p})
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// PlanFromValues lists the images of sylva_diskimagebuilder_images and
+// os_images (contract §2). A filter, when given, keeps the images whose key
+// or registry key it fully matches. Every fault of the values is reported,
+// each with its values path.
+func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
+	var errs []error
+	fail := func(err error) { errs = append(errs, err) }
+
+	insecure, err := values.Bool(v, "oci_registry_insecure", "oci_registry_insecure", false)
+	if err != nil {
+		fail(err)
+	}
+	registries, err := registriesFromValues(v)
+	if err != nil {
+		fail(err)
+	}
+
+	sources := map[string]Source{}
+	dib, err := values.Map(v, "sylva_diskimagebuilder_images", "sylva_diskimagebuilder_images")
+	if err != nil {
+		fail(err)
+	}
+	for _, key := range slices.Sorted(maps.Keys(dib)) {
+		path := "sylva_diskimagebuilder_images." + key
+		if err := osimage.ValidateKey(key); err != nil {
+			fail(fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		entry, err := values.Map(dib, key, path)
+		if err != nil {
+			fail(err)
+			continue
+		}
+		if enabled, err := values.Bool(entry, "enabled", path+".enabled", true); err != nil {
+			fail(err)
+			continue
+		} else if !enabled {
+			continue
+		}
+		regKey, err := values.String(entry, "os_images_oci_registry", path+".os_images_oci_registry")
+		if err != nil {
+			fail(err)
+			continue
+		}
+		reg, ok := registries[regKey]
+		if !ok {
+			fail(fmt.Errorf("%s.os_images_oci_registry ('%s') is not defined in os_images_oci_registries", path, regKey))
+			continue
+		}
+		if !reg.enabled {
+			continue
+		}
+		sources[key] = Source{
+			Key:         key,
+			URI:         strings.TrimSuffix(reg.url, "/") + "/" + key + ":" + reg.tag,
+			RegistryKey: regKey,
+		}
+	}
+
+	declared, err := values.Map(v, "os_images", "os_images")
+	if err != nil {
+		fail(err)
+	}
+	for _, key := range slices.Sorted(maps.Keys(declared)) {
+		path := "os_images." + key
+		if err := osimage.ValidateKey(key); err != nil {
+			fail(fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		one, err := osimage.CatalogFromValues(map[string]any{key: declared[key]}, "os_images")
+		if err != nil {
+			fail(err)
+			continue
+		}
+		fields := one[key]
+		if err := validateDeclared(path, fields); err != nil {
+			fail(err)
+			continue
+		}
+		src, fromDIB := sources[key]
+		src.Key = key
+		src.Declared = fields
+		if uri := fields[osimage.FieldURI]; uri != "" {
+			src.URI = uri
+		}
+		if src.URI == "" {
+			fail(fmt.Errorf("%s.uri: missing; give the oci:// or http(s):// address of the image", path))
+			continue
+		}
+		if !fromDIB {
+			src.RegistryKey = ""
+		}
+		sources[key] = src
+	}
+	if len(errs) > 0 {
+		return Plan{}, &InputError{Errs: errs}
+	}
+
+	plan := Plan{Insecure: insecure}
+	for _, key := range slices.Sorted(maps.Keys(sources)) {
+		s := sources[key]
+		if filter != nil && !filter.MatchString(s.Key) && (s.RegistryKey == "" || !filter.MatchString(s.RegistryKey)) {
+			continue
+		}
+		plan.Sources = append(plan.Sources, s)
+	}
+	return plan, nil
+}
+
+// CompileFilter anchors a --filter expression, as selector patterns are, so
+// that "ubuntu" does not also pick "ubuntu-hardened".
+func CompileFilter(expr string) (*regexp.Regexp, error) {
+	if expr == "" {
+		return nil, nil
+	}
+	re, err := regexp.Compile("^(?:" + expr + ")$")
+	if err != nil {
+		return nil, fmt.Errorf("--filter %q is not a regular expression: %w", expr, err)
+	}
+	return re, nil
+}
+
+func validateDeclared(path string, fields osimage.Image) error {
+	var errs []error
+	for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
+		if v, ok := fields[f]; ok {
+			if err := osimage.ValidateDigestField(f, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s.%s: %w", path, f, err))
+			}
+		}
+	}
+	if uri := fields[osimage.FieldURI]; uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
+		errs = append(errs, fmt.Errorf("%s.uri: %q must start with oci://, http:// or https://", path, uri))
+	}
+	return errors.Join(errs...)
+}
+
+func hasScheme(uri string, schemes ...string) bool {
+	for _, s := range schemes {
+		if strings.HasPrefix(uri, s) {
+			return true
+		}
+	}
+	return false
+}
+
+type registry struct {
+	url, tag string
+	enabled  bool
+}
+
+func registriesFromValues(v values.Values) (map[string]registry, error) {
+	raw, err := values.Map(v, "os_images_oci_registries", "os_images_oci_registries")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]registry{}
+	var errs []error
+	for _, key := range slices.Sorted(maps.Keys(raw)) {
+		path := "os_images_oci_registries." + key
+		entry, err := values.Map(raw, key, path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var r registry
+		var e1, e2, e3 error
+		r.enabled, e1 = values.Bool(entry, "enabled", path+".enabled", true)
+		r.url, e2 = renderField(v, entry, "url", path)
+		r.tag, e3 = renderField(v, entry, "tag", path)
+		if err := errors.Join(e1, e2, e3); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if r.enabled && !strings.HasPrefix(r.url, "oci://") {
+			errs = append(errs, fmt.Errorf("%s.url: %q must start with oci://", path, r.url))
+			continue
+		}
+		out[key] = r
+	}
+	return out, errors.Join(errs...)
+}
+
+func renderField(all, entry values.Values, field, path string) (string, error) {
+	s, err := values.String(entry, field, path+"."+field)
+	if err != nil {
+		return "", err
+	}
+	s, err = values.Render(s, all, path+"."+field)
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", fmt.Errorf("%s.%s: missing", path, field)
+	}
+	return s, nil
+}
+
+// InputError lists the faults of the values. Callers exit 2 on it.
+type InputError struct{ Errs []error }
+
+func (e *InputError) Error() string {
+	lines := make([]string, len(e.Errs))
+	for i, err := range e.Errs {
+		lines[i] = err.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (e *InputError) Unwrap() []error { return e.Errs }

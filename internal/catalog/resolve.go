@@ -1,0 +1,174 @@
+package catalog
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// ManifestFetcher reads an image's manifest from its registry.
+type ManifestFetcher interface {
+	FetchManifest(ctx context.Context, uri string) (oci.Manifest, error)
+}
+
+// ResolveOptions bound the work of Resolve.
+type ResolveOptions struct {
+	// Concurrency is the number of manifests fetched at once (default 8).
+	Concurrency int
+	// Timeout bounds the resolution of one image, retries included
+	// (default 60s).
+	Timeout time.Duration
+}
+
+// Resolve reads the metadata of every OCI image of the plan from its
+// manifest annotations, and takes other images as declared. Hand-declared
+// fields win over annotations. One failing image does not stop the others:
+// every failure is collected into a *ResolveError.
+func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts ResolveOptions) (osimage.Catalog, error) {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 8
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
+	images := make([]osimage.Image, len(plan.Sources))
+	failures := make([]*Failure, len(plan.Sources))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Concurrency)
+	for i, src := range plan.Sources {
+		g.Go(func() error {
+			img, err := resolveOne(gctx, src, fetcher, opts.Timeout)
+			if err != nil {
+				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: describe(err, opts.Timeout)}
+				return nil
+			}
+			images[i] = img
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	out := make(osimage.Catalog, len(images))
+	var report ResolveError
+	for i, src := range plan.Sources {
+		if failures[i] != nil {
+			report.Failures = append(report.Failures, *failures[i])
+			continue
+		}
+		out[src.Key] = images[i]
+	}
+	report.Total = len(plan.Sources)
+	if len(report.Failures) > 0 {
+		return nil, &report
+	}
+	return out, nil
+}
+
+func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, timeout time.Duration) (osimage.Image, error) {
+	img := osimage.Image{}
+	if src.IsOCI() {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		m, err := fetcher.FetchManifest(ctx, src.URI)
+		if err != nil {
+			return nil, err
+		}
+		img = osimage.FieldsFromAnnotations(m.Annotations)
+		for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
+			if v, ok := img[f]; ok {
+				if err := osimage.ValidateDigestField(f, v); err != nil {
+					return nil, fmt.Errorf("annotation %s%s: %w", osimage.AnnotationPrefix, f, err)
+				}
+			}
+		}
+	}
+	img[osimage.FieldURI] = src.URI
+	if src.RegistryKey != "" {
+		img[osimage.FieldRegistryKey] = src.RegistryKey
+	}
+	for k, v := range src.Declared {
+		img[k] = v
+	}
+	if src.IsOCI() && img[osimage.FieldSHA256] == "" {
+		return nil, errNoSHA256
+	}
+	return img, nil
+}
+
+var errNoSHA256 = errors.New("no sha256 annotation: the manifest has no " + osimage.AnnotationPrefix + "sha256, and os_images declares none (was it published by diskimage-builder?)")
+
+// Failure is one image that could not be resolved.
+type Failure struct {
+	Key, URI, Cause string
+}
+
+// ResolveError reports every image that failed. Callers exit 1 on it.
+type ResolveError struct {
+	Total    int
+	Failures []Failure
+}
+
+func (e *ResolveError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d of %d images could not be resolved:", len(e.Failures), e.Total)
+	for _, f := range e.Failures {
+		fmt.Fprintf(&b, "\n  %s (%s): %s", f.Key, f.URI, f.Cause)
+	}
+	return b.String()
+}
+
+// describe turns a fetch error into the cause an operator acts on.
+func describe(err error, timeout time.Duration) string {
+	var respErr *errcode.ErrorResponse
+	var unknownCA x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalidCert x509.CertificateInvalidError
+	var verifyErr *tls.CertificateVerificationError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, errNoSHA256):
+		return err.Error()
+	case errors.As(err, &respErr) && (respErr.StatusCode == http.StatusUnauthorized || respErr.StatusCode == http.StatusForbidden):
+		return fmt.Sprintf("unauthorized: the registry answered %d; check the credentials for %s in the registry config (--registry-config)", respErr.StatusCode, respErr.URL.Host)
+	case errors.Is(err, errdef.ErrNotFound) || errors.As(err, &respErr) && respErr.StatusCode == http.StatusNotFound:
+		return "tag not found: the registry has no such repository or tag"
+	case errors.As(err, &unknownCA) || errors.As(err, &hostErr) || errors.As(err, &invalidCert) || errors.As(err, &verifyErr):
+		return fmt.Sprintf("TLS: %v; add the registry's CA with --ca-file, or set oci_registry_insecure: true", rootCause(err))
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
+		return fmt.Sprintf("timeout: no answer within %s", timeout)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("connection refused: %v", rootCause(err))
+	case errors.As(err, &respErr):
+		return fmt.Sprintf("registry answered %d: %v", respErr.StatusCode, err)
+	default:
+		return err.Error()
+	}
+}
+
+func rootCause(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}

@@ -1,0 +1,102 @@
+// Package kube reads and writes the objects osimages exchanges with a
+// cluster: kubeconfig loading, and ConfigMaps applied with server-side apply
+// so that osimages owns exactly the fields it writes.
+package kube
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// FieldManager names osimages in managedFields.
+const FieldManager = "osimages"
+
+// RESTConfig loads a kubeconfig: the file given, else $KUBECONFIG or
+// ~/.kube/config, else the in-cluster service account.
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "osimages"
+	return cfg, nil
+}
+
+// Clientset builds a typed client from a kubeconfig, as RESTConfig finds it.
+func Clientset(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// ObjectKey is a namespace/name pair as given on the command line.
+type ObjectKey struct{ Namespace, Name string }
+
+func (k ObjectKey) String() string { return k.Namespace + "/" + k.Name }
+
+// ParseObjectKey reads NS/NAME.
+func ParseObjectKey(s string) (ObjectKey, error) {
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return ObjectKey{}, fmt.Errorf("%q: want NAMESPACE/NAME", s)
+	}
+	return ObjectKey{Namespace: ns, Name: name}, nil
+}
+
+// GetConfigMap returns the ConfigMap, or nil when it does not exist.
+func GetConfigMap(ctx context.Context, c kubernetes.Interface, key ObjectKey) (*corev1.ConfigMap, error) {
+	cm, err := c.CoreV1().ConfigMaps(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading ConfigMap %s: %w", key, err)
+	}
+	return cm, nil
+}
+
+// ConfigMapValues returns the values.yaml document of a ConfigMap that must
+// exist.
+func ConfigMapValues(ctx context.Context, c kubernetes.Interface, key ObjectKey, dataKey string) ([]byte, error) {
+	cm, err := GetConfigMap(ctx, c, key)
+	if err != nil {
+		return nil, err
+	}
+	if cm == nil {
+		return nil, fmt.Errorf("ConfigMap %s not found", key)
+	}
+	data, ok := cm.Data[dataKey]
+	if !ok {
+		return nil, fmt.Errorf("ConfigMap %s has no data key %q", key, dataKey)
+	}
+	return []byte(data), nil
+}
+
+// ApplyConfigMap writes cm with server-side apply, forcing ownership of the
+// fields it sets: osimages is the one writer of its outputs.
+func ApplyConfigMap(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+	ac := corev1ac.ConfigMap(cm.Name, cm.Namespace).
+		WithLabels(cm.Labels).
+		WithAnnotations(cm.Annotations).
+		WithData(cm.Data)
+	out, err := c.CoreV1().ConfigMaps(cm.Namespace).Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
+		return nil, fmt.Errorf("applying ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return out, nil
+}

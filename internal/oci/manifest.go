@@ -1,0 +1,52 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry/remote"
+)
+
+// maxManifestBytes bounds what is read of a manifest; an image manifest with
+// one layer is a few KiB.
+const maxManifestBytes = 4 << 20
+
+// Manifest is a resolved image manifest.
+type Manifest struct {
+	Descriptor ocispec.Descriptor
+	ocispec.Manifest
+}
+
+// FetchManifest resolves uri (oci://host/repo:tag, or a digest) and returns
+// its manifest, checked against the digest the registry gave for it.
+func (c *Client) FetchManifest(ctx context.Context, uri string) (Manifest, error) {
+	ref, err := ParseReference(uri)
+	if err != nil {
+		return Manifest{}, err
+	}
+	var out Manifest
+	err = c.Do(ctx, ref, func(repo *remote.Repository) error {
+		desc, rc, err := repo.FetchReference(ctx, ref.Reference)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		if desc.Size > maxManifestBytes {
+			return fmt.Errorf("manifest is %d bytes, more than the %d an image manifest can be", desc.Size, maxManifestBytes)
+		}
+		data, err := content.ReadAll(io.LimitReader(rc, maxManifestBytes), desc)
+		if err != nil {
+			return err
+		}
+		out.Descriptor = desc
+		if err := json.Unmarshal(data, &out.Manifest); err != nil {
+			return fmt.Errorf("manifest %s is not JSON: %w", desc.Digest, err)
+		}
+		return nil
+	})
+	return out, err
+}

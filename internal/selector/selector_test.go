@@ -1,0 +1,182 @@
+package selector
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+func mustParse(t testing.TB, raw map[string]any) Selector {
+	t.Helper()
+	s, err := Parse(raw, ".sel")
+	if err != nil {
+		t.Fatalf("Parse(%v): %v", raw, err)
+	}
+	return s
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		raw     any
+		want    map[string]string // patterns after parsing
+		wantErr string            // exact error text when set
+		errHas  []string          // substrings of the error when set
+	}{
+		{name: "nil is the empty selector", raw: nil, want: map[string]string{}},
+		{name: "empty map", raw: map[string]any{}, want: map[string]string{}},
+		{
+			name: "every base key",
+			raw: map[string]any{
+				"os": "ubuntu", "os-release": "noble", "k8s-flavor": "rke2", "k8s-version": `1\.32.*`,
+				"hardened": "false", "commit-tag": "0.7.6", "flavor": "plain",
+				"oci-image-registry-key": "sylva", "_os_images_key_": "img-a",
+			},
+			want: map[string]string{
+				"os": "ubuntu", "os-release": "noble", "k8s-flavor": "rke2", "k8s-version": `1\.32.*`,
+				"hardened": "false", "commit-tag": "0.7.6", "flavor": "plain",
+				"oci-image-registry-key": "sylva", "_os_images_key_": "img-a",
+			},
+		},
+		{name: "booleans become true/false", raw: map[string]any{"hardened": true, "os": false}, want: map[string]string{"hardened": "true", "os": "false"}},
+		{name: "null value removes the key", raw: map[string]any{"os": nil, "flavor": "plain"}, want: map[string]string{"flavor": "plain"}},
+		{
+			name:    "unknown key refused",
+			raw:     map[string]any{"os": "ubuntu", "size": "1"},
+			wantErr: ".sel: OS selector key 'size': this key is not among the supported base keys (set _use_extra_keys_: true to allow it)",
+		},
+		{
+			name:   "unknown key refused when _use_extra_keys_ is false",
+			raw:    map[string]any{"size": "1", "_use_extra_keys_": false},
+			errHas: []string{".sel: OS selector key 'size': this key is not among the supported base keys"},
+		},
+		{
+			name: "extra keys allowed by _use_extra_keys_, which is no match key",
+			raw:  map[string]any{"size": "1", "commit-id": "abc", "_use_extra_keys_": true},
+			want: map[string]string{"size": "1", "commit-id": "abc"},
+		},
+		{name: "_use_extra_keys_ quoted", raw: map[string]any{"size": "1", "_use_extra_keys_": "true"}, want: map[string]string{"size": "1"}},
+		{name: "_use_extra_keys_ null", raw: map[string]any{"os": "x", "_use_extra_keys_": nil}, want: map[string]string{"os": "x"}},
+		{name: "_use_extra_keys_ not a boolean", raw: map[string]any{"_use_extra_keys_": "yes"}, errHas: []string{".sel", "'_use_extra_keys_'", "true or false"}},
+		{name: "not a map", raw: "os=ubuntu", errHas: []string{".sel:", "must be a map"}},
+		{name: "list", raw: []any{map[string]any{"os": "x"}}, errHas: []string{".sel:", "a list"}},
+		{name: "number value", raw: map[string]any{"os-release": 15.6}, errHas: []string{".sel:", "'os-release'", "string or a boolean", "15.6"}},
+		{name: "int value", raw: map[string]any{"os-release": 24}, errHas: []string{".sel:", "'os-release'", "24"}},
+		{name: "map value", raw: map[string]any{"os": map[string]any{}}, errHas: []string{".sel:", "'os'", "a map"}},
+		{name: "list value", raw: map[string]any{"os": []any{"a"}}, errHas: []string{".sel:", "'os'", "a list"}},
+		{name: "bad regexp", raw: map[string]any{"os": "ubuntu("}, errHas: []string{".sel:", "'os'", `"ubuntu("`, "invalid regular expression"}},
+		{name: "pattern escaping its anchors", raw: map[string]any{"os": "a)|(b"}, errHas: []string{".sel:", "'os'", `"a)|(b"`}},
+		{name: "first bad key in sorted order is reported", raw: map[string]any{"zz": "1", "aa": "1"}, errHas: []string{"'aa'"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Parse(tt.raw, ".sel")
+			if tt.wantErr != "" || tt.errHas != nil {
+				if err == nil {
+					t.Fatalf("Parse: no error, want one")
+				}
+				if tt.wantErr != "" && err.Error() != tt.wantErr {
+					t.Errorf("error\n got %q\nwant %q", err, tt.wantErr)
+				}
+				for _, sub := range tt.errHas {
+					if !strings.Contains(err.Error(), sub) {
+						t.Errorf("error %q lacks %q", err, sub)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got := s.Map()
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+			for k, v := range tt.want {
+				if got[k] != v {
+					t.Errorf("key %s: got %q, want %q", k, got[k], v)
+				}
+			}
+			if s.Has(KeyUseExtraKeys) {
+				t.Errorf("%s must not be a match key", KeyUseExtraKeys)
+			}
+		})
+	}
+}
+
+func TestMatches(t *testing.T) {
+	img := osimage.Image{
+		"os": "ubuntu", "os-release": "noble", "hardened": "false", "k8s-version": "1.32.5+rke2r1",
+		"flavor": "", "size": "22000000000",
+	}
+	tests := []struct {
+		name string
+		sel  map[string]any
+		key  string
+		want bool
+	}{
+		{name: "empty selector matches anything", sel: map[string]any{}, want: true},
+		{name: "literal", sel: map[string]any{"os": "ubuntu"}, want: true},
+		{name: "prefix is not enough", sel: map[string]any{"os": "ubu"}, want: false},
+		{name: "pattern must cover the whole value", sel: map[string]any{"os": "ubuntu2"}, want: false},
+		{name: "regexp", sel: map[string]any{"os": "ub.*"}, want: true},
+		{name: "alternation is anchored as a whole", sel: map[string]any{"os": "opensuse|ubuntu"}, want: true},
+		{name: "alternation does not leak out of the anchors", sel: map[string]any{"os": "ubun|tu"}, want: false},
+		{name: "case sensitive", sel: map[string]any{"os": "Ubuntu"}, want: false},
+		{name: "case-insensitive flag", sel: map[string]any{"os": "(?i)UBUNTU"}, want: true},
+		{name: "every key must match", sel: map[string]any{"os": "ubuntu", "os-release": "jammy"}, want: false},
+		{name: "every key matches", sel: map[string]any{"os": "ubuntu", "os-release": "noble|jammy"}, want: true},
+		{name: "boolean pattern", sel: map[string]any{"hardened": false}, want: true},
+		{name: "boolean pattern mismatch", sel: map[string]any{"hardened": true}, want: false},
+		{name: "missing field is //unset", sel: map[string]any{"commit-tag": "//unset"}, want: true},
+		{name: "missing field matches .*", sel: map[string]any{"commit-tag": ".*"}, want: true},
+		{name: "missing field does not match the empty pattern", sel: map[string]any{"commit-tag": ""}, want: false},
+		{name: "empty field matches the empty pattern", sel: map[string]any{"flavor": ""}, want: true},
+		{name: "empty field is not //unset", sel: map[string]any{"flavor": "//unset"}, want: false},
+		{name: "missing field does not match a word", sel: map[string]any{"commit-tag": "0.7.6"}, want: false},
+		{name: "escaped plus", sel: map[string]any{"k8s-version": `1.32.5\+rke2r1`}, want: true},
+		{name: "unescaped plus does not match a plus", sel: map[string]any{"k8s-version": `1.32.5+rke2r1`}, want: false},
+		{name: "image key", sel: map[string]any{"_os_images_key_": "ubuntu-noble"}, key: "ubuntu-noble", want: true},
+		{name: "image key regexp", sel: map[string]any{"_os_images_key_": "ubuntu-.*"}, key: "ubuntu-noble", want: true},
+		{name: "image key mismatch", sel: map[string]any{"_os_images_key_": "ubuntu"}, key: "ubuntu-noble", want: false},
+		{name: "extra key", sel: map[string]any{"_use_extra_keys_": true, "size": "22[0-9]+"}, want: true},
+		{name: "extra key missing", sel: map[string]any{"_use_extra_keys_": true, "md5": "//unset"}, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := mustParse(t, tt.sel)
+			if got := s.Matches(tt.key, img); got != tt.want {
+				t.Errorf("%s.Matches = %v, want %v", s, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestList(t *testing.T) {
+	cat := osimage.Catalog{
+		"a": {"os": "ubuntu"},
+		"b": {"os": "opensuse"},
+		"c": {"os": "leapmicro"},
+	}
+	l := List{mustParse(t, map[string]any{"os": "ubuntu"}), mustParse(t, map[string]any{"_os_images_key_": "b"})}
+	if got := strings.Join(l.Select(cat), ","); got != "a,b" {
+		t.Errorf("Select = %s, want a,b", got)
+	}
+	if l.Matches("c", cat["c"]) {
+		t.Error("c matched")
+	}
+	if (List{}).Matches("a", cat["a"]) {
+		t.Error("an empty list must match nothing")
+	}
+}
+
+func TestString(t *testing.T) {
+	s := mustParse(t, map[string]any{"os": "ubuntu", "hardened": false, "k8s-version": `1.32\+x`})
+	if got, want := s.String(), `{hardened: false, k8s-version: 1.32\+x, os: ubuntu}`; got != want {
+		t.Errorf("String = %s, want %s", got, want)
+	}
+	if !s.Has("k8s-version") || s.Has("flavor") {
+		t.Error("Has")
+	}
+}
