@@ -39,8 +39,11 @@ build_envtest() {
 
 # go_install DIR PKG@VERSION: a plain go install into a versioned folder.
 go_install() {
-  local dir=$1 pkg=$2 bin
-  bin=$(basename "${pkg%@*}")
+  local dir=$1 pkg=$2 path bin
+  path=${pkg%@*}
+  bin=$(basename "$path")
+  # A major-version suffix (yq/v4) is not the command's name.
+  [[ $bin =~ ^v[0-9]+$ ]] && bin=$(basename "$(dirname "$path")")
   [ -x "$dir/$bin" ] && return
   log "installing $pkg into $dir"
   local tmp

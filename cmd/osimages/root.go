@@ -15,6 +15,6 @@ to Ironic, propagates what is served, and renders Metal3MachineTemplates.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newCatalogCommand(), newDemoCommand())
+	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newDemoCommand())
 	return root
 }

@@ -117,16 +117,9 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 		return nil, "", fmt.Errorf("%s: no image: set .os_image_selector, .image_key, or .machine_image_url", path)
 	}
 
-	var sel *selector.Selector
-	if hasSel {
-		s, err := selector.Parse(rawSel, path+".os_image_selector")
-		if err != nil {
-			return nil, "", err
-		}
-		if s, err = selector.Finalize(s, r.cluster.finalize); err != nil {
-			return nil, "", fmt.Errorf("%s.os_image_selector: %w", path, err)
-		}
-		sel = &s
+	sel, err := finalizedSelector(rawSel, r.cluster.finalize, path)
+	if err != nil {
+		return nil, "", err
 	}
 	key, err := selector.Resolve(r.catalog, imageKey, sel, path)
 	if err != nil {
@@ -134,6 +127,62 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 	}
 	img, err := r.servedImage(key, v, path)
 	return img, key, err
+}
+
+// finalizedSelector parses a level's os_image_selector (nil when unset) and
+// finalizes it for the cluster.
+func finalizedSelector(raw any, c selector.Cluster, path string) (*selector.Selector, error) {
+	if raw == nil {
+		return nil, nil
+	}
+	s, err := selector.Parse(raw, path+".os_image_selector")
+	if err != nil {
+		return nil, err
+	}
+	if s, err = selector.Finalize(s, c); err != nil {
+		return nil, fmt.Errorf("%s.os_image_selector: %w", path, err)
+	}
+	return &s, nil
+}
+
+// Choice is how one level designates its image in (A).
+type Choice struct {
+	// ImageKey is the level's image_key, empty when unset.
+	ImageKey string
+	// Selector is the level's os_image_selector, finalized; nil when unset.
+	Selector *selector.Selector
+}
+
+// LevelChoice returns the image_key and finalized selector that Render uses
+// for the level at path (.control_plane.capm3 or
+// .machine_deployments.NAME.capm3), so that tools can show what a level
+// would pick.
+func LevelChoice(v values.Values, path string) (Choice, error) {
+	cl, errs := readCluster(v)
+	levels, lerrs := splitLevels(v)
+	if err := errors.Join(append(errs, lerrs...)...); err != nil && levels == nil {
+		return Choice{}, err
+	}
+	var paths []string
+	for _, lv := range levels {
+		paths = append(paths, lv.path)
+		if lv.path != path {
+			continue
+		}
+		imageKey, err := values.String(lv.values, "image_key", path+".image_key")
+		if err != nil {
+			return Choice{}, err
+		}
+		sel, err := finalizedSelector(lv.values["os_image_selector"], cl.finalize, path)
+		if err != nil {
+			return Choice{}, err
+		}
+		if imageKey == "" && sel == nil {
+			return Choice{}, fmt.Errorf("%s: neither .image_key nor .os_image_selector is set", path)
+		}
+		return Choice{ImageKey: imageKey, Selector: sel}, nil
+	}
+	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values (levels: %s)", path, strings.Join(paths, ", "))
 }
 
 // servedImage is the image block of image key of (A), served by the

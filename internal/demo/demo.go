@@ -1,7 +1,8 @@
 // Package demo is the embedded default: a complete run of osimages with no
 // cluster and no outside registry. It publishes a few small generated
 // diskimage-builder artifacts into an in-process registry on 127.0.0.1 and
-// runs the catalog on them.
+// runs the catalog on them, then renders a sample workload cluster's
+// Metal3MachineTemplates from that catalog.
 package demo
 
 import (
@@ -12,6 +13,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/oci"
@@ -21,6 +23,9 @@ import (
 
 //go:embed values.yaml
 var valuesYAML []byte
+
+//go:embed cluster.yaml
+var clusterYAML []byte
 
 // Images are the artifacts the demo publishes, as diskimage-builder would.
 var Images = []struct {
@@ -89,8 +94,10 @@ func Start(ctx context.Context) (*Environment, error) {
 // Close stops the registry.
 func (e *Environment) Close() error { return e.Registry.Close() }
 
-// Run starts the demo environment, runs the catalog on it and writes the
-// resulting os-images-info ConfigMap to out. Progress goes to log.
+// Run starts the demo environment, runs the catalog on it, renders the
+// Metal3MachineTemplates of a sample workload cluster from that catalog, and
+// writes the os-images-info ConfigMap and the templates to out as one YAML
+// stream. Progress goes to log.
 func Run(ctx context.Context, out, log io.Writer) error {
 	env, err := Start(ctx)
 	if err != nil {
@@ -115,11 +122,47 @@ func Run(ctx context.Context, out, log io.Writer) error {
 	if err != nil {
 		return err
 	}
+	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info\n", len(resolved))
+
+	templates, err := RenderCluster(resolved, ServeAll(resolved))
+	if err != nil {
+		return err
+	}
+	for _, t := range templates {
+		fmt.Fprintf(log, "demo: %s -> %s (image %s)\n", t.Level, t.Name(), t.ImageKey)
+	}
+
 	data, err := yaml.Marshal(cm)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(log, "demo: catalog resolved %d images; ConfigMap os-images-info follows\n", len(resolved))
-	_, err = out.Write(data)
+	docs, err := capm3.MarshalYAML(templates)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "---\n%s%s", data, docs)
 	return err
+}
+
+// ServeAll is the served set (B) of a management cluster that serves every
+// image of cat that has a sha256, as the image server would publish it once
+// all are downloaded and verified.
+func ServeAll(cat osimage.Catalog) osimage.ServedSet {
+	served := osimage.ServedSet{}
+	for key, img := range cat {
+		if sum := img[osimage.FieldSHA256]; sum != "" {
+			served[sum] = osimage.ServedImage{Available: true, ImageKey: key}
+		}
+	}
+	return served
+}
+
+// RenderCluster renders the demo's workload cluster with catalog (A) and
+// served set (B).
+func RenderCluster(a osimage.Catalog, b osimage.ServedSet) ([]capm3.Template, error) {
+	v, err := values.Parse(clusterYAML)
+	if err != nil {
+		return nil, fmt.Errorf("embedded demo cluster values: %w", err)
+	}
+	return capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, Namespace: "demo-cluster"})
 }

@@ -11,9 +11,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -99,4 +104,38 @@ func ApplyConfigMap(ctx context.Context, c kubernetes.Interface, cm *corev1.Conf
 		return nil, fmt.Errorf("applying ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
 	return out, nil
+}
+
+// ApplyObjects writes objs with server-side apply, all or nothing as far as
+// the apiserver can tell in advance: every object is first applied as a
+// dry run, so that a schema or admission refusal of any of them leaves the
+// cluster untouched.
+func ApplyObjects(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured) error {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	resources := make([]dynamic.ResourceInterface, len(objs))
+	for i, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w (is its CRD installed?)", gvk.Kind, obj.GetName(), err)
+		}
+		resources[i] = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+	}
+	for _, dryRun := range [][]string{{metav1.DryRunAll}, nil} {
+		for i, obj := range objs {
+			opts := metav1.ApplyOptions{FieldManager: FieldManager, Force: true, DryRun: dryRun}
+			if _, err := resources[i].Apply(ctx, obj.GetName(), obj, opts); err != nil {
+				return fmt.Errorf("applying %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+			}
+		}
+	}
+	return nil
 }

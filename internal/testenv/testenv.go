@@ -92,3 +92,52 @@ func Registry(t testing.TB, opts devregistry.Options) *devregistry.Registry {
 	t.Cleanup(func() { reg.Close() })
 	return reg
 }
+
+// SharedDir returns the read-only shared/ folder of fixtures that sits beside
+// the checkout (or $OSIMAGES_SHARED_DIR), or skips the test, saying why: the
+// project must build and test without it.
+func SharedDir(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("OSIMAGES_SHARED_DIR"); dir != "" {
+		return dir
+	}
+	if dir := findSharedDir(); dir != "" {
+		return dir
+	}
+	t.Skip("shared/ fixtures not found beside the checkout (set OSIMAGES_SHARED_DIR): skipping the checks that need them")
+	return ""
+}
+
+// Metal3CRDs returns the folder of the real Metal3 CRDs in shared/, or "" when
+// it is absent.
+func Metal3CRDs() string {
+	dir := os.Getenv("OSIMAGES_SHARED_DIR")
+	if dir == "" {
+		dir = findSharedDir()
+	}
+	if dir == "" {
+		return ""
+	}
+	crds := filepath.Join(dir, "crds", "metal3")
+	if _, err := os.Stat(crds); err != nil {
+		return ""
+	}
+	return crds
+}
+
+func findSharedDir() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		if fi, err := os.Stat(filepath.Join(dir, "shared", "crds")); err == nil && fi.IsDir() {
+			return filepath.Join(dir, "shared")
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// The end-to-end tests drive the real binary, so that flags, exit codes and
+// output streams are tested as operators meet them.
+var binary string
+
+// kube is one apiserver shared by the tests of this package, started on
+// first use with the Metal3 CRDs when shared/ has them.
+var (
+	kubeOnce sync.Once
+	kubeEnv  *testenv.Kube
+	kubeErr  error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "osimages-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "osimages")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building osimages:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if kubeEnv != nil {
+		_ = kubeEnv.Stop()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func apiserver(t *testing.T) *testenv.Kube {
+	t.Helper()
+	kubeOnce.Do(func() {
+		var crds []string
+		if dir := testenv.Metal3CRDs(); dir != "" {
+			crds = append(crds, dir)
+		}
+		kubeEnv, kubeErr = testenv.StartKube(crds...)
+	})
+	if kubeErr != nil {
+		t.Fatal(kubeErr)
+	}
+	return kubeEnv
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.CommandContext(context.Background(), binary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// Credentials of the machine must not leak into the tests.
+	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	code := 0
+	if errors.As(err, &exitErr) {
+		code = exitErr.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selector"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+type selectOptions struct {
+	osImages      string
+	selectors     []string
+	clusterValues []string
+	level         string
+}
+
+func newSelectCommand() *cobra.Command {
+	o := selectOptions{}
+	cmd := &cobra.Command{
+		Use:   "select --os-images FILE (--selector KEY=PATTERN ... | --cluster-values FILE --level PATH)",
+		Short: "List the images an OS image selector matches, to debug selectors",
+		Long: `select lists the keys and sha256 of the images of an os_images catalog that a
+selector matches, then says whether picking one image would succeed.
+
+The catalog is a values document holding os_images, or an os-images-info
+ConfigMap. The selector is given key by key with --selector (not finalized),
+or taken from a level of cluster values with --cluster-values and --level
+(such as .control_plane.capm3 or .machine_deployments.md0.capm3), merged and
+finalized exactly as render does.
+
+Exit codes: 0 exactly one image is picked, 1 the pick would fail, 2 bad input.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runSelect(o, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.osImages, "os-images", "", "os_images document or os-images-info ConfigMap (YAML)")
+	f.StringArrayVar(&o.selectors, "selector", nil, "selector term KEY=PATTERN; repeat for several (all must match)")
+	f.StringArrayVar(&o.clusterValues, "cluster-values", nil, "cluster values file; repeat to merge several, later wins")
+	f.StringVar(&o.level, "level", "", "values path of the level whose selector to use, with --cluster-values")
+	_ = cmd.MarkFlagRequired("os-images")
+	return cmd
+}
+
+func runSelect(o selectOptions, stdout io.Writer) error {
+	cat, err := readCatalogFile(o.osImages)
+	if err != nil {
+		return inputError(err)
+	}
+	choice, context, err := selectChoice(o)
+	if err != nil {
+		return inputError(err)
+	}
+
+	var matches []string
+	if choice.Selector != nil {
+		matches = choice.Selector.Select(cat)
+	} else if _, ok := cat[choice.ImageKey]; ok {
+		matches = []string{choice.ImageKey}
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE KEY\tSHA256")
+	for _, k := range matches {
+		fmt.Fprintf(tw, "%s\t%s\n", k, cat[k][osimage.FieldSHA256])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	picked, err := selector.Resolve(cat, choice.ImageKey, choice.Selector, context)
+	if err != nil {
+		return failureError(err)
+	}
+	fmt.Fprintf(stdout, "picked: %s\n", picked)
+	return nil
+}
+
+// selectChoice builds the image_key/selector pair to try, from --selector
+// terms or from a level of cluster values.
+func selectChoice(o selectOptions) (capm3.Choice, string, error) {
+	if len(o.clusterValues) > 0 {
+		if len(o.selectors) > 0 {
+			return capm3.Choice{}, "", errors.New("--selector and --cluster-values exclude each other: a level's selector is taken whole")
+		}
+		if o.level == "" {
+			return capm3.Choice{}, "", errors.New("--cluster-values needs --level, such as .control_plane.capm3 or .machine_deployments.md0.capm3")
+		}
+		v, err := values.LoadFiles(o.clusterValues...)
+		if err != nil {
+			return capm3.Choice{}, "", err
+		}
+		c, err := capm3.LevelChoice(v, o.level)
+		return c, o.level, err
+	}
+	if o.level != "" {
+		return capm3.Choice{}, "", errors.New("--level needs --cluster-values")
+	}
+	raw := map[string]any{}
+	for _, term := range o.selectors {
+		k, v, ok := strings.Cut(term, "=")
+		if !ok || k == "" {
+			return capm3.Choice{}, "", fmt.Errorf("--selector %q: want KEY=PATTERN, such as os=ubuntu", term)
+		}
+		raw[k] = v
+	}
+	sel, err := selector.Parse(raw, "--selector")
+	return capm3.Choice{Selector: &sel}, "--selector", err
+}
+
+// readCatalogFile reads os_images from a values document or from an
+// os-images-info ConfigMap manifest.
+func readCatalogFile(path string) (osimage.Catalog, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := configMapValues(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	cat, err := osimage.ParseInfo(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cat, nil
+}
+
+// configMapValues returns data["values.yaml"] when data is a ConfigMap
+// manifest, and data itself otherwise.
+func configMapValues(data []byte) ([]byte, error) {
+	v, err := values.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	if v["kind"] != "ConfigMap" {
+		return data, nil
+	}
+	cmData, _ := v["data"].(map[string]any)
+	doc, ok := cmData[osimage.ValuesKey].(string)
+	if !ok {
+		return nil, fmt.Errorf("ConfigMap has no data key %q", osimage.ValuesKey)
+	}
+	return []byte(doc), nil
+}
