@@ -53,7 +53,21 @@ go_install() {
   mv "$tmp" "$dir"
 }
 
+# The status page is tested in Debian's headless Chromium. It is installed
+# where this script can (root with apt-get); elsewhere that test skips, saying
+# why, unless OSIMAGES_REQUIRE_CHROMIUM is set (CI sets it).
+ensure_chromium() {
+  command -v chromium >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's chromium for the status page test"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  else
+    log "chromium is not installed and cannot be installed here (needs root and apt-get): the status page browser test will skip"
+  fi
+}
+
 mkdir -p "$cache"
+ensure_chromium
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
 go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"

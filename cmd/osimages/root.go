@@ -15,6 +15,6 @@ to Ironic, propagates what is served, and renders Metal3MachineTemplates.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newDemoCommand())
+	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newServeCommand(), newPropagateCommand(), newDemoCommand())
 	return root
 }

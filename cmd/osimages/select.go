@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -119,35 +118,13 @@ func selectChoice(o selectOptions) (capm3.Choice, string, error) {
 // readCatalogFile reads os_images from a values document or from an
 // os-images-info ConfigMap manifest.
 func readCatalogFile(path string) (osimage.Catalog, error) {
-	data, err := os.ReadFile(path)
+	doc, err := osimage.ReadValuesDocument(path)
 	if err != nil {
 		return nil, err
-	}
-	doc, err := configMapValues(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	cat, err := osimage.ParseInfo(doc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cat, nil
-}
-
-// configMapValues returns data["values.yaml"] when data is a ConfigMap
-// manifest, and data itself otherwise.
-func configMapValues(data []byte) ([]byte, error) {
-	v, err := values.Parse(data)
-	if err != nil {
-		return nil, err
-	}
-	if v["kind"] != "ConfigMap" {
-		return data, nil
-	}
-	cmData, _ := v["data"].(map[string]any)
-	doc, ok := cmData[osimage.ValuesKey].(string)
-	if !ok {
-		return nil, fmt.Errorf("ConfigMap has no data key %q", osimage.ValuesKey)
-	}
-	return []byte(doc), nil
 }

@@ -158,31 +158,48 @@ type Choice struct {
 // .machine_deployments.NAME.capm3), so that tools can show what a level
 // would pick.
 func LevelChoice(v values.Values, path string) (Choice, error) {
-	cl, errs := readCluster(v)
-	levels, lerrs := splitLevels(v)
-	if err := errors.Join(append(errs, lerrs...)...); err != nil && levels == nil {
+	choices, paths, err := levelChoices(v)
+	if c, ok := choices[path]; ok {
+		return c, nil
+	}
+	if err != nil {
 		return Choice{}, err
 	}
+	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values, or it gives its image by hand (levels: %s)", path, strings.Join(paths, ", "))
+}
+
+// LevelChoices returns the choice of every level that designates its image
+// in (A), keyed by level path; levels that give their image by hand have
+// none. The error joins the faults of the other levels.
+func LevelChoices(v values.Values) (map[string]Choice, error) {
+	choices, _, err := levelChoices(v)
+	return choices, err
+}
+
+func levelChoices(v values.Values) (map[string]Choice, []string, error) {
+	cl, errs := readCluster(v)
+	levels, lerrs := splitLevels(v)
+	errs = append(errs, lerrs...)
+	choices := map[string]Choice{}
 	var paths []string
 	for _, lv := range levels {
 		paths = append(paths, lv.path)
-		if lv.path != path {
+		imageKey, err := values.String(lv.values, "image_key", lv.path+".image_key")
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		imageKey, err := values.String(lv.values, "image_key", path+".image_key")
+		sel, err := finalizedSelector(lv.values["os_image_selector"], cl.finalize, lv.path)
 		if err != nil {
-			return Choice{}, err
-		}
-		sel, err := finalizedSelector(lv.values["os_image_selector"], cl.finalize, path)
-		if err != nil {
-			return Choice{}, err
+			errs = append(errs, err)
+			continue
 		}
 		if imageKey == "" && sel == nil {
-			return Choice{}, fmt.Errorf("%s: neither .image_key nor .os_image_selector is set", path)
+			continue
 		}
-		return Choice{ImageKey: imageKey, Selector: sel}, nil
+		choices[lv.path] = Choice{ImageKey: imageKey, Selector: sel}
 	}
-	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values (levels: %s)", path, strings.Join(paths, ", "))
+	return choices, paths, errors.Join(errs...)
 }
 
 // servedImage is the image block of image key of (A), served by the

@@ -1,23 +1,38 @@
 // Package demo is the embedded default: a complete run of osimages with no
 // cluster and no outside registry. It publishes a few small generated
 // diskimage-builder artifacts into an in-process registry on 127.0.0.1 and
-// runs the catalog on them, then renders a sample workload cluster's
-// Metal3MachineTemplates from that catalog.
+// runs the catalog on them, serves the images the management cluster selects
+// on 127.0.0.1, then renders a sample workload cluster's
+// Metal3MachineTemplates from that catalog, checked against what is served.
 package demo
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -26,6 +41,9 @@ var valuesYAML []byte
 
 //go:embed cluster.yaml
 var clusterYAML []byte
+
+//go:embed mgmt.yaml
+var mgmtYAML []byte
 
 // Images are the artifacts the demo publishes, as diskimage-builder would.
 var Images = []struct {
@@ -94,11 +112,22 @@ func Start(ctx context.Context) (*Environment, error) {
 // Close stops the registry.
 func (e *Environment) Close() error { return e.Registry.Close() }
 
-// Run starts the demo environment, runs the catalog on it, renders the
-// Metal3MachineTemplates of a sample workload cluster from that catalog, and
-// writes the os-images-info ConfigMap and the templates to out as one YAML
-// stream. Progress goes to log.
-func Run(ctx context.Context, out, log io.Writer) error {
+// Options shape a demo run.
+type Options struct {
+	// Listen is where the image server listens (default 127.0.0.1:0).
+	Listen string
+	// Once stops after the self-check instead of serving until ctx ends.
+	Once bool
+}
+
+// Run starts the demo environment, resolves the catalog, serves the images
+// the management cluster selects on 127.0.0.1 (pulled, verified and stored
+// for real), checks one download over HTTP, and renders a sample workload
+// cluster's Metal3MachineTemplates against what is served. It writes
+// os-images-info, the served-images ConfigMap and the templates to out as
+// one YAML stream, then serves until ctx ends unless opts.Once. Progress goes
+// to log.
+func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	env, err := Start(ctx)
 	if err != nil {
 		return err
@@ -118,51 +147,177 @@ func Run(ctx context.Context, out, log io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cm, err := catalog.ConfigMap(catalog.DefaultNamespace, resolved, plan.InputsHash())
+	infoCM, err := catalog.ConfigMap(catalog.DefaultNamespace, resolved, plan.InputsHash())
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info\n", len(resolved))
 
-	templates, err := RenderCluster(resolved, ServeAll(resolved))
+	srv, base, stop, err := serve(ctx, resolved, client, opts.Listen)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	served := srv.Served()
+	for sum, e := range served {
+		fmt.Fprintf(log, "demo: serving %s: curl -O %s/images/%s/%s\n", e.ImageKey, base, sum, resolved[e.ImageKey][osimage.FieldFilename])
+	}
+	if err := checkDownload(ctx, base, resolved, served); err != nil {
+		return err
+	}
+
+	templates, err := RenderCluster(resolved, served, strings.TrimPrefix(base, "http://"), "http")
 	if err != nil {
 		return err
 	}
 	for _, t := range templates {
 		fmt.Fprintf(log, "demo: %s -> %s (image %s)\n", t.Level, t.Name(), t.ImageKey)
 	}
+	if err := writeStream(out, infoCM, served, templates); err != nil {
+		return err
+	}
+	if opts.Once {
+		return nil
+	}
+	fmt.Fprintf(log, "demo: the image server keeps serving on %s (status page at %s/); press Ctrl-C to stop\n", base, base)
+	<-ctx.Done()
+	return nil
+}
 
-	data, err := yaml.Marshal(cm)
+// serve runs the image server over a temporary data directory, selecting
+// with the demo's management values, and waits until every selected image is
+// ready.
+func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, listen string) (*server.Server, string, func(), error) {
+	dir, err := os.MkdirTemp("", "osimages-demo-data-")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	puller := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
+	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }), FreeSpaceMargin: 1 << 20})
+	mgmt, err := values.Parse(mgmtYAML)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", nil, fmt.Errorf("embedded demo management values: %w", err)
+	}
+	wanted, err := server.Select(mgmt, cat)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	srv.SetDesired(wanted, nil)
+
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{}, 2)
+	go func() { _ = httpServer.Serve(ln); done <- struct{}{} }()
+	go func() { _ = srv.Run(runCtx); done <- struct{}{} }()
+	stop := func() {
+		cancel()
+		httpServer.Close()
+		<-done
+		<-done
+		store.Close()
+		os.RemoveAll(dir)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		statuses, _ := srv.Statuses()
+		ready := 0
+		for _, st := range statuses {
+			if st.Phase == server.PhaseFailed {
+				stop()
+				return nil, "", nil, fmt.Errorf("demo image %s failed: %s", st.Key, st.Reason)
+			}
+			if st.Phase == server.PhaseReady {
+				ready++
+			}
+		}
+		if ready == len(wanted) {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return nil, "", nil, fmt.Errorf("demo images not ready in time: %+v", statuses)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return srv, "http://" + ln.Addr().String(), stop, nil
+}
+
+// checkDownload fetches every served image over HTTP and compares its
+// sha256 with the catalog's, as a client would.
+func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served osimage.ServedSet) error {
+	for sum, e := range served {
+		url := fmt.Sprintf("%s/images/%s/%s", base, sum, cat[e.ImageKey][osimage.FieldFilename])
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("demo: GET %s: %d %v", url, resp.StatusCode, err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+			return fmt.Errorf("demo: GET %s returned sha256 %s", url, got)
+		}
+	}
+	return nil
+}
+
+func writeStream(out io.Writer, infoCM *corev1.ConfigMap, served osimage.ServedSet, templates []capm3.Template) error {
+	servedDoc, err := osimage.MarshalServed(served)
 	if err != nil {
 		return err
+	}
+	servedCM := &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: osimage.ServedConfigMapName, Namespace: osimage.ServedConfigMapNamespace},
+		Data:       map[string]string{osimage.ValuesKey: string(servedDoc)},
+	}
+	var buf bytes.Buffer
+	for _, obj := range []any{infoCM, servedCM} {
+		data, err := yaml.Marshal(obj)
+		if err != nil {
+			return err
+		}
+		buf.WriteString("---\n")
+		buf.Write(data)
 	}
 	docs, err := capm3.MarshalYAML(templates)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "---\n%s%s", data, docs)
+	buf.Write(docs)
+	_, err = out.Write(buf.Bytes())
 	return err
 }
 
-// ServeAll is the served set (B) of a management cluster that serves every
-// image of cat that has a sha256, as the image server would publish it once
-// all are downloaded and verified.
-func ServeAll(cat osimage.Catalog) osimage.ServedSet {
-	served := osimage.ServedSet{}
-	for key, img := range cat {
-		if sum := img[osimage.FieldSHA256]; sum != "" {
-			served[sum] = osimage.ServedImage{Available: true, ImageKey: key}
-		}
-	}
-	return served
-}
-
 // RenderCluster renders the demo's workload cluster with catalog (A) and
-// served set (B).
-func RenderCluster(a osimage.Catalog, b osimage.ServedSet) ([]capm3.Template, error) {
+// served set (B), its images served from host with scheme.
+func RenderCluster(a osimage.Catalog, b osimage.ServedSet, host, scheme string) ([]capm3.Template, error) {
 	v, err := values.Parse(clusterYAML)
 	if err != nil {
 		return nil, fmt.Errorf("embedded demo cluster values: %w", err)
 	}
+	v = values.Merge(v, values.Values{"capm3": map[string]any{"image_provisioning_host": host, "image_provisioning_scheme": scheme}})
 	return capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, Namespace: "demo-cluster"})
 }

@@ -42,6 +42,10 @@ type Options struct {
 type Client struct {
 	insecure bool
 	auth     *auth.Client
+	// http is auth's HTTP client without credentials: the transport (CA,
+	// insecure, proxy, retries) for plain HTTP(S) downloads.
+	http      *http.Client
+	userAgent string
 	// plainHTTP remembers the registries of an insecure setup that answered
 	// HTTPS with plain HTTP, so that only their first request pays for it.
 	plainHTTP sync.Map
@@ -94,13 +98,14 @@ func NewClient(opts Options) (*Client, error) {
 	if ua == "" {
 		ua = "osimages"
 	}
+	httpClient := &http.Client{Transport: retry.NewTransport(transport)}
 	client := &auth.Client{
-		Client:     &http.Client{Transport: retry.NewTransport(transport)},
+		Client:     httpClient,
 		Cache:      auth.NewCache(),
 		Credential: credentials.Credential(store),
 		Header:     http.Header{"User-Agent": []string{ua}},
 	}
-	return &Client{insecure: opts.Insecure, auth: client}, nil
+	return &Client{insecure: opts.Insecure, auth: client, http: httpClient, userAgent: ua}, nil
 }
 
 // ParseReference parses an image reference, with or without the oci://

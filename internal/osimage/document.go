@@ -3,6 +3,7 @@ package osimage
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 
@@ -124,4 +125,39 @@ func ParseServed(data []byte) (ServedSet, error) {
 		doc.Images = ServedSet{}
 	}
 	return doc.Images, nil
+}
+
+// ValuesDocument returns the values.yaml document held by data: data itself
+// when it is such a document, or its values.yaml key when data is a
+// ConfigMap manifest (as `kubectl get -o yaml` prints it).
+func ValuesDocument(data []byte) ([]byte, error) {
+	var head struct {
+		Kind string            `json:"kind"`
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(data, &head); err != nil {
+		return nil, fmt.Errorf("not YAML: %w", err)
+	}
+	if head.Kind != "ConfigMap" {
+		return data, nil
+	}
+	doc, ok := head.Data[ValuesKey]
+	if !ok {
+		return nil, fmt.Errorf("ConfigMap has no data key %q", ValuesKey)
+	}
+	return []byte(doc), nil
+}
+
+// ReadValuesDocument reads the values.yaml document of a file holding one,
+// or holding a ConfigMap manifest with one.
+func ReadValuesDocument(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := ValuesDocument(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return doc, nil
 }

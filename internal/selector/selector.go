@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // Keys with a meaning of their own in a selector.
@@ -62,13 +63,10 @@ func Parse(raw any, path string) (Selector, error) {
 	if !ok {
 		return Selector{}, fmt.Errorf("%s: an OS image selector must be a map of image field to pattern, got %s", path, describe(raw))
 	}
-	extra := false
-	if v, ok := m[KeyUseExtraKeys]; ok && v != nil {
-		b, err := parseBool(v)
-		if err != nil {
-			return Selector{}, fmt.Errorf("%s: OS selector key '%s': %w", path, KeyUseExtraKeys, err)
-		}
-		extra = b
+	// Helm users quote booleans often enough that "true" is accepted too.
+	extra, err := values.Bool(m, KeyUseExtraKeys, path+"."+KeyUseExtraKeys, false)
+	if err != nil {
+		return Selector{}, err
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -100,22 +98,6 @@ func Parse(raw any, path string) (Selector, error) {
 		s.terms = append(s.terms, t)
 	}
 	return s, nil
-}
-
-func parseBool(v any) (bool, error) {
-	switch t := v.(type) {
-	case bool:
-		return t, nil
-	case string:
-		// Helm users quote booleans often enough to accept it.
-		switch strings.ToLower(t) {
-		case "true":
-			return true, nil
-		case "false":
-			return false, nil
-		}
-	}
-	return false, fmt.Errorf("must be true or false, got %s", describe(v))
 }
 
 func newTerm(key, pattern string) (term, error) {

@@ -58,7 +58,7 @@ func TestParse(t *testing.T) {
 		},
 		{name: "_use_extra_keys_ quoted", raw: map[string]any{"size": "1", "_use_extra_keys_": "true"}, want: map[string]string{"size": "1"}},
 		{name: "_use_extra_keys_ null", raw: map[string]any{"os": "x", "_use_extra_keys_": nil}, want: map[string]string{"os": "x"}},
-		{name: "_use_extra_keys_ not a boolean", raw: map[string]any{"_use_extra_keys_": "yes"}, errHas: []string{".sel", "'_use_extra_keys_'", "true or false"}},
+		{name: "_use_extra_keys_ not a boolean", raw: map[string]any{"_use_extra_keys_": "yes"}, errHas: []string{".sel", "._use_extra_keys_", "true or false"}},
 		{name: "not a map", raw: "os=ubuntu", errHas: []string{".sel:", "must be a map"}},
 		{name: "list", raw: []any{map[string]any{"os": "x"}}, errHas: []string{".sel:", "a list"}},
 		{name: "number value", raw: map[string]any{"os-release": 15.6}, errHas: []string{".sel:", "'os-release'", "string or a boolean", "15.6"}},

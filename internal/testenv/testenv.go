@@ -9,10 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 )
@@ -39,10 +43,16 @@ func StartKube(crdPaths ...string) (*Kube, error) {
 	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
 		return nil, fmt.Errorf("KUBEBUILDER_ASSETS=%s holds no kube-apiserver: run hack/tools.sh", assets)
 	}
+	// controller-runtime complains once per process when no logger is set.
+	crlog.SetLogger(logr.Discard())
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     crdPaths,
 		ErrorIfCRDPathMissing: true,
+		// On 2 busy cores kube-apiserver can take far longer than envtest's
+		// default 20 s to become ready.
+		ControlPlaneStartTimeout: 3 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
 	}
 	cfg, err := env.Start()
 	if err != nil {

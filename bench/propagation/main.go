@@ -1,0 +1,429 @@
+// Command propagation compares, in one run on one machine, `osimages
+// propagate` with Kyverno 1.19.1 running Sylva's clone policy (generate,
+// clone, synchronize, generateExisting), as shared/docs/benchmarks.md
+// ("Propagation") and kyverno-baseline.md define it.
+//
+// Each system gets a fresh envtest apiserver of its own, set up the same way
+// (Kyverno's CRDs installed in both): the source ConfigMap, and N labelled
+// namespaces. The controllers run as separate processes, so that their RSS
+// is their own. For each, it measures the time until every namespace has its
+// copy, then, for each of several source updates, the seconds from the
+// update until all N copies carry it, and the peak RSS of the controller's
+// processes (both of Kyverno's: its admission controller turns source
+// changes into update requests that its background controller carries out).
+//
+// hack/bench-propagation.sh builds everything and runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/propagate"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+type config struct {
+	namespaces  int
+	updates     int
+	osimages    string
+	kyvernoBin  string
+	kyvernoCRDs string
+	timeout     time.Duration
+	keepLogs    bool
+	// osimagesArgs are more flags for `osimages propagate`.
+	osimagesArgs []string
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.namespaces, "namespaces", 500, "labelled namespaces, each getting a copy")
+	flag.IntVar(&c.updates, "updates", 3, "source updates timed per system; the median is compared")
+	flag.StringVar(&c.osimages, "osimages", "bin/osimages", "osimages binary")
+	flag.StringVar(&c.kyvernoBin, "kyverno-bin", "", "folder with Kyverno's kyverno and background-controller binaries (empty: osimages only)")
+	flag.StringVar(&c.kyvernoCRDs, "kyverno-crds", "", "Kyverno's config/crds folder")
+	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "time allowed for one propagation before it is reported as not finished")
+	flag.BoolVar(&c.keepLogs, "keep-logs", false, "keep the controllers' logs, and print where")
+	extra := flag.String("osimages-args", "", "more flags for osimages propagate, space-separated (e.g. \"--workers 16\")")
+	flag.Parse()
+	c.osimagesArgs = strings.Fields(*extra)
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-propagation:", err)
+		os.Exit(1)
+	}
+}
+
+// result is what one system measured.
+type result struct {
+	name     string
+	fill     time.Duration
+	updates  []time.Duration // -1: not finished within the timeout
+	peakRSS  int64           // bytes: peak of the sum over the processes, sampled
+	hwm      map[string]int64
+	cpu      time.Duration // user+system time of the processes
+	unfinish string
+}
+
+func (r result) median() time.Duration {
+	s := slices.Clone(r.updates)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return -1
+	}
+	if slices.Contains(s, -1) {
+		return -1
+	}
+	return s[len(s)/2]
+}
+
+func run(c config) error {
+	if _, err := os.Stat(c.osimages); err != nil {
+		return fmt.Errorf("osimages binary: %w (hack/bench-propagation.sh builds it)", err)
+	}
+	var crds []string
+	if c.kyvernoCRDs != "" {
+		for _, d := range []string{"kyverno", "policies.kyverno.io", "policyreport", "reports"} {
+			crds = append(crds, filepath.Join(c.kyvernoCRDs, d))
+		}
+	}
+	fmt.Fprintf(os.Stderr, "propagation benchmark: %d namespaces, %d source updates per system\n", c.namespaces, c.updates)
+
+	ours, err := measure(c, crds, osimagesSystem(c.osimages, c.osimagesArgs))
+	if err != nil {
+		return fmt.Errorf("osimages: %w", err)
+	}
+	results := []result{ours}
+	var kyvernoErr error
+	if c.kyvernoBin != "" {
+		theirs, err := measure(c, crds, kyvernoSystem(c.kyvernoBin))
+		if err != nil {
+			kyvernoErr = err
+		} else {
+			results = append(results, theirs)
+		}
+	}
+	report(c, results)
+	if kyvernoErr != nil {
+		return fmt.Errorf("kyverno: %w", kyvernoErr)
+	}
+	return nil
+}
+
+func report(c config, rs []result) {
+	secs := func(d time.Duration) string {
+		if d < 0 {
+			return fmt.Sprintf(">%.0f", c.timeout.Seconds())
+		}
+		return fmt.Sprintf("%.2f", d.Seconds())
+	}
+	mib := func(b int64) string { return fmt.Sprintf("%.0f", float64(b)/(1<<20)) }
+	fmt.Printf("\nPropagation to %d namespaces (%d source updates each)\n\n", c.namespaces, c.updates)
+	fmt.Printf("%-16s %12s %26s %14s %12s %s\n", "system", "fill (s)", "update->all copies (s)", "median (s)", "peak RSS", "CPU (s)")
+	for _, r := range rs {
+		ups := make([]string, len(r.updates))
+		for i, u := range r.updates {
+			ups[i] = secs(u)
+		}
+		var hwm []string
+		for _, name := range slices.Sorted(maps.Keys(r.hwm)) {
+			hwm = append(hwm, fmt.Sprintf("%s %s MiB", name, mib(r.hwm[name])))
+		}
+		fmt.Printf("%-16s %12s %26s %14s %8s MiB %.1f   (peak per process: %s)\n", r.name, secs(r.fill), strings.Join(ups, " "), secs(r.median()), mib(r.peakRSS), r.cpu.Seconds(), strings.Join(hwm, ", "))
+		if r.unfinish != "" {
+			fmt.Printf("    %s\n", r.unfinish)
+		}
+	}
+	if len(rs) < 2 {
+		fmt.Println("\nNo baseline measured (no -kyverno-bin): ratios not computed.")
+		return
+	}
+	ours, theirs := rs[0], rs[1]
+	fmt.Println()
+	switch {
+	case theirs.median() < 0 && ours.median() >= 0:
+		fmt.Printf("speed: Kyverno did not finish within %s; osimages took %s s: more than %.0fx faster (target >= 5x)\n",
+			c.timeout, secs(ours.median()), c.timeout.Seconds()/ours.median().Seconds())
+	case theirs.median() >= 0 && ours.median() > 0:
+		fmt.Printf("speed: osimages %.1fx faster than Kyverno, median update to all copies (target >= 5x)\n", theirs.median().Seconds()/ours.median().Seconds())
+	}
+	if theirs.fill > 0 && ours.fill > 0 {
+		fmt.Printf("fill: osimages %.1fx faster at creating every copy\n", theirs.fill.Seconds()/ours.fill.Seconds())
+	}
+	fmt.Printf("memory: osimages peak RSS is %.2fx Kyverno's (target <= 0.5x)\n", float64(ours.peakRSS)/float64(theirs.peakRSS))
+}
+
+// system starts the controller under test against k and returns its
+// processes once it is ready to propagate.
+type system struct {
+	name  string
+	start func(ctx context.Context, k *testenv.Kube, dir string) ([]*proc, error)
+}
+
+func osimagesSystem(binary string, extra []string) system {
+	return system{name: "osimages", start: func(ctx context.Context, k *testenv.Kube, dir string) ([]*proc, error) {
+		args := append([]string{"propagate", "--kubeconfig", k.Kubeconfig, "--metrics-addr", "0", "--health-addr", "0"}, extra...)
+		p, err := startProc("osimages", dir, nil, binary, args...)
+		if err != nil {
+			return nil, err
+		}
+		return []*proc{p}, nil
+	}}
+}
+
+// servedValues is a served-images document like the image server's, with
+// 30 images; version changes one entry.
+func servedValues(version int) string {
+	var b strings.Builder
+	b.WriteString("capm3_os_image_server_images:\n")
+	for i := range 30 {
+		key := fmt.Sprintf("ubuntu-noble-hardened-rke2-1-32-%d", i)
+		if i == 0 {
+			key = fmt.Sprintf("%s-v%d", key, version)
+		}
+		fmt.Fprintf(&b, "  %064x:\n    available: true\n    image_key: %s\n", i+1, key)
+	}
+	return b.String()
+}
+
+func measure(c config, crds []string, sys system) (result, error) {
+	r := result{name: sys.name}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fmt.Fprintf(os.Stderr, "%s: starting a fresh apiserver\n", sys.name)
+	k, err := testenv.StartKube(crds...)
+	if err != nil {
+		return r, err
+	}
+	defer k.Stop()
+	dir, err := os.MkdirTemp("", "bench-propagation-")
+	if err != nil {
+		return r, err
+	}
+	if c.keepLogs {
+		fmt.Fprintf(os.Stderr, "%s: logs in %s\n", sys.name, dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+
+	if err := setup(ctx, k.Client, c.namespaces); err != nil {
+		return r, err
+	}
+	w, err := watchCopies(ctx, k.Client, propagate.DefaultTargetName)
+	if err != nil {
+		return r, err
+	}
+
+	t0 := time.Now()
+	procs, err := sys.start(ctx, k, dir)
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	if err != nil {
+		return r, err
+	}
+	sampler := sampleRSS(procs)
+	if sys.name != "osimages" {
+		// Kyverno's start is timed from its policy being ready.
+		t0 = time.Now()
+	}
+	fmt.Fprintf(os.Stderr, "%s: waiting for %d copies\n", sys.name, c.namespaces)
+	if n, ok := w.wait(servedValues(0), c.namespaces, c.timeout); ok {
+		r.fill = time.Since(t0)
+	} else {
+		r.fill = -1
+		r.unfinish = fmt.Sprintf("fill: %d of %d copies after %s", n, c.namespaces, c.timeout)
+	}
+	for i := 1; i <= c.updates && r.fill >= 0; i++ {
+		time.Sleep(2 * time.Second)
+		want := servedValues(i)
+		start := time.Now()
+		if err := updateSource(ctx, k.Client, want); err != nil {
+			return r, err
+		}
+		n, ok := w.wait(want, c.namespaces, c.timeout)
+		took := time.Since(start)
+		if !ok {
+			took = -1
+			r.unfinish = fmt.Sprintf("update %d: %d of %d copies after %s", i, n, c.namespaces, c.timeout)
+		}
+		fmt.Fprintf(os.Stderr, "%s: update %d reached %d copies in %s\n", sys.name, i, n, took.Round(time.Millisecond))
+		r.updates = append(r.updates, took)
+	}
+	// The peak of the summed RSS as sampled, or the kernel's exact peak of
+	// one process if higher: a lower bound of the true peak either way.
+	r.peakRSS = sampler.stop()
+	r.hwm = map[string]int64{}
+	for _, p := range procs {
+		r.hwm[p.name] = p.hwm()
+		r.peakRSS = max(r.peakRSS, r.hwm[p.name])
+		r.cpu += p.cpu()
+	}
+	for _, p := range procs {
+		if err := p.exited(); err != nil {
+			return r, fmt.Errorf("%s exited early: %w; log in %s", p.name, err, p.logPath)
+		}
+	}
+	return r, nil
+}
+
+func setup(ctx context.Context, c kubernetes.Interface, n int) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: osimage.ServedConfigMapNamespace}}
+	if _, err := c.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	src := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: osimage.ServedConfigMapNamespace, Name: osimage.ServedConfigMapName},
+		Data:       map[string]string{osimage.ValuesKey: servedValues(0)},
+	}
+	if _, err := c.CoreV1().ConfigMaps(src.Namespace).Create(ctx, src, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return parallel(n, func(i int) error {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name:   fmt.Sprintf("wc-%03d", i),
+			Labels: map[string]string{propagate.WorkloadClusterLabel: ""},
+		}}
+		_, err := c.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		return err
+	})
+}
+
+func parallel(n int, f func(int) error) error {
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs <- f(i)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+func updateSource(ctx context.Context, c kubernetes.Interface, values string) error {
+	cms := c.CoreV1().ConfigMaps(osimage.ServedConfigMapNamespace)
+	// Kyverno labels the source, so the write retries on a conflict.
+	for {
+		src, err := cms.Get(ctx, osimage.ServedConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		src.Data = map[string]string{osimage.ValuesKey: values}
+		_, err = cms.Update(ctx, src, metav1.UpdateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "the object has been modified") {
+			return err
+		}
+	}
+}
+
+// copyWatcher follows every object of the target name through one watch.
+type copyWatcher struct {
+	mu     sync.Mutex
+	values map[string]string // namespace -> values.yaml
+	change chan struct{}
+}
+
+func watchCopies(ctx context.Context, c kubernetes.Interface, target string) (*copyWatcher, error) {
+	w := &copyWatcher{values: map[string]string{}, change: make(chan struct{}, 1)}
+	sel := fields.OneTermEqualSelector("metadata.name", target).String()
+	lw := &toolscache.ListWatch{
+		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return c.CoreV1().ConfigMaps("").List(ctx, o)
+		},
+		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return c.CoreV1().ConfigMaps("").Watch(ctx, o)
+		},
+	}
+	set := func(obj any) {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		w.values[cm.Namespace] = cm.Data[osimage.ValuesKey]
+		w.mu.Unlock()
+		select {
+		case w.change <- struct{}{}:
+		default:
+		}
+	}
+	_, informer := toolscache.NewInformerWithOptions(toolscache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &corev1.ConfigMap{},
+		Handler: toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    set,
+			UpdateFunc: func(_, obj any) { set(obj) },
+			DeleteFunc: func(obj any) {
+				if cm, ok := obj.(*corev1.ConfigMap); ok {
+					w.mu.Lock()
+					delete(w.values, cm.Namespace)
+					w.mu.Unlock()
+				}
+			},
+		},
+	})
+	go informer.RunWithContext(ctx)
+	if !toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil, errors.New("watching the copies: informer did not sync")
+	}
+	return w, nil
+}
+
+// wait returns when n copies carry values, or after timeout with how many
+// did.
+func (w *copyWatcher) wait(values string, n int, timeout time.Duration) (int, bool) {
+	deadline := time.After(timeout)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		w.mu.Lock()
+		count := 0
+		for _, v := range w.values {
+			if v == values {
+				count++
+			}
+		}
+		w.mu.Unlock()
+		if count >= n {
+			return count, true
+		}
+		select {
+		case <-w.change:
+		case <-tick.C:
+		case <-deadline:
+			return count, false
+		}
+	}
+}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+type serveOptions struct {
+	data            string
+	listen          string
+	osImages        string
+	osImagesCM      string
+	kubeconfig      string
+	valueFiles      []string
+	outputFile      string
+	outputCM        string
+	concurrency     int
+	gcGrace         time.Duration
+	maxStorage      string
+	freeSpaceMargin string
+	tlsCert, tlsKey string
+	caFile          string
+	registryConfig  string
+	poll            time.Duration
+}
+
+func newServeCommand() *cobra.Command {
+	o := serveOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve --data DIR (--os-images FILE | --os-images-configmap NS/NAME) -f mgmt-values.yaml (--output-file FILE | --output-configmap NS/NAME)",
+		Short: "Pull, verify, store and serve the management cluster's OS images over HTTP, and publish what is served",
+		Long: `serve is the image server of the management cluster. It serves every image of
+os_images that one of the management cluster's own finalized selectors designates
+(control plane and machine deployment levels of the -f values), or that one of
+os_image_server_additional_selectors matches. Each image is pulled from its OCI
+artifact or HTTP(S) URL in one streaming pass, verified (OCI blob digest, sha256,
+md5), stored by sha256, and served at /images/<sha256>/<filename>, with
+<filename>.sha256sum and <filename>.md5sum beside it.
+
+What is served is published as capm3_os_image_server_images (contract §6) to a
+file or a ConfigMap, whenever it changes. Inputs are re-read when a file changes,
+the ConfigMap changes, or on SIGHUP. /, /healthz, /readyz and /metrics are served
+on the same address.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runServe(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.data, "data", "", "data directory holding the stored images")
+	f.StringVar(&o.listen, "listen", ":8080", "address to serve HTTP(S) on")
+	f.StringVar(&o.osImages, "os-images", "", "os_images document or os-images-info ConfigMap manifest")
+	f.StringVar(&o.osImagesCM, "os-images-configmap", "", "read and watch os_images from this ConfigMap, NS/NAME")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
+	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "management cluster values; repeat to merge several, later wins")
+	f.StringVar(&o.outputFile, "output-file", "", "write the served-images document to this file")
+	f.StringVar(&o.outputCM, "output-configmap", "", "apply the served-images ConfigMap, NS/NAME (Sylva: "+osimage.ServedConfigMapNamespace+"/"+osimage.ServedConfigMapName+")")
+	f.IntVar(&o.concurrency, "concurrency", 2, "downloads at once")
+	f.DurationVar(&o.gcGrace, "gc-grace", time.Hour, "how long a deselected image stays on disk before it is deleted")
+	f.StringVar(&o.maxStorage, "max-storage", "", "bound on the bytes of stored images and downloads, as a quantity such as 200Gi (default: the disk)")
+	f.StringVar(&o.freeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what a download needs")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often input files are checked for changes")
+	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	_ = cmd.MarkFlagRequired("data")
+	_ = cmd.MarkFlagRequired("values")
+	return cmd
+}
+
+func runServe(ctx context.Context, o serveOptions) error {
+	if (o.osImages == "") == (o.osImagesCM == "") {
+		return inputError(errors.New("give exactly one of --os-images and --os-images-configmap"))
+	}
+	if o.outputFile != "" && o.outputCM != "" {
+		return inputError(errors.New("give at most one of --output-file and --output-configmap"))
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return inputError(errors.New("--tls-cert and --tls-key go together"))
+	}
+	maxStorage, err := quantity("--max-storage", o.maxStorage)
+	if err != nil {
+		return inputError(err)
+	}
+	margin, err := quantity("--free-space-margin", o.freeSpaceMargin)
+	if err != nil {
+		return inputError(err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+
+	store, err := imagestore.Open(o.data)
+	if err != nil {
+		return inputError(fmt.Errorf("--data %s: %w", o.data, err))
+	}
+	defer store.Close()
+	inputs := server.Inputs{OSImagesFile: o.osImages, ValueFiles: o.valueFiles, Poll: o.poll, Logger: log}
+	var publisher server.Publisher
+	if o.outputFile != "" {
+		publisher = server.FilePublisher{Path: o.outputFile}
+	}
+	if o.osImagesCM != "" || o.outputCM != "" {
+		cluster, err := newKubeTarget(o.kubeconfig)
+		if err != nil {
+			return inputError(err)
+		}
+		inputs.Client = cluster.client
+		if o.osImagesCM != "" {
+			key, err := kube.ParseObjectKey(o.osImagesCM)
+			if err != nil {
+				return inputError(fmt.Errorf("--os-images-configmap %w", err))
+			}
+			inputs.OSImagesConfigMap = &key
+		}
+		if o.outputCM != "" {
+			key, err := kube.ParseObjectKey(o.outputCM)
+			if err != nil {
+				return inputError(fmt.Errorf("--output-configmap %w", err))
+			}
+			publisher = server.ConfigMapPublisher{Client: cluster.client, Key: key}
+		}
+	}
+
+	secure, insecure, err := newPullers(o.caFile, o.registryConfig, o.concurrency)
+	if err != nil {
+		return inputError(err)
+	}
+	var useInsecure atomic.Bool
+	choose := func() *pull.Puller {
+		if useInsecure.Load() {
+			return insecure
+		}
+		return secure
+	}
+	metrics := server.NewMetrics()
+	srv := server.New(server.Config{
+		Store: store, Pull: server.PullWith(choose), Publisher: publisher, Concurrency: o.concurrency,
+		GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin, Logger: log, Metrics: metrics,
+	})
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return inputError(fmt.Errorf("--listen %s: %w", o.listen, err))
+	}
+	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	log.Info("serving", "address", ln.Addr().String(), "tls", o.tlsCert != "", "data", o.data)
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return inputs.Watch(gctx, hup, func(cat osimage.Catalog, vals values.Values) {
+			insecure, _ := values.Bool(vals, "oci_registry_insecure", "oci_registry_insecure", false)
+			useInsecure.Store(insecure)
+			wanted, err := server.Select(vals, cat)
+			if err != nil {
+				log.Error("selection problems (the other images are still served)", "error", err)
+			}
+			srv.SetDesired(wanted, err)
+		})
+	})
+	g.Go(func() error { return srv.Run(gctx) })
+	g.Go(func() error {
+		var err error
+		if o.tlsCert != "" {
+			err = httpServer.ServeTLS(ln, o.tlsCert, o.tlsKey)
+		} else {
+			err = httpServer.Serve(ln)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return httpServer.Shutdown(shutdown)
+	})
+	return g.Wait()
+}
+
+func quantity(flag, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: want a quantity such as 500Gi: %w", flag, s, err)
+	}
+	return q.Value(), nil
+}
+
+// newPullers returns a puller for registries verified with TLS and one for
+// oci_registry_insecure, which can change with the values.
+func newPullers(caFile, registryConfig string, conns int) (secure, insecure *pull.Puller, err error) {
+	for _, insecureTLS := range []bool{false, true} {
+		client, err := oci.NewClient(oci.Options{Insecure: insecureTLS, CAFile: caFile, RegistryConfig: registryConfig, MaxConnsPerHost: conns})
+		if err != nil {
+			return nil, nil, err
+		}
+		p := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
+		if insecureTLS {
+			insecure = p
+		} else {
+			secure = p
+		}
+	}
+	return secure, insecure, nil
+}

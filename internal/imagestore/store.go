@@ -1,0 +1,396 @@
+// Package imagestore keeps verified OS images on disk, addressed by the
+// sha256 of their content.
+//
+// Layout under the data directory:
+//
+//	images/<sha256>/<filename>       the image file, as served
+//	images/<sha256>/.osimages.json   its metadata (Entry)
+//	tmp/                             staging directories and deleted entries
+//
+// An entry becomes visible in one rename of a complete, fsynced staging
+// directory into images/, so a crash at any point leaves either a whole entry
+// or nothing servable; whatever is left in tmp/ is removed by the next Open.
+package imagestore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+const (
+	imagesDir = "images"
+	tmpDir    = "tmp"
+	lockFile  = ".lock"
+	// MetadataName is the file of an entry's metadata, beside the image. It
+	// is the one base name an image file cannot have.
+	MetadataName = ".osimages.json"
+	// maxFilename is NAME_MAX of Linux file systems.
+	maxFilename = 255
+	// maxMetadataBytes bounds what is read of a metadata file.
+	maxMetadataBytes = 64 << 10
+)
+
+// ErrNotFound is returned (wrapped) for a sha256 with no committed entry.
+var ErrNotFound = fs.ErrNotExist
+
+// Entry is a committed, verified image.
+type Entry struct {
+	SHA256     string    `json:"sha256"`
+	MD5        string    `json:"md5,omitempty"`
+	Filename   string    `json:"filename"`
+	Size       int64     `json:"size"`
+	VerifiedAt time.Time `json:"verifiedAt"`
+}
+
+// Store is a content-addressed image store. It is safe for concurrent use.
+type Store struct {
+	dir, images, tmp string
+	lock             *os.File
+
+	mu      sync.RWMutex
+	entries map[string]Entry
+}
+
+// Open prepares dir (creating dir/images and dir/tmp), removes what an
+// interrupted download or deletion left in dir/tmp, and loads the committed
+// entries of dir/images. A directory of dir/images without valid metadata,
+// or whose image file is missing or of the wrong size, is removed: it cannot
+// have been committed by a Store.
+//
+// Only one Store may have dir open at a time, in this process or another,
+// since Open cleans dir/tmp: a second Open fails until the first is Closed
+// (or its process exits).
+func Open(dir string) (*Store, error) {
+	if dir == "" {
+		return nil, errors.New("image store: no data directory given")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("image store %s: %w", dir, err)
+	}
+	s := &Store{
+		dir:     abs,
+		images:  filepath.Join(abs, imagesDir),
+		tmp:     filepath.Join(abs, tmpDir),
+		entries: map[string]Entry{},
+	}
+	for _, d := range []string{s.dir, s.images, s.tmp} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", d, err)
+		}
+	}
+	if s.lock, err = lockDir(filepath.Join(s.dir, lockFile)); err != nil {
+		return nil, fmt.Errorf("image store %s: %w", s.dir, err)
+	}
+	if err := s.cleanTmp(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.scan(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close releases the data directory for another Open. Files opened with
+// Store.Open stay readable.
+func (s *Store) Close() error {
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close()
+	s.lock = nil
+	return err
+}
+
+// Dir is the data directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) cleanTmp() error {
+	des, err := os.ReadDir(s.tmp)
+	if err != nil {
+		return fmt.Errorf("image store: reading %s: %w", s.tmp, err)
+	}
+	for _, de := range des {
+		if err := os.RemoveAll(filepath.Join(s.tmp, de.Name())); err != nil {
+			return fmt.Errorf("image store: removing the leftover %s: %w", filepath.Join(s.tmp, de.Name()), err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) scan() error {
+	des, err := os.ReadDir(s.images)
+	if err != nil {
+		return fmt.Errorf("image store: reading %s: %w", s.images, err)
+	}
+	for _, de := range des {
+		name := de.Name()
+		// Only names this package makes are touched; anything else an
+		// operator put there is neither listed nor removed.
+		if ValidateSHA256(name) != nil {
+			continue
+		}
+		e, err := s.load(name, de)
+		if err != nil {
+			// Not a committed entry: a half-made directory (written by hand,
+			// or by a crashed older layout). Remove it so that a download can
+			// commit there.
+			if err := os.RemoveAll(filepath.Join(s.images, name)); err != nil {
+				return fmt.Errorf("image store: removing the invalid entry %s: %w", filepath.Join(s.images, name), err)
+			}
+			continue
+		}
+		s.entries[name] = e
+	}
+	return nil
+}
+
+// load reads and checks the entry in images/<sha>.
+func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
+	if !de.IsDir() {
+		return Entry{}, errors.New("not a directory")
+	}
+	dir := filepath.Join(s.images, sha)
+	f, err := os.Open(filepath.Join(dir, MetadataName))
+	if err != nil {
+		return Entry{}, err
+	}
+	defer f.Close()
+	var e Entry
+	dec := json.NewDecoder(&limitedReader{f, maxMetadataBytes})
+	if err := dec.Decode(&e); err != nil {
+		return Entry{}, fmt.Errorf("metadata: %w", err)
+	}
+	if e.SHA256 != sha {
+		return Entry{}, fmt.Errorf("metadata names sha256 %s", e.SHA256)
+	}
+	if err := ValidateFilename(e.Filename); err != nil {
+		return Entry{}, err
+	}
+	fi, err := os.Lstat(filepath.Join(dir, e.Filename))
+	if err != nil {
+		return Entry{}, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != e.Size {
+		return Entry{}, fmt.Errorf("image file is not a regular file of %d bytes", e.Size)
+	}
+	return e, nil
+}
+
+// List returns the committed entries, ordered by sha256.
+func (s *Store) List() []Entry {
+	s.mu.RLock()
+	out := make([]Entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, e)
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.SHA256, b.SHA256) })
+	return out
+}
+
+// Get returns the committed entry of sha256.
+func (s *Store) Get(sha256 string) (Entry, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e, ok := s.entries[strings.ToLower(sha256)]
+	return e, ok
+}
+
+// Open opens the verified image file of sha256, for http.ServeContent. The
+// file stays readable after a Delete, until the caller closes it.
+func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
+	sha256 = strings.ToLower(sha256)
+	if err := ValidateSHA256(sha256); err != nil {
+		return nil, Entry{}, err
+	}
+	e, ok := s.Get(sha256)
+	if !ok {
+		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
+	}
+	f, err := openNoFollow(filepath.Join(s.images, sha256, e.Filename))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			// Deleted between Get and open.
+			return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
+		}
+		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, err)
+	}
+	return f, e, nil
+}
+
+// Delete removes the committed entry of sha256. Readers that have the file
+// open keep reading it; its space is freed when the last one closes it. A
+// crash during Delete leaves the entry either served or gone.
+func (s *Store) Delete(sha256 string) error {
+	sha256 = strings.ToLower(sha256)
+	if err := ValidateSHA256(sha256); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if _, ok := s.entries[sha256]; !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("deleting image %s: %w", sha256, ErrNotFound)
+	}
+	trash, err := os.MkdirTemp(s.tmp, "deleted-"+sha256+"-")
+	if err == nil {
+		// Moving the directory out in one rename makes the removal atomic;
+		// the slow part (unlinking a large file) happens outside images/.
+		err = os.Rename(filepath.Join(s.images, sha256), filepath.Join(trash, sha256))
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("deleting image %s: %w", sha256, err)
+	}
+	delete(s.entries, sha256)
+	syncErr := syncDir(s.images)
+	s.mu.Unlock()
+	if err := os.RemoveAll(trash); err != nil {
+		return fmt.Errorf("deleting image %s: %w", sha256, err)
+	}
+	if syncErr != nil {
+		return fmt.Errorf("deleting image %s: syncing %s: %w", sha256, s.images, syncErr)
+	}
+	return nil
+}
+
+// Used is the total size of the committed entries, in bytes. Image files
+// are written sparse, so the disk may hold less than that.
+func (s *Store) Used() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var n int64
+	for _, e := range s.entries {
+		n += e.Size
+	}
+	return n
+}
+
+// Available is the space left to unprivileged users on the file system of
+// the data directory, in bytes.
+func (s *Store) Available() (uint64, error) {
+	n, err := available(s.dir)
+	if err != nil {
+		return 0, fmt.Errorf("image store: free space of %s: %w", s.dir, err)
+	}
+	return n, nil
+}
+
+// Create starts writing the image of sha256 into a staging directory. The
+// caller must Commit or Abort the Writer.
+func (s *Store) Create(sha256 string) (*Writer, error) {
+	sha256 = strings.ToLower(sha256)
+	if err := ValidateSHA256(sha256); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(s.tmp, sha256+"-")
+	if err != nil {
+		return nil, fmt.Errorf("image %s: creating a staging directory: %w", sha256, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, partialName), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("image %s: %w", sha256, err)
+	}
+	return &Writer{s: s, sha256: sha256, dir: dir, f: f}, nil
+}
+
+// commit moves a complete staging directory into images/.
+func (s *Store) commit(staging string, e Entry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.entries[e.SHA256]; ok {
+		// Same content committed by another download: nothing to do.
+		os.RemoveAll(staging)
+		return nil
+	}
+	final := filepath.Join(s.images, e.SHA256)
+	if err := os.Rename(staging, final); err != nil {
+		return fmt.Errorf("image %s: moving into %s: %w", e.SHA256, s.images, err)
+	}
+	// The rename is durable only once the directory holding it is synced.
+	if err := syncDir(s.images); err != nil {
+		os.RemoveAll(final)
+		return fmt.Errorf("image %s: syncing %s: %w", e.SHA256, s.images, err)
+	}
+	s.entries[e.SHA256] = e
+	return nil
+}
+
+// ValidateSHA256 says why s is not a lowercase 64-hex sha256, or nil.
+func ValidateSHA256(s string) error {
+	if len(s) != 64 {
+		return fmt.Errorf("sha256 %q is not 64 hexadecimal digits", truncate(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return fmt.Errorf("sha256 %q is not 64 lowercase hexadecimal digits", truncate(s))
+		}
+	}
+	return nil
+}
+
+// ValidateFilename says why name cannot be the base name of a stored image,
+// or nil. It must be a plain file name: no path, no NUL, not "." or "..".
+func ValidateFilename(name string) error {
+	switch {
+	case name == "":
+		return errors.New("image filename is empty: give the image a filename field")
+	case name == "." || name == "..":
+		return fmt.Errorf("image filename %q is not a file name", name)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("image filename %q contains '/' or NUL: it must be a plain file name, without a path", truncate(name))
+	case len(name) > maxFilename:
+		return fmt.Errorf("image filename %q is longer than %d bytes", truncate(name), maxFilename)
+	case name == MetadataName || name == partialName:
+		return fmt.Errorf("image filename %q is reserved by the image store", name)
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+type limitedReader struct {
+	f *os.File
+	n int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errors.New("metadata file too large")
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.f.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,256 @@
+package propagate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// FieldOwner names osimages' propagation in the managedFields of the copies.
+const FieldOwner = "osimages-propagate"
+
+// Key is one unit of work: the copy of one rule in one namespace.
+type Key struct {
+	Rule      string
+	Namespace string
+}
+
+func (k Key) String() string { return k.Rule + "/" + k.Namespace }
+
+// indexRule indexes the cached ConfigMaps by their LabelRule, so that the
+// copies of a rule are found without scanning every ConfigMap.
+const indexRule = "propagate.rule"
+
+// requeueRace is how soon a write refused because the cache was behind
+// the apiserver is tried again. The watch event that brings the cache up to
+// date also requeues the key; this is only a safety net.
+const requeueRace = time.Second
+
+// Controller is the reconciler: it reads from the informer cache, calls
+// Decide, and writes what Decide asks.
+type Controller struct {
+	rules    []Rule
+	byName   map[string]Rule
+	reader   client.Reader // the informer cache
+	writer   client.Client
+	recorder events.EventRecorder
+	metrics  *Metrics
+	adopt    bool
+	now      func() time.Time
+}
+
+func newController(rules []Rule, reader client.Reader, writer client.Client, recorder events.EventRecorder, m *Metrics, adopt bool) *Controller {
+	c := &Controller{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now}
+	for _, r := range rules {
+		c.byName[r.Name] = r
+	}
+	return c
+}
+
+// observe reads what Decide needs from the cache.
+func (c *Controller) observe(ctx context.Context, r Rule, namespace string) (Observed, error) {
+	var o Observed
+	ns := &corev1.Namespace{}
+	if found, err := get(ctx, c.reader, types.NamespacedName{Name: namespace}, ns); err != nil {
+		return o, fmt.Errorf("reading namespace %s: %w", namespace, err)
+	} else if found {
+		o.Namespace = ns
+	}
+	src := &corev1.ConfigMap{}
+	if found, err := get(ctx, c.reader, types.NamespacedName{Namespace: r.Source.Namespace, Name: r.Source.Name}, src); err != nil {
+		return o, fmt.Errorf("reading source ConfigMap %s: %w", r.Source, err)
+	} else if found {
+		o.Source = src
+	}
+	cp := &corev1.ConfigMap{}
+	if found, err := get(ctx, c.reader, types.NamespacedName{Namespace: namespace, Name: r.Target}, cp); err != nil {
+		return o, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, r.Target, err)
+	} else if found {
+		o.Copy = cp
+	}
+	return o, nil
+}
+
+func get(ctx context.Context, r client.Reader, key types.NamespacedName, obj client.Object) (bool, error) {
+	err := r.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Reconcile brings the copy of one rule in one namespace to what Decide
+// says.
+func (c *Controller) Reconcile(ctx context.Context, k Key) (reconcile.Result, error) {
+	r, ok := c.byName[k.Rule]
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	o, err := c.observe(ctx, r, k.Namespace)
+	if err != nil {
+		c.metrics.reconcileError(r.Name)
+		return reconcile.Result{}, err
+	}
+	d := Decide(r, o, c.adopt, c.now())
+	switch d.Action {
+	case ActionNone:
+		switch d.State {
+		case StateInSync:
+			c.metrics.synced(r.Name, c.now())
+		case StateConflict:
+			log.Info("target name taken", "reason", d.Reason)
+			c.recorder.Eventf(o.Copy, o.Namespace, corev1.EventTypeWarning, "TargetNameTaken", "Propagate", "rule %s: %s", r.Name, d.Reason)
+		}
+		return reconcile.Result{}, nil
+	}
+
+	err = c.write(ctx, d)
+	switch {
+	case err == nil:
+		c.metrics.wrote(r.Name, d.Action)
+		log.Info("propagated", "action", d.Action, "reason", d.Reason)
+		switch d.Action {
+		case ActionMarkStale:
+			c.recorder.Eventf(d.Object, nil, corev1.EventTypeWarning, "SourceMissing", "Propagate", "rule %s: %s", r.Name, d.Reason)
+		case ActionCreate, ActionUpdate:
+			c.metrics.synced(r.Name, c.now())
+			if o.Copy != nil && o.Copy.Labels[LabelRule] == "" {
+				c.recorder.Eventf(d.Object, nil, corev1.EventTypeNormal, "Adopted", "Propagate", "rule %s: adopted by osimages (--adopt)", r.Name)
+			}
+		}
+		return reconcile.Result{}, nil
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || (apierrors.IsNotFound(err) && d.Action != ActionCreate):
+		// The cache was behind: decide again on fresher state.
+		log.V(1).Info("cache behind the apiserver; deciding again", "action", d.Action, "error", err.Error())
+		return reconcile.Result{RequeueAfter: requeueRace}, nil
+	default:
+		c.metrics.reconcileError(r.Name)
+		c.recorder.Eventf(o.Namespace, nil, corev1.EventTypeWarning, "PropagationFailed", "Propagate", "rule %s: %s of ConfigMap %s/%s failed: %v", r.Name, d.Action, k.Namespace, r.Target, err)
+		return reconcile.Result{}, fmt.Errorf("rule %s: %s ConfigMap %s/%s: %w", r.Name, d.Action, k.Namespace, r.Target, err)
+	}
+}
+
+// write carries out a decision. Every write is conditional on the state it
+// was decided from (creation fails on an existing object, updates and
+// deletions on a changed resourceVersion), so that an object changed since
+// the cache saw it, perhaps by someone else, is never overwritten blindly.
+func (c *Controller) write(ctx context.Context, d Decision) error {
+	switch d.Action {
+	case ActionCreate:
+		return c.writer.Create(ctx, d.Object, client.FieldOwner(FieldOwner))
+	case ActionUpdate, ActionMarkStale:
+		return c.writer.Update(ctx, d.Object, client.FieldOwner(FieldOwner))
+	case ActionDelete:
+		uid, rv := d.Object.UID, d.Object.ResourceVersion
+		err := c.writer.Delete(ctx, d.Object, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("unknown action %q", d.Action)
+}
+
+// keysForConfigMap maps a ConfigMap event to the copies it concerns: every
+// copy of a rule whose source it is, or the one copy it is.
+func (c *Controller) keysForConfigMap(ctx context.Context, obj client.Object) []Key {
+	var keys []Key
+	for _, r := range c.rules {
+		if obj.GetNamespace() == r.Source.Namespace && obj.GetName() == r.Source.Name {
+			keys = append(keys, c.keysForRule(ctx, r)...)
+		}
+		if obj.GetName() == r.Target {
+			keys = append(keys, Key{Rule: r.Name, Namespace: obj.GetNamespace()})
+		}
+	}
+	return keys
+}
+
+// keysForRule lists, from the cache, every namespace where the rule has a
+// copy to make or to keep: the matching namespaces, and those that hold one
+// of its copies.
+func (c *Controller) keysForRule(ctx context.Context, r Rule) []Key {
+	log := logr.FromContextOrDiscard(ctx)
+	var keys []Key
+	seen := map[string]bool{}
+	var nss corev1.NamespaceList
+	if err := c.reader.List(ctx, &nss, client.MatchingLabelsSelector{Selector: r.Selector}); err != nil {
+		log.Error(err, "listing namespaces from the cache", "rule", r.Name)
+	}
+	for i := range nss.Items {
+		seen[nss.Items[i].Name] = true
+		keys = append(keys, Key{Rule: r.Name, Namespace: nss.Items[i].Name})
+	}
+	var cms corev1.ConfigMapList
+	if err := c.reader.List(ctx, &cms, client.MatchingFields{indexRule: r.Name}); err != nil {
+		log.Error(err, "listing copies from the cache", "rule", r.Name)
+	}
+	for i := range cms.Items {
+		if ns := cms.Items[i].Namespace; !seen[ns] {
+			seen[ns] = true
+			keys = append(keys, Key{Rule: r.Name, Namespace: ns})
+		}
+	}
+	return keys
+}
+
+func (c *Controller) keysForNamespace(_ context.Context, obj client.Object) []Key {
+	keys := make([]Key, len(c.rules))
+	for i, r := range c.rules {
+		keys[i] = Key{Rule: r.Name, Namespace: obj.GetName()}
+	}
+	return keys
+}
+
+// relevant tells whether the controller ever reads the ConfigMap's content.
+func (c *Controller) relevant(namespace, name string) bool {
+	for _, r := range c.rules {
+		if name == r.Target || (namespace == r.Source.Namespace && name == r.Source.Name) {
+			return true
+		}
+	}
+	return false
+}
+
+// slimConfigMap is the cache transform of ConfigMaps. The one watch on
+// ConfigMaps sees every ConfigMap of the cluster; only the sources and the
+// objects of target names are kept whole (less their managedFields), the
+// others are cut down to their name so that Helm releases and the like
+// cost no memory.
+func (c *Controller) slimConfigMap(obj any) (any, error) {
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return obj, nil
+	}
+	if !c.relevant(cm.Namespace, cm.Name) {
+		slim := &corev1.ConfigMap{}
+		slim.Name, slim.Namespace, slim.UID, slim.ResourceVersion = cm.Name, cm.Namespace, cm.UID, cm.ResourceVersion
+		return slim, nil
+	}
+	// Updates send the cached object back whole, so nothing but
+	// managedFields (which the apiserver keeps when absent) may be dropped.
+	cm.ManagedFields = nil
+	return cm, nil
+}
+
+// slimNamespace keeps what Decide and events read of a namespace.
+func slimNamespace(obj any) (any, error) {
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Namespace{}
+	slim.Name, slim.UID, slim.ResourceVersion = ns.Name, ns.UID, ns.ResourceVersion
+	slim.Labels, slim.DeletionTimestamp = ns.Labels, ns.DeletionTimestamp
+	slim.Status.Phase = ns.Status.Phase
+	return slim, nil
+}

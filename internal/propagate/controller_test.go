@@ -1,0 +1,394 @@
+package propagate
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/sylva-projects/osimages/internal/kube"
+)
+
+const settle = 30 * time.Second
+
+// TestSemantics walks the table, row by row, against one running
+// controller.
+func TestSemantics(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.writeSource("v1")
+	before := []string{"sem-a", "sem-b"}
+	for _, ns := range before {
+		e.createNamespace(ns, true)
+	}
+	e.createNamespace("sem-plain", false)
+	ctl := e.start(Options{})
+	labelled := append([]string{}, before...)
+
+	t.Run("namespaces labelled before the controller started: copies created at start", func(t *testing.T) {
+		e.waitCopies(labelled, "v1", settle)
+		cp := e.getCopy("sem-a")
+		if cp.Labels[LabelSourceNamespace] != e.rule.Source.Namespace || cp.Labels[LabelSourceName] != "served" ||
+			cp.Annotations[AnnotationSourceHash] != SourceHash(e.source()) {
+			t.Errorf("copy marks: labels %v annotations %v", cp.Labels, cp.Annotations)
+		}
+		if e.getCopy("sem-plain") != nil {
+			t.Error("copy in a namespace without the label")
+		}
+	})
+
+	t.Run("source changes: every copy gets the new data", func(t *testing.T) {
+		e.writeSource("v2")
+		e.waitCopies(labelled, "v2", settle)
+	})
+
+	t.Run("copy edited: put back", func(t *testing.T) {
+		cp := e.getCopy("sem-a")
+		cp.Data["values.yaml"] = "edited by hand"
+		cp.Labels["someone"] = "else"
+		if err := e.c.Update(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCopies(labelled, "v2", settle)
+		if e.getCopy("sem-a").Labels["someone"] != "else" {
+			t.Error("a label added by someone else was removed")
+		}
+	})
+
+	t.Run("copy deleted: recreated", func(t *testing.T) {
+		cp := e.getCopy("sem-b")
+		if err := e.c.Delete(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, settle, func() error {
+			if again := e.getCopy("sem-b"); again == nil || again.UID == cp.UID {
+				return fmt.Errorf("not recreated yet")
+			}
+			return nil
+		})
+		e.waitCopies(labelled, "v2", settle)
+	})
+
+	t.Run("namespace gains the label: copy created", func(t *testing.T) {
+		e.setLabel("sem-plain", true)
+		labelled = append(labelled, "sem-plain")
+		e.waitCopies(labelled, "v2", settle)
+	})
+
+	t.Run("namespace created with the label: copy created", func(t *testing.T) {
+		e.createNamespace("sem-new", true)
+		labelled = append(labelled, "sem-new")
+		e.waitCopies(labelled, "v2", settle)
+	})
+
+	t.Run("namespace loses the label: copy deleted", func(t *testing.T) {
+		e.setLabel("sem-plain", false)
+		labelled = labelled[:len(labelled)-2]
+		labelled = append(labelled, "sem-new")
+		e.waitCopies(labelled, "v2", settle)
+		if e.getCopy("sem-plain") != nil {
+			t.Error("copy still there")
+		}
+	})
+
+	t.Run("source deleted: copies kept and marked stale, with an event and a metric", func(t *testing.T) {
+		if err := e.c.Delete(ctx, e.source()); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, settle, func() error {
+			for _, ns := range labelled {
+				cp := e.getCopy(ns)
+				if cp == nil {
+					return fmt.Errorf("copy in %s deleted", ns)
+				}
+				if cp.Annotations[AnnotationStaleSince] == "" {
+					return fmt.Errorf("copy in %s not marked stale yet", ns)
+				}
+				if cp.Data["values.yaml"] != "v2" {
+					return fmt.Errorf("copy in %s lost its data: %v", ns, cp.Data)
+				}
+			}
+			return nil
+		})
+		eventually(t, settle, func() error {
+			if n := len(e.events("sem-a", "ConfigMap", e.rule.Target)["SourceMissing"]); n == 0 {
+				return fmt.Errorf("no SourceMissing event")
+			}
+			if got := ctl.copies(t, e.rule.Name, StateStale); got != float64(len(labelled)) {
+				return fmt.Errorf("stale copies metric %v, want %d", got, len(labelled))
+			}
+			if got := ctl.metric(t, "osimages_propagate_source_present", map[string]string{"rule": e.rule.Name}); got != 0 {
+				return fmt.Errorf("source_present %v", got)
+			}
+			return nil
+		})
+	})
+
+	t.Run("source comes back: copies follow it again", func(t *testing.T) {
+		e.writeSource("v3")
+		e.waitCopies(labelled, "v3", settle)
+		for _, ns := range labelled {
+			if cp := e.getCopy(ns); cp.Annotations[AnnotationStaleSince] != "" {
+				t.Errorf("copy in %s still marked stale", ns)
+			}
+		}
+		eventually(t, settle, func() error {
+			if got := ctl.copies(t, e.rule.Name, StateInSync); got != float64(len(labelled)) {
+				return fmt.Errorf("in_sync metric %v, want %d", got, len(labelled))
+			}
+			if got := ctl.copies(t, e.rule.Name, StateStale); got != 0 {
+				return fmt.Errorf("stale metric %v", got)
+			}
+			return nil
+		})
+	})
+
+	t.Run("the source is never modified", func(t *testing.T) {
+		src := e.source()
+		if len(src.Labels) != 1 || src.Labels["app.kubernetes.io/managed-by"] != "Helm" || len(src.Annotations) != 0 {
+			t.Errorf("source metadata changed: labels %v annotations %v", src.Labels, src.Annotations)
+		}
+		for _, mf := range src.ManagedFields {
+			if mf.Manager == FieldOwner {
+				t.Errorf("osimages wrote to the source: %+v", mf)
+			}
+		}
+	})
+
+	t.Run("rule removed from the config: copies left in place", func(t *testing.T) {
+		ctl.stop()
+		// The same cluster, a config without the rule: another rule, to
+		// know when the controller has done its work.
+		other := Rule{Name: e.rule.Name + "-other", Source: e.rule.Source, Target: "other-copy", Selector: e.rule.Selector}
+		next := e.start(Options{Rules: []Rule{other}})
+		e.setLabel("sem-a", false)
+		e.writeSource("v4")
+		eventually(t, settle, func() error {
+			if got := next.copies(t, other.Name, StateInSync); got != float64(len(labelled)-1) {
+				return fmt.Errorf("other rule: %v copies in sync", got)
+			}
+			return nil
+		})
+		got := e.copiesByNamespace()
+		if len(got) != len(labelled) {
+			t.Fatalf("%d copies left, want %d", len(got), len(labelled))
+		}
+		for ns, cp := range got {
+			if cp.Data["values.yaml"] != "v3" {
+				t.Errorf("copy in %s changed to %v", ns, cp.Data)
+			}
+		}
+	})
+}
+
+// TestUnmanagedObjectInTheWay: an object of the target name that osimages
+// did not create is left as it is (event, metric), unless adopting.
+func TestUnmanagedObjectInTheWay(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.writeSource("v1")
+	e.createNamespace("way-taken", true)
+	e.createNamespace("way-free", true)
+	theirs := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "way-taken", Name: e.rule.Target, Labels: map[string]string{"generate.kyverno.io/clone-source": ""}},
+		Data:       map[string]string{"values.yaml": "kyverno's"},
+	}
+	if err := e.c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	ctl := e.start(Options{})
+	e.waitCopies([]string{"way-free"}, "v1", settle)
+	eventually(t, settle, func() error {
+		if len(e.events("way-taken", "ConfigMap", e.rule.Target)["TargetNameTaken"]) == 0 {
+			return fmt.Errorf("no TargetNameTaken event")
+		}
+		if got := ctl.copies(t, e.rule.Name, StateConflict); got != 1 {
+			return fmt.Errorf("conflict metric %v", got)
+		}
+		return nil
+	})
+	e.writeSource("v2")
+	e.waitCopies([]string{"way-free"}, "v2", settle)
+	if got := e.getCopy("way-taken"); got.ResourceVersion != theirs.ResourceVersion || got.Data["values.yaml"] != "kyverno's" {
+		t.Fatalf("the object in the way was written: %v", got)
+	}
+
+	ctl.stop()
+	adopting := e.start(Options{Adopt: true})
+	e.waitCopies([]string{"way-free", "way-taken"}, "v2", settle)
+	got := e.getCopy("way-taken")
+	if got.UID != theirs.UID || got.Labels["generate.kyverno.io/clone-source"] != "" || got.Labels[LabelRule] != e.rule.Name {
+		t.Errorf("adoption should keep the object and its labels: %+v", got.ObjectMeta)
+	}
+	eventually(t, settle, func() error {
+		if got := adopting.copies(t, e.rule.Name, StateConflict); got != 0 {
+			return fmt.Errorf("conflict metric %v after adoption", got)
+		}
+		return nil
+	})
+}
+
+// TestRestartRebuildsState: a new controller knows its copies from their
+// labels alone. Restarted on a cluster in sync, it writes nothing; restarted
+// after changes made while it was down, it catches up, with one copy per
+// namespace.
+func TestRestartRebuildsState(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.writeSource("v1")
+	names := e.createNamespaces("restart", 20)
+	first := e.start(Options{})
+	e.waitCopies(names, "v1", settle)
+	uids := map[string]string{}
+	for ns, cp := range e.copiesByNamespace() {
+		uids[ns] = string(cp.UID)
+	}
+	first.stop()
+
+	second := e.start(Options{})
+	eventually(t, settle, func() error {
+		if got := second.copies(t, e.rule.Name, StateInSync); got != 20 {
+			return fmt.Errorf("in_sync %v", got)
+		}
+		if got := second.metric(t, "osimages_propagate_seconds_since_last_sync", map[string]string{"rule": e.rule.Name}); got < 0 {
+			return fmt.Errorf("no reconcile yet")
+		}
+		return nil
+	})
+	if w := second.writes(t, e.rule.Name); w != 0 {
+		t.Errorf("restart on a cluster in sync wrote %v times", w)
+	}
+	second.stop()
+
+	// Changes while no controller runs.
+	e.writeSource("v2")
+	if err := e.c.Delete(ctx, e.getCopy(names[0])); err != nil {
+		t.Fatal(err)
+	}
+	e.setLabel(names[1], false)
+	e.createNamespace("restart-late", true)
+	want := append(append([]string{}, names[0]), names[2:]...)
+	want = append(want, "restart-late")
+
+	e.start(Options{})
+	e.waitCopies(want, "v2", settle)
+	for ns, cp := range e.copiesByNamespace() {
+		if old, ok := uids[ns]; ok && ns != names[0] && string(cp.UID) != old {
+			t.Errorf("copy in %s was recreated instead of updated", ns)
+		}
+	}
+}
+
+// TestLeaderElection: of two replicas, only the leader writes; when it
+// stops, the other takes over.
+func TestLeaderElection(t *testing.T) {
+	e := newEnv(t)
+	e.writeSource("v1")
+	names := e.createNamespaces("leader", 5)
+	o := Options{
+		LeaderElection:          true,
+		LeaderElectionNamespace: e.rule.Source.Namespace,
+		LeaderElectionID:        "propagate-" + e.rule.Name,
+		LeaseDuration:           4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+	}
+	a, b := e.start(o), e.start(o)
+	e.waitCopies(names, "v1", settle)
+
+	leader, follower := a, b
+	select {
+	case <-a.mgr.Elected():
+	case <-b.mgr.Elected():
+		leader, follower = b, a
+	}
+	select {
+	case <-follower.mgr.Elected():
+		t.Fatal("both replicas lead")
+	default:
+	}
+	e.writeSource("v2")
+	e.waitCopies(names, "v2", settle)
+	if w := leader.writes(t, e.rule.Name); w != 10 {
+		t.Errorf("leader wrote %v times, want 10 (5 creates, 5 updates)", w)
+	}
+	if w := follower.writes(t, e.rule.Name); w != 0 {
+		t.Errorf("follower wrote %v times", w)
+	}
+	// Both report what the cluster holds.
+	eventually(t, settle, func() error {
+		if got := follower.copies(t, e.rule.Name, StateInSync); got != 5 {
+			return fmt.Errorf("follower in_sync %v", got)
+		}
+		return nil
+	})
+
+	leader.stop()
+	select {
+	case <-follower.mgr.Elected():
+	case <-time.After(settle):
+		t.Fatal("the follower did not take over")
+	}
+	e.writeSource("v3")
+	e.waitCopies(names, "v3", settle)
+	if w := follower.writes(t, e.rule.Name); w != 5 {
+		t.Errorf("new leader wrote %v times, want 5", w)
+	}
+}
+
+// TestResync: with nothing happening, every copy is still checked at the
+// resync period, which the last-sync metric shows.
+func TestResync(t *testing.T) {
+	e := newEnv(t)
+	e.writeSource("v1")
+	names := e.createNamespaces("resync", 2)
+	ctl := e.start(Options{Resync: time.Second})
+	e.waitCopies(names, "v1", settle)
+	time.Sleep(3 * time.Second)
+	since := ctl.metric(t, "osimages_propagate_seconds_since_last_sync", map[string]string{"rule": e.rule.Name})
+	if since < 0 || since > 2 {
+		t.Errorf("seconds since last sync %v after 3 s idle with a 1 s resync", since)
+	}
+}
+
+// TestSeveralRules: rules run side by side, each with its own source,
+// target and selector.
+func TestSeveralRules(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.writeSource("images")
+	state := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.rule.Source.Namespace, Name: "mgmt-cluster-state-values"},
+		Data:       map[string]string{"values": "state"},
+	}
+	if err := e.c.Create(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	second := Rule{
+		Name:     e.rule.Name + "-state",
+		Source:   kube.ObjectKey{Namespace: e.rule.Source.Namespace, Name: state.Name},
+		Target:   "state-copy",
+		Selector: labels.SelectorFromSet(labels.Set{e.label: ""}),
+	}
+	names := e.createNamespaces("rules", 3)
+	e.start(Options{Rules: []Rule{e.rule, second}})
+	e.waitCopies(names, "images", settle)
+	eventually(t, settle, func() error {
+		var list corev1.ConfigMapList
+		if err := e.c.List(ctx, &list, client.MatchingLabels{LabelRule: second.Name}); err != nil {
+			return err
+		}
+		if len(list.Items) != 3 {
+			return fmt.Errorf("%d copies of the second rule", len(list.Items))
+		}
+		for _, cp := range list.Items {
+			if cp.Name != "state-copy" || cp.Data["values"] != "state" {
+				return fmt.Errorf("copy %s/%s: %v", cp.Namespace, cp.Name, cp.Data)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,245 @@
+// Package propagate keeps copies of a source ConfigMap in every namespace a
+// label selector matches, the way Sylva's Kyverno clone policy did (contract
+// §7), with a few differences on purpose (see Decide).
+//
+// Decide is the whole policy, as a pure function of what is observed; the
+// controller in this package only reads the state from its informers, calls
+// Decide, and writes the result.
+package propagate
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// The marks osimages puts on its copies. LabelRule is the ownership mark: an
+// object without it was not created by osimages and is never overwritten,
+// unless adopting.
+const (
+	LabelRule            = "propagate.osimages.sylva-project.org/rule"
+	LabelSourceNamespace = "propagate.osimages.sylva-project.org/source-namespace"
+	LabelSourceName      = "propagate.osimages.sylva-project.org/source-name"
+	// AnnotationSourceHash is the hash of the source data the copy carries
+	// (SourceHash), so that an operator can tell which version a namespace
+	// has without comparing documents.
+	AnnotationSourceHash = "propagate.osimages.sylva-project.org/source-hash"
+	// AnnotationStaleSince is set, to the RFC 3339 time the source was
+	// found missing, on copies kept while their source is gone.
+	AnnotationStaleSince = "propagate.osimages.sylva-project.org/stale-since"
+)
+
+// Action is the write a Decision asks for.
+type Action string
+
+const (
+	ActionNone      Action = "none"
+	ActionCreate    Action = "create"
+	ActionUpdate    Action = "update"
+	ActionDelete    Action = "delete"
+	ActionMarkStale Action = "mark_stale"
+)
+
+// State is what the object of the target name is, before the action.
+type State string
+
+const (
+	// StateAbsent: no copy is wanted here, or none can be made (no
+	// source), and none of ours is here.
+	StateAbsent    State = "absent"
+	StateInSync    State = "in_sync"
+	StateOutOfSync State = "out_of_sync"
+	// StateStale: a copy kept while its source is missing.
+	StateStale State = "stale"
+	// StateConflict: an object osimages did not create holds the name.
+	StateConflict State = "conflict"
+)
+
+// Observed is what the controller saw of one (rule, namespace) pair. A nil
+// field means the object does not exist.
+type Observed struct {
+	Namespace *corev1.Namespace
+	Source    *corev1.ConfigMap
+	// Copy is whatever object holds the target name in the namespace, ours
+	// or not.
+	Copy *corev1.ConfigMap
+}
+
+// Decision is what to do about one (rule, namespace) pair.
+type Decision struct {
+	Action Action
+	State  State
+	// Object is the ConfigMap to create, or the full object to update. For
+	// an update it keeps the resourceVersion it was decided from, so that
+	// the write fails rather than overwrites a change made since.
+	Object *corev1.ConfigMap
+	// Reason says why, for logs and events.
+	Reason string
+}
+
+// Decide says what the object named r.Target in namespace o.Namespace must
+// become. It never modifies its inputs.
+//
+// Where it differs from Kyverno's clone with synchronize:
+//   - source deleted: copies are kept and marked stale (AnnotationStaleSince),
+//     not deleted, and follow the source again when it is back;
+//   - an object of the target name that osimages did not create is left alone
+//     (StateConflict) unless adopt is set;
+//   - the source is never written to.
+func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
+	ns := o.Namespace
+	if ns == nil || ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating {
+		// The namespace takes its objects with it, and refuses new ones.
+		return Decision{Action: ActionNone, State: StateAbsent, Reason: "namespace is gone or terminating"}
+	}
+	if ns.Name == r.Source.Namespace && r.Target == r.Source.Name {
+		return Decision{Action: ActionNone, State: StateAbsent, Reason: "the target is the source itself, which is never written"}
+	}
+	cp := o.Copy
+	ours := cp != nil && cp.Labels[LabelRule] != ""
+	if !r.Selector.Matches(labels.Set(ns.Labels)) {
+		// Only this rule's copies go: a copy left by a rule since removed
+		// from the config stays where it is.
+		if cp != nil && cp.Labels[LabelRule] == r.Name {
+			return Decision{Action: ActionDelete, State: StateOutOfSync, Object: cp, Reason: "namespace no longer matches the rule's selector"}
+		}
+		return Decision{Action: ActionNone, State: StateAbsent, Reason: "namespace does not match the rule's selector"}
+	}
+	if cp != nil && !ours && !adopt {
+		return Decision{Action: ActionNone, State: StateConflict, Reason: fmt.Sprintf("ConfigMap %s/%s was not created by osimages (no label %s); not overwriting it (--adopt would)", cp.Namespace, cp.Name, LabelRule)}
+	}
+	if o.Source == nil {
+		switch {
+		case cp == nil:
+			return Decision{Action: ActionNone, State: StateAbsent, Reason: fmt.Sprintf("source %s not found; nothing to copy", r.Source)}
+		case !ours:
+			// Adopting writes our data over theirs; with no data to write,
+			// the object stays as it is.
+			return Decision{Action: ActionNone, State: StateConflict, Reason: fmt.Sprintf("source %s not found; not adopting without data", r.Source)}
+		case cp.Annotations[AnnotationStaleSince] != "":
+			return Decision{Action: ActionNone, State: StateStale, Reason: fmt.Sprintf("source %s not found; copy kept", r.Source)}
+		}
+		stale := cp.DeepCopy()
+		stale.ManagedFields = nil
+		if stale.Annotations == nil {
+			stale.Annotations = map[string]string{}
+		}
+		stale.Annotations[AnnotationStaleSince] = now.UTC().Format(time.RFC3339)
+		return Decision{Action: ActionMarkStale, State: StateStale, Object: stale, Reason: fmt.Sprintf("source %s not found; copy kept and marked stale", r.Source)}
+	}
+	if cp == nil {
+		return Decision{Action: ActionCreate, State: StateOutOfSync, Object: newCopy(r, o.Source, ns.Name), Reason: "copy missing"}
+	}
+	if cp.Immutable != nil && *cp.Immutable {
+		// An immutable ConfigMap refuses new data; deleting it lets the
+		// next pass create it afresh.
+		if inSync(r, o.Source, cp) {
+			return Decision{Action: ActionNone, State: StateInSync, Reason: "copy in sync"}
+		}
+		return Decision{Action: ActionDelete, State: StateOutOfSync, Object: cp, Reason: "copy is immutable and differs from the source; recreating it"}
+	}
+	if inSync(r, o.Source, cp) {
+		return Decision{Action: ActionNone, State: StateInSync, Reason: "copy in sync"}
+	}
+	reason := "copy differs from the source"
+	if !ours {
+		reason = "adopting an object osimages did not create"
+	} else if cp.Annotations[AnnotationStaleSince] != "" {
+		reason = "source is back"
+	}
+	return Decision{Action: ActionUpdate, State: StateOutOfSync, Object: updatedCopy(r, o.Source, cp), Reason: reason}
+}
+
+// SourceHash identifies the data of a ConfigMap: equal data, equal hash,
+// whatever the key order.
+func SourceHash(cm *corev1.ConfigMap) string {
+	h := sha256.New()
+	// Length-prefixed fields, so that no two different contents write the
+	// same byte stream.
+	write := func(s []byte) {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		h.Write(s)
+	}
+	for _, k := range slices.Sorted(maps.Keys(cm.Data)) {
+		write([]byte("d:" + k))
+		write([]byte(cm.Data[k]))
+	}
+	for _, k := range slices.Sorted(maps.Keys(cm.BinaryData)) {
+		write([]byte("b:" + k))
+		write(cm.BinaryData[k])
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+func ownLabels(r Rule) map[string]string {
+	return map[string]string{
+		LabelRule:            r.Name,
+		LabelSourceNamespace: r.Source.Namespace,
+		LabelSourceName:      r.Source.Name,
+	}
+}
+
+func newCopy(r Rule, src *corev1.ConfigMap, namespace string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        r.Target,
+			Namespace:   namespace,
+			Labels:      ownLabels(r),
+			Annotations: map[string]string{AnnotationSourceHash: SourceHash(src)},
+		},
+		Data:       maps.Clone(src.Data),
+		BinaryData: cloneBinary(src.BinaryData),
+	}
+}
+
+// updatedCopy keeps what others added to the copy's metadata (labels,
+// annotations, owners), and puts back ours and the data.
+func updatedCopy(r Rule, src, cp *corev1.ConfigMap) *corev1.ConfigMap {
+	out := cp.DeepCopy()
+	out.ManagedFields = nil
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	maps.Copy(out.Labels, ownLabels(r))
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[AnnotationSourceHash] = SourceHash(src)
+	delete(out.Annotations, AnnotationStaleSince)
+	out.Data = maps.Clone(src.Data)
+	out.BinaryData = cloneBinary(src.BinaryData)
+	return out
+}
+
+func inSync(r Rule, src, cp *corev1.ConfigMap) bool {
+	for k, v := range ownLabels(r) {
+		if cp.Labels[k] != v {
+			return false
+		}
+	}
+	if cp.Annotations[AnnotationStaleSince] != "" || cp.Annotations[AnnotationSourceHash] != SourceHash(src) {
+		return false
+	}
+	return maps.Equal(cp.Data, src.Data) && maps.EqualFunc(cp.BinaryData, src.BinaryData, bytes.Equal)
+}
+
+func cloneBinary(m map[string][]byte) map[string][]byte {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string][]byte, len(m))
+	for k, v := range m {
+		out[k] = bytes.Clone(v)
+	}
+	return out
+}

@@ -1,0 +1,349 @@
+package propagate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// One apiserver for the package, started on first use. Each test works
+// with rules, label keys and namespaces of its own, so that tests do not
+// see each other's objects.
+var (
+	kubeOnce sync.Once
+	kubeEnv  *testenv.Kube
+	kubeErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kubeEnv != nil {
+		_ = kubeEnv.Stop()
+	}
+	os.Exit(code)
+}
+
+type env struct {
+	t    *testing.T
+	kube *testenv.Kube
+	c    client.Client // direct to the apiserver, no cache
+	// label selects the test's namespaces; rule is the test's rule.
+	label string
+	rule  Rule
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	kubeOnce.Do(func() { kubeEnv, kubeErr = testenv.StartKube() })
+	if kubeErr != nil {
+		t.Fatal(kubeErr)
+	}
+	c, err := client.New(kubeEnv.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(id) > 40 {
+		id = id[:40]
+	}
+	id = strings.Trim(id, "-")
+	e := &env{t: t, kube: kubeEnv, c: c, label: "test.osimages/" + id}
+	e.rule = Rule{
+		Name:     id,
+		Source:   kube.ObjectKey{Namespace: id + "-src", Name: "served"},
+		Target:   "served-copy",
+		Selector: labels.SelectorFromSet(labels.Set{e.label: ""}),
+	}
+	e.createNamespace(e.rule.Source.Namespace, false)
+	return e
+}
+
+// replica is one controller manager, run inside the test process.
+type replica struct {
+	mgr     manager.Manager
+	reg     *prometheus.Registry
+	cancel  context.CancelFunc
+	done    chan error
+	stopped bool
+}
+
+func (e *env) start(o Options) *replica {
+	e.t.Helper()
+	if o.Rules == nil {
+		o.Rules = []Rule{e.rule}
+	}
+	reg := prometheus.NewRegistry()
+	o.Registerer = reg
+	o.MetricsAddr = "0"
+	if o.Logger.GetSink() == nil {
+		o.Logger = testLogger()
+	}
+	mgr, err := NewManager(e.kube.Config, o)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &replica{mgr: mgr, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { c.done <- mgr.Start(ctx) }()
+	e.t.Cleanup(c.stop)
+	return c
+}
+
+func (c *replica) stop() {
+	if c.stopped {
+		return
+	}
+	c.stopped = true
+	c.cancel()
+	if err := <-c.done; err != nil {
+		panic(fmt.Sprintf("manager stopped with %v", err))
+	}
+}
+
+// metric returns the value of the sample of family name with exactly the
+// given label values, or -1 when there is none.
+func (c *replica) metric(t *testing.T, name string, lbls map[string]string) float64 {
+	t.Helper()
+	mfs, err := c.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	samples:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := lbls[lp.GetName()]; ok && v != lp.GetValue() {
+					continue samples
+				}
+			}
+			switch {
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+func (c *replica) writes(t *testing.T, rule string) float64 {
+	var sum float64
+	for _, a := range []Action{ActionCreate, ActionUpdate, ActionDelete, ActionMarkStale} {
+		sum += c.metric(t, "osimages_propagate_writes_total", map[string]string{"rule": rule, "action": string(a)})
+	}
+	return sum
+}
+
+func (c *replica) copies(t *testing.T, rule string, s State) float64 {
+	return c.metric(t, "osimages_propagate_copies", map[string]string{"rule": rule, "state": string(s)})
+}
+
+// testLogger shows the controller's logs with -v. They go to stderr, not
+// t.Log, because the manager may still log while a test ends.
+func testLogger() logr.Logger {
+	if testing.Verbose() {
+		return logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return logr.Discard()
+}
+
+func (e *env) createNamespace(name string, labelled bool) {
+	e.t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if labelled {
+		ns.Labels = map[string]string{e.label: ""}
+	}
+	if err := e.c.Create(context.Background(), ns); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// createNamespaces creates n labelled namespaces PREFIX-0..n-1, several at
+// once.
+func (e *env) createNamespaces(prefix string, n int) []string {
+	e.t.Helper()
+	names := make([]string, n)
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		wg.Add(1)
+		go func(name string) {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{e.label: ""}}}
+			if err := e.c.Create(context.Background(), ns); err != nil {
+				errs <- err
+			}
+		}(names[i])
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		e.t.Fatal(err)
+	}
+	return names
+}
+
+func (e *env) setLabel(ns string, labelled bool) {
+	e.t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, e.label)
+	if labelled {
+		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:""}}}`, e.label)
+	}
+	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if err := e.c.Patch(context.Background(), obj, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// writeSource creates or updates the source with one values.yaml.
+func (e *env) writeSource(values string) *corev1.ConfigMap {
+	e.t.Helper()
+	ctx := context.Background()
+	src := &corev1.ConfigMap{}
+	err := e.c.Get(ctx, types.NamespacedName{Namespace: e.rule.Source.Namespace, Name: e.rule.Source.Name}, src)
+	switch {
+	case apierrors.IsNotFound(err):
+		src = &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.rule.Source.Namespace, Name: e.rule.Source.Name,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "Helm"}},
+			Data: map[string]string{"values.yaml": values},
+		}
+		err = e.c.Create(ctx, src)
+	case err == nil:
+		src.Data = map[string]string{"values.yaml": values}
+		err = e.c.Update(ctx, src)
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return src
+}
+
+func (e *env) source() *corev1.ConfigMap {
+	e.t.Helper()
+	src := &corev1.ConfigMap{}
+	if err := e.c.Get(context.Background(), types.NamespacedName{Namespace: e.rule.Source.Namespace, Name: e.rule.Source.Name}, src); err != nil {
+		e.t.Fatal(err)
+	}
+	return src
+}
+
+// getCopy returns the object of the target name in ns, or nil.
+func (e *env) getCopy(ns string) *corev1.ConfigMap {
+	e.t.Helper()
+	cm := &corev1.ConfigMap{}
+	err := e.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: e.rule.Target}, cm)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cm
+}
+
+// copiesByNamespace lists, in one call, every object of the target name
+// that the rule's label marks.
+func (e *env) copiesByNamespace() map[string]*corev1.ConfigMap {
+	e.t.Helper()
+	var list corev1.ConfigMapList
+	if err := e.c.List(context.Background(), &list, client.MatchingLabels{LabelRule: e.rule.Name}); err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]*corev1.ConfigMap{}
+	for i := range list.Items {
+		cm := &list.Items[i]
+		if _, dup := out[cm.Namespace]; dup {
+			e.t.Fatalf("two copies in %s", cm.Namespace)
+		}
+		out[cm.Namespace] = cm
+	}
+	return out
+}
+
+// waitCopies waits until exactly the namespaces given hold a copy with
+// values.yaml = values.
+func (e *env) waitCopies(namespaces []string, values string, timeout time.Duration) {
+	e.t.Helper()
+	want := map[string]bool{}
+	for _, ns := range namespaces {
+		want[ns] = true
+	}
+	eventually(e.t, timeout, func() error {
+		got := e.copiesByNamespace()
+		for ns := range want {
+			cp, ok := got[ns]
+			if !ok {
+				return fmt.Errorf("no copy in %s (%d of %d copies)", ns, len(got), len(want))
+			}
+			if cp.Data["values.yaml"] != values {
+				return fmt.Errorf("copy in %s has %q, want %q", ns, cp.Data["values.yaml"], values)
+			}
+		}
+		for ns := range got {
+			if !want[ns] {
+				return fmt.Errorf("unexpected copy in %s", ns)
+			}
+		}
+		return nil
+	})
+}
+
+func eventually(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// events returns the events.k8s.io events about the object in ns, by
+// reason.
+func (e *env) events(ns, kind, name string) map[string][]eventsv1.Event {
+	e.t.Helper()
+	var list eventsv1.EventList
+	if err := e.c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string][]eventsv1.Event{}
+	for _, ev := range list.Items {
+		if ev.Regarding.Kind == kind && ev.Regarding.Name == name {
+			out[ev.Reason] = append(out[ev.Reason], ev)
+		}
+	}
+	return out
+}

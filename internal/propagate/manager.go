@@ -1,0 +1,193 @@
+package propagate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// Options configure the propagation manager.
+type Options struct {
+	Rules []Rule
+	// Adopt lets osimages take over objects of a target name that it did
+	// not create (for instance the copies Kyverno made).
+	Adopt bool
+	// Resync is how often every copy is checked again even without an
+	// event, so that a lost watch event cannot leave a copy stale for
+	// ever. Default 10 minutes.
+	Resync time.Duration
+	// Workers is the number of copies reconciled at once. Default 8.
+	Workers int
+
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	// LeaderElectionID names the Lease. Default "osimages-propagate".
+	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
+	// (controller-runtime's defaults when zero: 15s, 10s, 2s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// MetricsAddr and HealthAddr are listen addresses; "0" or "" disables.
+	MetricsAddr string
+	HealthAddr  string
+	// Registerer receives the metrics. Default controller-runtime's
+	// registry, which the metrics server serves.
+	Registerer prometheus.Registerer
+
+	Logger logr.Logger
+}
+
+// DefaultLeaderElectionID names the Lease the replicas compete for.
+const DefaultLeaderElectionID = "osimages-propagate"
+
+// NewManager builds the controller-runtime manager of the propagation
+// controller: one informer per kind (ConfigMaps, Namespaces), the copy
+// reconciler, metrics, health checks, and leader election when asked.
+// Start it with its Start method.
+func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
+	if len(o.Rules) == 0 {
+		return nil, errors.New("no propagation rules")
+	}
+	if o.Resync == 0 {
+		o.Resync = 10 * time.Minute
+	}
+	if o.Resync < 0 {
+		return nil, fmt.Errorf("resync period %s must be positive", o.Resync)
+	}
+	if o.Workers == 0 {
+		o.Workers = 8
+	}
+	if o.Workers < 0 {
+		return nil, fmt.Errorf("workers %d must be positive", o.Workers)
+	}
+	if o.LeaderElectionID == "" {
+		o.LeaderElectionID = DefaultLeaderElectionID
+	}
+	if o.Registerer == nil {
+		o.Registerer = ctrlmetrics.Registry
+	}
+	if o.MetricsAddr == "" {
+		o.MetricsAddr = "0"
+	}
+	if o.HealthAddr == "0" {
+		o.HealthAddr = ""
+	}
+
+	m := newMetrics(o.Rules)
+	c := newController(o.Rules, nil, nil, nil, m, o.Adopt)
+	nonZero := func(d time.Duration) *time.Duration {
+		if d == 0 {
+			return nil
+		}
+		return &d
+	}
+	mgr, err := manager.New(cfg, manager.Options{
+		Logger: o.Logger,
+		Cache: cache.Options{
+			// The informers replay every object at this period, and each
+			// replay reconciles the copies it concerns.
+			SyncPeriod: &o.Resync,
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.ConfigMap{}: {Transform: c.slimConfigMap, UnsafeDisableDeepCopy: ptr.To(true)},
+				&corev1.Namespace{}: {Transform: slimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
+			},
+		},
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.HealthAddr,
+		LeaderElection:                o.LeaderElection,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true, // a replica stopping hands over at once
+		LeaseDuration:                 nonZero(o.LeaseDuration),
+		RenewDeadline:                 nonZero(o.RenewDeadline),
+		RetryPeriod:                   nonZero(o.RetryPeriod),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the controller manager: %w", err)
+	}
+	c.reader = mgr.GetCache()
+	c.writer = mgr.GetClient()
+	c.recorder = mgr.GetEventRecorder(FieldOwner)
+
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, indexRule, func(obj client.Object) []string {
+		if rule := obj.GetLabels()[LabelRule]; rule != "" {
+			return []string{rule}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("indexing ConfigMaps: %w", err)
+	}
+
+	err = builder.TypedControllerManagedBy[Key](mgr).
+		Named("propagate").
+		WithOptions(controller.TypedOptions[Key]{
+			MaxConcurrentReconciles: o.Workers,
+			// Names are unique in a process by construction (one
+			// controller), but tests build it more than once.
+			SkipNameValidation: ptr.To(true),
+		}).
+		WithLogConstructor(func(k *Key) logr.Logger {
+			l := mgr.GetLogger().WithValues("controller", "propagate")
+			if k != nil {
+				l = l.WithValues("rule", k.Rule, "namespace", k.Namespace)
+			}
+			return l
+		}).
+		Watches(&corev1.ConfigMap{}, handler.TypedEnqueueRequestsFromMapFunc(c.keysForConfigMap)).
+		Watches(&corev1.Namespace{}, handler.TypedEnqueueRequestsFromMapFunc(c.keysForNamespace)).
+		Complete(c)
+	if err != nil {
+		return nil, fmt.Errorf("creating the propagation controller: %w", err)
+	}
+
+	synced := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		return mgr.GetCache().WaitForCacheSync(ctx)
+	}
+	m.reader, m.ready, m.adopt = mgr.GetCache(), synced, o.Adopt
+	if err := o.Registerer.Register(m); err != nil {
+		return nil, fmt.Errorf("registering metrics: %w", err)
+	}
+
+	if o.HealthAddr != "" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
+			if !synced() {
+				return errors.New("informers not synced yet")
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return mgr, nil
+}
+
+// Run builds the manager and runs it until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	mgr, err := NewManager(cfg, o)
+	if err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}

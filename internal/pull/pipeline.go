@@ -1,0 +1,227 @@
+package pull
+
+import (
+	"bufio"
+	"context"
+	"crypto/md5"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/opencontainers/go-digest"
+)
+
+// The pipeline of one pass, on as many cores as there are:
+//
+//	goroutine 1: network -> blob digest -> gunzip -> buffer   (the producer)
+//	goroutine 2: buffer -> sha256
+//	goroutine 3: buffer -> md5
+//	goroutine 4: buffer -> destination
+//
+// The producer fills buffers from a fixed pool; each buffer goes to every
+// consumer and returns to the pool when the last one is done with it. md5
+// (about 550 MB/s here) is the slowest stage and runs alone; the rest share
+// the other core. Memory is the pool, whatever the image size.
+
+// passResult is what one pass computed.
+type passResult struct {
+	sha256, md5 string
+	// blob is the hex digest of the network bytes, for OCI sources.
+	blob string
+	size int64
+}
+
+// compressedReadBuffer is what gunzip reads from the network at a time.
+const compressedReadBuffer = 256 << 10
+
+func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj object, dst io.Writer) (passResult, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	rr.ctx = ctx
+	defer rr.closeBody()
+
+	// For a raw layer the blob is the file: its sha256 is the blob digest,
+	// computed once.
+	blobIsFile := obj.digest != "" && obj.digest.Algorithm() == digest.SHA256 && src.Compression == ""
+	var blobHash hash.Hash
+	var network io.Reader = rr
+	if obj.digest != "" && !blobIsFile {
+		if !obj.digest.Algorithm().Available() {
+			return passResult{}, fmt.Errorf("layer digest %s: algorithm %s is not supported", obj.digest, obj.digest.Algorithm())
+		}
+		blobHash = obj.digest.Algorithm().Hash()
+		network = io.TeeReader(rr, blobHash)
+	}
+
+	var file io.Reader = network
+	var compressed *bufio.Reader
+	if src.Compression == "gz" {
+		// klauspost's inflater has a fast path for a *bufio.Reader.
+		compressed = bufio.NewReaderSize(network, compressedReadBuffer)
+		zr, err := gzip.NewReader(compressed)
+		if err != nil {
+			return passResult{}, p.decompressError(rr, err, compressed, obj, blobHash)
+		}
+		file = zr
+	}
+
+	sha, md := sha256.New(), md5.New()
+	size, err := p.fanOut(ctx, cancel, file, []io.Writer{sha, md, dst}, src.Size)
+	if err != nil {
+		var werr *writeError
+		switch {
+		case errors.As(err, &werr):
+		case rr.err() != nil:
+			// The network failed (or cannot resume): whatever gunzip made
+			// of it, that is the cause.
+			err = rr.err()
+		case compressed != nil && ctx.Err() == nil && !isVerifyError(err):
+			err = p.decompressError(rr, err, compressed, obj, blobHash)
+		}
+		return passResult{}, err
+	}
+	if compressed != nil {
+		// The gzip stream ended: the blob digest covers the whole blob, so
+		// read what may follow (nothing, for a well-formed layer).
+		if _, err := io.Copy(io.Discard, compressed); err != nil {
+			return passResult{}, err
+		}
+	}
+	out := passResult{sha256: hex.EncodeToString(sha.Sum(nil)), md5: hex.EncodeToString(md.Sum(nil)), size: size}
+	switch {
+	case blobIsFile:
+		out.blob = out.sha256
+	case blobHash != nil:
+		out.blob = hex.EncodeToString(blobHash.Sum(nil))
+	}
+	return out, nil
+}
+
+// decompressError explains a gzip failure. Corrupted network bytes break
+// the gzip stream long before the end, so the rest of the blob is read to
+// tell a transfer that went wrong (blob digest mismatch) from an artifact
+// that is not gzip.
+func (p *Puller) decompressError(rr *rangeReader, gzErr error, compressed *bufio.Reader, obj object, blobHash hash.Hash) error {
+	if err := rr.err(); err != nil {
+		return err
+	}
+	if blobHash != nil {
+		if _, err := io.Copy(io.Discard, compressed); err != nil {
+			return fmt.Errorf("decompressing: %v; then reading the rest of the blob: %w", gzErr, err)
+		}
+		if got := hex.EncodeToString(blobHash.Sum(nil)); got != obj.digest.Encoded() {
+			return fmt.Errorf("%w (and the layer does not decompress: %v)", &VerifyError{What: WhatBlobDigest, Expected: obj.digest.String(), Actual: string(obj.digest.Algorithm()) + ":" + got}, gzErr)
+		}
+	}
+	return fmt.Errorf("the download is not a valid gzip archive (compression: gz): %w", gzErr)
+}
+
+func isVerifyError(err error) bool {
+	var v *VerifyError
+	return errors.As(err, &v)
+}
+
+// writeError is a failure of a sink: the destination, in practice.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "writing the image: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+type chunk struct {
+	buf  []byte
+	n    int
+	refs atomic.Int32
+}
+
+// fanOut reads r to its end and writes everything to each sink, each sink
+// in its own goroutine. It stops with a *VerifyError once more than limit
+// bytes came (limit > 0), so that a wrong or hostile archive cannot fill
+// the disk. A sink error cancels ctx, which stops the network.
+func (p *Puller) fanOut(ctx context.Context, cancel context.CancelCauseFunc, r io.Reader, sinks []io.Writer, limit int64) (int64, error) {
+	nbuf := p.buffers()
+	free := make(chan *chunk, nbuf)
+	for range nbuf {
+		free <- &chunk{buf: make([]byte, p.bufferSize())}
+	}
+	queues := make([]chan *chunk, len(sinks))
+	errs := make([]error, len(sinks))
+	var wg sync.WaitGroup
+	for i, w := range sinks {
+		// As deep as the pool: a send never blocks.
+		q := make(chan *chunk, nbuf)
+		queues[i] = q
+		wg.Go(func() {
+			for c := range q {
+				if errs[i] == nil {
+					if _, err := w.Write(c.buf[:c.n]); err != nil {
+						errs[i] = err
+						cancel(err)
+					}
+				}
+				if c.refs.Add(-1) == 0 {
+					free <- c
+				}
+			}
+		})
+	}
+
+	var total int64
+	var readErr error
+	for readErr == nil {
+		var c *chunk
+		select {
+		case c = <-free:
+		case <-ctx.Done():
+			readErr = context.Cause(ctx)
+			continue
+		}
+		c.n, readErr = fill(r, c.buf)
+		if c.n == 0 {
+			free <- c
+			continue
+		}
+		total += int64(c.n)
+		if limit > 0 && total > limit {
+			free <- c
+			readErr = &VerifyError{What: WhatSize, Expected: strconv.FormatInt(limit, 10), Actual: "more than that"}
+			break
+		}
+		c.refs.Store(int32(len(sinks)))
+		for _, q := range queues {
+			q <- c
+		}
+	}
+	for _, q := range queues {
+		close(q)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return total, &writeError{err}
+		}
+	}
+	if errors.Is(readErr, io.EOF) {
+		return total, nil
+	}
+	return total, readErr
+}
+
+// fill reads into buf until it is full or r fails; io.EOF marks the end.
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

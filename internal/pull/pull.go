@@ -1,0 +1,370 @@
+// Package pull downloads an OS image from an OCI registry or an HTTP(S)
+// server and verifies it, in one streaming pass over the network bytes:
+// blob digest, gunzip, sha256, md5 and the write to the destination all
+// happen as the bytes arrive, in constant memory. A cut transfer resumes
+// with closed ranges, so no byte is downloaded twice.
+package pull
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/oci"
+)
+
+// Source is an image to pull and what it must turn out to be.
+type Source struct {
+	// URI is oci://host/repo:tag (or @digest), or an http(s):// URL.
+	URI string
+	// SHA256 and MD5 are the expected digests of the served (decompressed)
+	// file, in hex. SHA256 is required; an empty MD5 is not checked.
+	SHA256, MD5 string
+	// Compression is "gz" when the artifact layer or download is a gzip
+	// archive of the file, "" when it is the file.
+	Compression string
+	// Size is the expected length of the served file; 0 means unknown.
+	Size int64
+	// ArchiveSize is the expected length of the artifact layer or the
+	// download; 0 means unknown.
+	ArchiveSize int64
+}
+
+// Destination receives the served file. Reset discards what was written,
+// for when the server cannot resume and the pass starts again at byte 0;
+// *imagestore.Writer is one.
+type Destination interface {
+	io.Writer
+	Reset() error
+}
+
+// Progress reports network bytes: received is the offset reached in the
+// download, total its length or 0 while unknown. It is called often, from
+// the pulling goroutine: keep it cheap (an atomic store, say).
+type Progress func(received, total int64)
+
+// Result describes a verified pull.
+type Result struct {
+	// SHA256 and MD5 are the hex digests of the file written.
+	SHA256, MD5 string
+	// Size is the length of the file written.
+	Size int64
+	// BlobDigest is the OCI digest of the layer, verified; empty for
+	// HTTP(S) sources.
+	BlobDigest string
+	// NetworkBytes counts the body bytes received, over all requests.
+	NetworkBytes int64
+	// Resumes counts the range requests that continued a cut transfer.
+	Resumes int
+	// Restarts counts the passes started again from byte 0 because the
+	// server would not resume.
+	Restarts int
+}
+
+// What a VerifyError is about.
+const (
+	WhatBlobDigest   = "blob digest"
+	WhatSHA256       = "sha256"
+	WhatMD5          = "md5"
+	WhatSize         = "size"
+	WhatDownloadSize = "download size"
+)
+
+// VerifyError says that the content is not what it should be.
+type VerifyError struct {
+	// What is one of the What* constants.
+	What string
+	// Expected and Actual are the values compared.
+	Expected, Actual string
+}
+
+func (e *VerifyError) Error() string {
+	msg := fmt.Sprintf("%s mismatch: expected %s, got %s", e.What, e.Expected, e.Actual)
+	switch e.What {
+	case WhatBlobDigest:
+		msg += ": the registry, or something between it and osimages, sent other bytes than the manifest describes"
+	case WhatSHA256, WhatMD5, WhatSize:
+		msg += fmt.Sprintf(": the image's %s field does not describe the file the artifact holds; fix the image metadata or the artifact", e.What)
+	case WhatDownloadSize:
+		msg += ": the artifact is not the one the image metadata (archive-size) describes"
+	}
+	return msg
+}
+
+// Puller pulls images. Its zero value needs OCI or HTTP set for the sources
+// used; the other fields have defaults. It is safe for concurrent use.
+type Puller struct {
+	// OCI serves oci:// sources, and, when HTTP is nil, lends its
+	// transport (CA, TLS, proxy) to http(s):// ones.
+	OCI *oci.Client
+	// HTTP serves http(s):// sources. No credentials are sent.
+	HTTP *http.Client
+
+	// MaxRetries bounds the requests in a row that bring no byte (refused
+	// connections, 5xx, connections cut before the first byte). Default 6.
+	MaxRetries int
+	// MaxRestarts bounds the passes started again from byte 0 because a
+	// server would not resume. Default 2.
+	MaxRestarts int
+	// Backoff is the wait before the first retry, doubled for each next one
+	// up to MaxBackoff, with jitter. Defaults 500ms and 30s.
+	Backoff, MaxBackoff time.Duration
+	// IdleTimeout cuts and resumes a request that brings no byte for that
+	// long. Default 60s.
+	IdleTimeout time.Duration
+	// RangeChunk is the length asked when resuming a download of unknown
+	// length. Default 8 MiB.
+	RangeChunk int64
+	// BufferSize and Buffers shape the pipeline between decompression and
+	// the hashes and the write: Buffers buffers of BufferSize bytes.
+	// Defaults 256 KiB and 16.
+	BufferSize, Buffers int
+}
+
+func (p *Puller) maxRetries() int            { return def(p.MaxRetries, 6) }
+func (p *Puller) maxRestarts() int           { return def(p.MaxRestarts, 2) }
+func (p *Puller) bufferSize() int            { return def(p.BufferSize, 256<<10) }
+func (p *Puller) buffers() int               { return max(def(p.Buffers, 16), 2) }
+func (p *Puller) rangeChunk() int64          { return def(p.RangeChunk, 8<<20) }
+func (p *Puller) idleTimeout() time.Duration { return def(p.IdleTimeout, 60*time.Second) }
+
+func (p *Puller) backoff(failures int) time.Duration {
+	d, limit := def(p.Backoff, 500*time.Millisecond), def(p.MaxBackoff, 30*time.Second)
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return jitter(min(d, limit))
+}
+
+func def[T int | int64 | time.Duration](v, d T) T {
+	if v > 0 {
+		return v
+	}
+	return d
+}
+
+// Pull downloads src into dst and verifies it: the layer's OCI digest (of
+// the network bytes), then the size, sha256 and md5 of the file written. On
+// error dst holds garbage: discard it. Errors name src.URI; a content
+// mismatch is a *VerifyError (errors.As).
+func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress Progress) (Result, error) {
+	if err := normalize(&src); err != nil {
+		return Result{}, err
+	}
+	obj, err := p.resolve(ctx, src)
+	if err != nil {
+		return Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+	}
+	res := Result{BlobDigest: obj.digest.String()}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if err := dst.Reset(); err != nil {
+				return res, fmt.Errorf("pulling %s: starting again: %w", src.URI, err)
+			}
+			res.Restarts++
+		}
+		rr := &rangeReader{
+			open: obj.open, what: obj.what, size: obj.size,
+			chunk: p.rangeChunk(), knobs: p, progress: progress,
+		}
+		got, err := p.pass(ctx, rr, src, obj, dst)
+		res.NetworkBytes += rr.network
+		res.Resumes += rr.resumes
+		if errors.Is(err, errRestart) && attempt < p.maxRestarts() {
+			continue
+		}
+		if errors.Is(err, errRestart) {
+			err = fmt.Errorf("%w; gave up after %d restarts from byte 0: the server cannot resume and the transfer keeps failing", err, attempt)
+		}
+		if err != nil {
+			return res, fmt.Errorf("pulling %s: %w", src.URI, err)
+		}
+		res.SHA256, res.MD5, res.Size = got.sha256, got.md5, got.size
+		if err := verify(src, obj, got); err != nil {
+			return res, fmt.Errorf("pulling %s: %w", src.URI, err)
+		}
+		return res, nil
+	}
+}
+
+// PullInto pulls src into store under filename, and commits it once
+// verified. An image already in the store is not downloaded again.
+func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename string, src Source, progress Progress) (imagestore.Entry, Result, error) {
+	if err := imagestore.ValidateFilename(filename); err != nil {
+		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+	}
+	if e, ok := store.Get(src.SHA256); ok {
+		return e, Result{SHA256: e.SHA256, MD5: e.MD5, Size: e.Size}, nil
+	}
+	w, err := store.Create(src.SHA256)
+	if err != nil {
+		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+	}
+	defer w.Abort()
+	res, err := p.Pull(ctx, src, w, progress)
+	if err != nil {
+		return imagestore.Entry{}, res, err
+	}
+	e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: filename, Size: res.Size, VerifiedAt: time.Now()}
+	if err := w.Commit(e); err != nil {
+		return imagestore.Entry{}, res, fmt.Errorf("pulling %s: %w", src.URI, err)
+	}
+	e, _ = store.Get(res.SHA256)
+	return e, res, nil
+}
+
+func normalize(src *Source) error {
+	src.SHA256 = strings.ToLower(strings.TrimSpace(src.SHA256))
+	src.MD5 = strings.ToLower(strings.TrimSpace(src.MD5))
+	if src.SHA256 == "" {
+		return fmt.Errorf("pulling %s: no sha256 given: the image needs a sha256 field to be verified", src.URI)
+	}
+	if !isHex(src.SHA256, 64) {
+		return fmt.Errorf("pulling %s: sha256 %q is not 64 hexadecimal digits", src.URI, src.SHA256)
+	}
+	if src.MD5 != "" && !isHex(src.MD5, 32) {
+		return fmt.Errorf("pulling %s: md5 %q is not 32 hexadecimal digits", src.URI, src.MD5)
+	}
+	if src.Compression != "" && src.Compression != "gz" {
+		return fmt.Errorf("pulling %s: compression %q is not supported: use gz, or none", src.URI, src.Compression)
+	}
+	if src.Size < 0 || src.ArchiveSize < 0 {
+		return fmt.Errorf("pulling %s: negative size", src.URI)
+	}
+	return nil
+}
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// object is what to download: how to request it, its length (-1 when
+// unknown) and, for OCI, the digest of its bytes.
+type object struct {
+	what      string
+	open      opener
+	size      int64
+	digest    digest.Digest
+	mediaType string
+}
+
+func (p *Puller) resolve(ctx context.Context, src Source) (object, error) {
+	switch {
+	case strings.HasPrefix(src.URI, "oci://"):
+		return p.resolveOCI(ctx, src)
+	case strings.HasPrefix(src.URI, "http://"), strings.HasPrefix(src.URI, "https://"):
+		return p.resolveHTTP(src)
+	}
+	return object{}, errors.New("unsupported URI scheme: use oci://, http:// or https://")
+}
+
+func (p *Puller) resolveOCI(ctx context.Context, src Source) (object, error) {
+	if p.OCI == nil {
+		return object{}, errors.New("no OCI client configured")
+	}
+	ref, err := oci.ParseReference(src.URI)
+	if err != nil {
+		return object{}, err
+	}
+	m, err := p.OCI.FetchManifest(ctx, src.URI)
+	if err != nil {
+		return object{}, fmt.Errorf("fetching the manifest: %w", err)
+	}
+	if len(m.Layers) != 1 {
+		return object{}, fmt.Errorf("manifest %s has %d layers: an OS image artifact has exactly one, the image file", m.Descriptor.Digest, len(m.Layers))
+	}
+	layer := m.Layers[0]
+	if err := layer.Digest.Validate(); err != nil {
+		return object{}, fmt.Errorf("manifest %s: layer digest %q: %w", m.Descriptor.Digest, layer.Digest, err)
+	}
+	if layer.Size < 0 {
+		return object{}, fmt.Errorf("manifest %s: layer size %d is negative", m.Descriptor.Digest, layer.Size)
+	}
+	if src.ArchiveSize > 0 && layer.Size != src.ArchiveSize {
+		return object{}, &VerifyError{What: WhatDownloadSize, Expected: strconv.FormatInt(src.ArchiveSize, 10), Actual: strconv.FormatInt(layer.Size, 10) + " (the layer's size in manifest " + m.Descriptor.Digest.String() + ")"}
+	}
+	return object{
+		what: p.OCI.BlobURL(ref, layer.Digest),
+		open: func(ctx context.Context, h http.Header) (*http.Response, error) {
+			return p.OCI.GetBlob(ctx, ref, layer.Digest, h)
+		},
+		size:      layer.Size,
+		digest:    layer.Digest,
+		mediaType: layer.MediaType,
+	}, nil
+}
+
+func (p *Puller) resolveHTTP(src Source) (object, error) {
+	client := p.HTTP
+	ua := "osimages"
+	if p.OCI != nil {
+		ua = p.OCI.UserAgent()
+		if client == nil {
+			client = p.OCI.HTTPClient()
+		}
+	}
+	if client == nil {
+		return object{}, errors.New("no HTTP client configured")
+	}
+	if _, err := http.NewRequest(http.MethodGet, src.URI, nil); err != nil {
+		return object{}, err
+	}
+	size := int64(-1)
+	switch {
+	case src.ArchiveSize > 0:
+		size = src.ArchiveSize
+	case src.Compression == "" && src.Size > 0:
+		size = src.Size
+	}
+	return object{
+		what: src.URI,
+		open: func(ctx context.Context, h http.Header) (*http.Response, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.URI, nil)
+			if err != nil {
+				return nil, err
+			}
+			for k, v := range h {
+				req.Header[k] = v
+			}
+			req.Header.Set("User-Agent", ua)
+			return client.Do(req)
+		},
+		size: size,
+	}, nil
+}
+
+func verify(src Source, obj object, got passResult) error {
+	if obj.digest != "" && got.blob != obj.digest.Encoded() {
+		return &VerifyError{What: WhatBlobDigest, Expected: obj.digest.String(), Actual: string(obj.digest.Algorithm()) + ":" + got.blob}
+	}
+	if src.Size > 0 && got.size != src.Size {
+		return &VerifyError{What: WhatSize, Expected: strconv.FormatInt(src.Size, 10), Actual: strconv.FormatInt(got.size, 10)}
+	}
+	if got.sha256 != src.SHA256 {
+		err := &VerifyError{What: WhatSHA256, Expected: src.SHA256, Actual: got.sha256}
+		if src.Compression == "" && strings.Contains(obj.mediaType, "gzip") {
+			return fmt.Errorf("%w (the layer's media type %s says gzip, but the image has no compression: gz field)", err, obj.mediaType)
+		}
+		return err
+	}
+	if src.MD5 != "" && got.md5 != src.MD5 {
+		return &VerifyError{What: WhatMD5, Expected: src.MD5, Actual: got.md5}
+	}
+	return nil
+}

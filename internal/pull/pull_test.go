@@ -1,0 +1,637 @@
+package pull
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/gzip"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+func TestPullOCIArtifacts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gz   bool
+		tls  bool
+	}{
+		{"gz", true, false},
+		{"raw", false, false},
+		{"gz over verified TLS", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reg := testenv.Registry(t, devregistry.Options{TLS: tc.tls})
+			opts := oci.Options{Insecure: !tc.tls}
+			if tc.tls {
+				opts.CAFile = reg.CAFile
+			}
+			content := devregistry.DiskContent(5<<20+777, 11)
+			src, pub := publish(t, reg, "dib/ubuntu-"+strings.ReplaceAll(tc.name, " ", "-"), content, tc.gz, nil)
+			store := openStore(t)
+
+			var last [2]int64
+			var calls int
+			e, res, err := fastPuller(ociClient(t, opts)).PullInto(context.Background(), store, "ubuntu.raw", src, func(received, total int64) {
+				calls++
+				if received < last[0] {
+					t.Errorf("progress went back from %d to %d", last[0], received)
+				}
+				last = [2]int64{received, total}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertStored(t, store, content)
+			m := md5.Sum(content)
+			if e.Filename != "ubuntu.raw" || e.MD5 != hex.EncodeToString(m[:]) || e.Size != int64(len(content)) {
+				t.Errorf("entry = %+v", e)
+			}
+			if res.BlobDigest != pub.LayerDigest.String() || res.SHA256 != src.SHA256 || res.MD5 != src.MD5 || res.Size != src.Size {
+				t.Errorf("result = %+v, published %+v", res, pub)
+			}
+			if res.NetworkBytes != src.ArchiveSize || res.Resumes != 0 || res.Restarts != 0 {
+				t.Errorf("received %d bytes in %d resumes and %d restarts; want the %d of the layer in one request", res.NetworkBytes, res.Resumes, res.Restarts, src.ArchiveSize)
+			}
+			if calls == 0 || last != [2]int64{src.ArchiveSize, src.ArchiveSize} {
+				t.Errorf("last progress = %v after %d calls, want [%d %d]", last, calls, src.ArchiveSize, src.ArchiveSize)
+			}
+			// Stored already: no second download.
+			if _, res, err := fastPuller(ociClient(t, opts)).PullInto(context.Background(), store, "ubuntu.raw", src, nil); err != nil || res.NetworkBytes != 0 {
+				t.Errorf("second pull: %+v, %v", res, err)
+			}
+		})
+	}
+}
+
+func TestPullHTTPSources(t *testing.T) {
+	content := devregistry.DiskContent(3<<20+5, 5)
+	var gzBuf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gzBuf, gzip.BestSpeed)
+	zw.Write(content)
+	zw.Close()
+	m := md5.Sum(content)
+	for _, tc := range []struct {
+		name    string
+		gz, tls bool
+	}{
+		{"raw over HTTP", false, false},
+		{"gz over HTTP", true, false},
+		{"raw over HTTPS with a CA file", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			body := content
+			src := Source{SHA256: shaHex(content), MD5: hex.EncodeToString(m[:]), Size: int64(len(content))}
+			if tc.gz {
+				body = gzBuf.Bytes()
+				src.Compression, src.ArchiveSize = "gz", int64(len(body))
+			}
+			srv, _, sent := fileServer(t, body, tc.tls)
+			src.URI = srv.URL + "/img"
+			opts := oci.Options{}
+			if tc.tls {
+				opts.CAFile = caFile(t, srv)
+			}
+			store := openStore(t)
+			_, res, err := fastPuller(ociClient(t, opts)).PullInto(context.Background(), store, "img.raw", src, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertStored(t, store, content)
+			if res.BlobDigest != "" || res.NetworkBytes != int64(len(body)) || sent.Load() != int64(len(body)) {
+				t.Errorf("result %+v, server sent %d; want %d bytes once", res, sent.Load(), len(body))
+			}
+		})
+	}
+
+	t.Run("HTTPS without the CA is refused", func(t *testing.T) {
+		srv, _, _ := fileServer(t, content, true)
+		_, err := fastPuller(ociClient(t, oci.Options{})).Pull(context.Background(), Source{URI: srv.URL + "/img", SHA256: shaHex(content)}, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "certificate") || !strings.Contains(err.Error(), srv.URL) {
+			t.Fatalf("error = %v, want a certificate error naming the URL", err)
+		}
+	})
+}
+
+// corruptBlob flips one byte in the body of GETs of the blob set in target.
+func corruptBlob(target *atomic.Value) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := target.Load().(string)
+			if isBlobGet(r, d) {
+				w = &flipWriter{ResponseWriter: w, at: 1000}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+type flipWriter struct {
+	http.ResponseWriter
+	at, off int64
+}
+
+func (f *flipWriter) Write(p []byte) (int, error) {
+	if f.off <= f.at && f.at < f.off+int64(len(p)) {
+		p = bytes.Clone(p)
+		p[f.at-f.off] ^= 0x55
+	}
+	f.off += int64(len(p))
+	return f.ResponseWriter.Write(p)
+}
+
+func TestPullRefusesCorruptedLayer(t *testing.T) {
+	for _, gz := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gz=%v", gz), func(t *testing.T) {
+			t.Parallel()
+			var target atomic.Value
+			reg := registryWith(t, corruptBlob(&target))
+			content := devregistry.DiskContent(2<<20, 21)
+			src, pub := publish(t, reg, "dib/corrupted", content, gz, nil)
+			target.Store(pub.LayerDigest.String())
+			store := openStore(t)
+
+			_, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+			v := verifyError(t, err, WhatBlobDigest)
+			if v.Expected != pub.LayerDigest.String() || !strings.HasPrefix(v.Actual, "sha256:") {
+				t.Errorf("VerifyError = %+v", v)
+			}
+			if !strings.Contains(err.Error(), src.URI) {
+				t.Errorf("error %q does not name the image", err)
+			}
+			assertNothingStored(t, store)
+		})
+	}
+}
+
+func TestPullRefusesWrongMetadata(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	content := devregistry.DiskContent(1<<20, 31)
+	good := devregistry.DiskImageFields(content, "x", true)
+	wrongSHA := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		what   string
+		fields osimage.Image
+	}{
+		{WhatSHA256, osimage.Image{osimage.FieldSHA256: wrongSHA}},
+		{WhatMD5, osimage.Image{osimage.FieldMD5: strings.Repeat("cd", 16)}},
+		{WhatSize, osimage.Image{osimage.FieldSize: "1048577"}},
+		{WhatDownloadSize, osimage.Image{osimage.FieldArchiveSize: "12345"}},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			src, _ := publish(t, reg, "dib/wrong-"+strings.ReplaceAll(tc.what, " ", "-"), content, true, tc.fields)
+			store := openStore(t)
+			if tc.what == WhatSHA256 {
+				// The store is addressed by the expected sha256: nothing
+				// may land there.
+				src.SHA256 = wrongSHA
+			}
+			_, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+			v := verifyError(t, err, tc.what)
+			switch tc.what {
+			case WhatSHA256:
+				if v.Expected != wrongSHA || v.Actual != good[osimage.FieldSHA256] {
+					t.Errorf("VerifyError = %+v", v)
+				}
+			case WhatMD5:
+				if v.Actual != good[osimage.FieldMD5] {
+					t.Errorf("VerifyError = %+v", v)
+				}
+			}
+			assertNothingStored(t, store)
+		})
+	}
+}
+
+// TestPullResumesThroughCutConnections runs the pull through a proxy that
+// cuts every connection after 384 KiB: the pull must succeed with closed
+// ranges, and the registry must not send much more than the blob.
+func TestPullResumesThroughCutConnections(t *testing.T) {
+	for _, gz := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gz=%v", gz), func(t *testing.T) {
+			t.Parallel()
+			guard := &rangeGuard{}
+			reg := registryWith(t, guard.wrap)
+			proxy := testenv.StartCutProxy(t, reg.Host, 384<<10)
+			content := devregistry.DiskContent(12<<20, 41)
+			if !gz {
+				content = content[:4<<20]
+			}
+			src, pub := publish(t, reg, "dib/flaky", content, gz, nil)
+			src.URI = "oci://" + strings.Replace(pub.Ref, reg.Host, proxy.Addr, 1)
+			store := openStore(t)
+
+			_, res, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertStored(t, store, content)
+			blob := src.ArchiveSize
+			wantResumes := int(blob / (384 << 10))
+			if res.Resumes < wantResumes || res.Restarts != 0 || proxy.Cuts() < int64(wantResumes) {
+				t.Errorf("%d resumes, %d restarts, %d cuts for a %d-byte blob; want at least %d resumes and no restart", res.Resumes, res.Restarts, proxy.Cuts(), blob, wantResumes)
+			}
+			if res.NetworkBytes != blob {
+				t.Errorf("received %d body bytes, want exactly the %d of the blob", res.NetworkBytes, blob)
+			}
+			ratio := float64(proxy.Forwarded()) / float64(blob)
+			t.Logf("blob %d bytes, registry sent %d through the proxy (%.3fx), %d resumes", blob, proxy.Forwarded(), ratio, res.Resumes)
+			if ratio > 1.05 {
+				t.Errorf("the registry sent %d bytes for a %d-byte blob: %.3fx, more than 1.05x", proxy.Forwarded(), blob, ratio)
+			}
+			ranges := guard.seen()
+			if len(ranges) != res.Resumes {
+				t.Errorf("registry saw %d ranges for %d resumes", len(ranges), res.Resumes)
+			}
+			for _, r := range ranges {
+				if !closedRange.MatchString(r) || !strings.HasSuffix(r, fmt.Sprintf("-%d", blob-1)) {
+					t.Errorf("range %q is not closed at the blob's last byte %d", r, blob-1)
+				}
+			}
+		})
+	}
+}
+
+// stripRange makes the registry ignore ranges: it answers 200 and the whole
+// blob to every request, as some servers do.
+func stripRange(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del("Range")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func TestPullRestartsWhenTheRegistryIgnoresRanges(t *testing.T) {
+	reg := registryWith(t, stripRange)
+	proxy := testenv.StartCutProxy(t, reg.Host, 256<<10)
+	content := devregistry.DiskContent(8<<20, 51)
+	src, pub := publish(t, reg, "dib/norange", content, true, nil)
+	src.URI = "oci://" + strings.Replace(pub.Ref, reg.Host, proxy.Addr, 1)
+	// The first blob GET is cut; the resume gets a 200 and must not be
+	// appended; the second pass gets everything.
+	proxy.SetMaxCuts(1)
+	store := openStore(t)
+	_, res, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertStored(t, store, content)
+	if res.Restarts != 1 || res.Resumes != 1 {
+		t.Errorf("%d restarts and %d resumes, want 1 and 1", res.Restarts, res.Resumes)
+	}
+}
+
+func TestPullGivesUpWhenNeitherResumeNorCompleteIsPossible(t *testing.T) {
+	reg := registryWith(t, stripRange)
+	proxy := testenv.StartCutProxy(t, reg.Host, 256<<10)
+	content := devregistry.DiskContent(4<<20, 52)
+	src, pub := publish(t, reg, "dib/hopeless", content, false, nil)
+	src.URI = "oci://" + strings.Replace(pub.Ref, reg.Host, proxy.Addr, 1)
+	store := openStore(t)
+	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+	p.MaxRestarts = 3
+	_, res, err := p.PullInto(context.Background(), store, "img.raw", src, nil)
+	if err == nil || !strings.Contains(err.Error(), "gave up after 3 restarts") || !strings.Contains(err.Error(), "200") {
+		t.Fatalf("error = %v, want giving up after 3 restarts because of the 200s", err)
+	}
+	if res.Restarts != 3 {
+		t.Errorf("%d restarts, want 3", res.Restarts)
+	}
+	assertNothingStored(t, store)
+}
+
+// cutOnce serves content, cutting the first full GET after cut bytes; when
+// chunked, without Content-Length.
+func cutOnce(t *testing.T, content []byte, cut int, chunked bool, g *rangeGuard, sent *atomic.Int64) string {
+	var first atomic.Bool
+	first.Store(true)
+	h := g.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w = countingWriter{w, sent}
+		if r.Header.Get("Range") == "" && first.Swap(false) {
+			if !chunked {
+				w.Header().Set("Content-Length", fmt.Sprint(len(content)))
+			}
+			w.Write(content[:cut])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // drops the connection mid-body
+		}
+		http.ServeContent(w, r, "img", time.Time{}, bytes.NewReader(content))
+	}))
+	srv := newQuietServer(t, h)
+	return srv + "/img"
+}
+
+func TestPullHTTPResumesWithClosedRanges(t *testing.T) {
+	content := devregistry.DiskContent(4<<20, 61)
+	for _, tc := range []struct {
+		name       string
+		chunked    bool
+		knownSize  bool
+		wantResume string
+	}{
+		{"length from Content-Length", false, false, fmt.Sprintf("bytes=%d-%d", 1<<20, len(content)-1)},
+		{"length from the source", true, true, fmt.Sprintf("bytes=%d-%d", 1<<20, len(content)-1)},
+		// Nothing tells the length: a closed chunk first, whose
+		// Content-Range total gives it.
+		{"length unknown", true, false, fmt.Sprintf("bytes=%d-%d", 1<<20, 1<<20+8<<20-1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, sent := &rangeGuard{}, &atomic.Int64{}
+			src := Source{URI: cutOnce(t, content, 1<<20, tc.chunked, g, sent), SHA256: shaHex(content)}
+			if tc.knownSize {
+				src.Size = int64(len(content))
+			}
+			dst := &memDest{}
+			res, err := fastPuller(ociClient(t, oci.Options{})).Pull(context.Background(), src, dst, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst.Bytes(), content) || dst.resets != 0 {
+				t.Fatalf("content differs or was reset %d times", dst.resets)
+			}
+			if r := g.seen(); len(r) != 1 || r[0] != tc.wantResume {
+				t.Errorf("ranges asked: %q, want [%s]", r, tc.wantResume)
+			}
+			if res.Resumes != 1 || sent.Load() != int64(len(content)) {
+				t.Errorf("%d resumes, server sent %d; want 1 and %d", res.Resumes, sent.Load(), len(content))
+			}
+		})
+	}
+}
+
+func TestPullRestartsOnAWrongContentRange(t *testing.T) {
+	content := devregistry.DiskContent(2<<20, 71)
+	var calls atomic.Int32
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch calls.Add(1) {
+		case 1:
+			w.Header().Set("Content-Length", fmt.Sprint(len(content)))
+			w.Write(content[:1<<20])
+			panic(http.ErrAbortHandler)
+		case 2:
+			// A 206, but from the wrong offset.
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(content)-1, len(content)))
+			w.WriteHeader(http.StatusPartialContent)
+			w.Write(content)
+		default:
+			http.ServeContent(w, r, "img", time.Time{}, bytes.NewReader(content))
+		}
+	})) + "/img"
+	dst := &memDest{}
+	res, err := fastPuller(nil).withHTTP().Pull(context.Background(), Source{URI: url, SHA256: shaHex(content)}, dst, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes(), content) || dst.resets != 1 || res.Restarts != 1 {
+		t.Fatalf("resets %d, restarts %d, content equal %v", dst.resets, res.Restarts, bytes.Equal(dst.Bytes(), content))
+	}
+}
+
+func (p *Puller) withHTTP() *Puller {
+	p.HTTP = &http.Client{}
+	return p
+}
+
+func TestPullRetriesTransientFailures(t *testing.T) {
+	content := []byte("a small image")
+	var calls atomic.Int32
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 3 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write(content)
+	})) + "/img"
+	dst := &memDest{}
+	if _, err := fastPuller(nil).withHTTP().Pull(context.Background(), Source{URI: url, SHA256: shaHex(content)}, dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	if dst.String() != string(content) {
+		t.Fatalf("got %q", dst.String())
+	}
+
+	t.Run("bounded", func(t *testing.T) {
+		var calls atomic.Int32
+		url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			http.Error(w, "broken", http.StatusBadGateway)
+		})) + "/img"
+		p := fastPuller(nil).withHTTP()
+		p.MaxRetries = 3
+		_, err := p.Pull(context.Background(), Source{URI: url, SHA256: shaHex(content)}, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "502") || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "giving up after 4 attempts") {
+			t.Fatalf("error = %v", err)
+		}
+		if calls.Load() != 4 {
+			t.Errorf("%d requests, want 4", calls.Load())
+		}
+	})
+
+	t.Run("not retried", func(t *testing.T) {
+		var calls atomic.Int32
+		url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			http.NotFound(w, r)
+		})) + "/missing.raw"
+		_, err := fastPuller(nil).withHTTP().Pull(context.Background(), Source{URI: url, SHA256: shaHex(content)}, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(err.Error(), url) || calls.Load() != 1 {
+			t.Fatalf("error = %v after %d requests, want one 404 naming the URL", err, calls.Load())
+		}
+	})
+}
+
+func TestPullResumesAStalledTransfer(t *testing.T) {
+	content := devregistry.DiskContent(2<<20, 81)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var first atomic.Bool
+	first.Store(true)
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if first.Swap(false) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(content)))
+			w.Write(content[:1<<20])
+			w.(http.Flusher).Flush()
+			select { // stalls without closing
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		http.ServeContent(w, r, "img", time.Time{}, bytes.NewReader(content))
+	})) + "/img"
+	p := fastPuller(nil).withHTTP()
+	p.IdleTimeout = 300 * time.Millisecond
+	dst := &memDest{}
+	start := time.Now()
+	res, err := p.Pull(context.Background(), Source{URI: url, SHA256: shaHex(content)}, dst, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes(), content) || res.Resumes != 1 || time.Since(start) > 5*time.Second {
+		t.Fatalf("resumes %d after %v", res.Resumes, time.Since(start))
+	}
+}
+
+func TestPullStopsAnOversizedStream(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	// 64 MiB of zeros gzip to a few KiB: a small archive, a large file.
+	content := make([]byte, 64<<20)
+	src, _ := publish(t, reg, "dib/bomb", content, true, osimage.Image{osimage.FieldSize: "1048576"})
+	dst := &memDest{}
+	_, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).Pull(context.Background(), src, dst, nil)
+	verifyError(t, err, WhatSize)
+	if dst.Len() > 8<<20 {
+		t.Errorf("wrote %d bytes for an image announced at 1 MiB", dst.Len())
+	}
+}
+
+func TestPullReportsArtifactErrors(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	ctx := context.Background()
+	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+
+	t.Run("not gzip", func(t *testing.T) {
+		content := []byte(strings.Repeat("not gzip ", 1000))
+		src, _ := publish(t, reg, "dib/notgz", content, false, osimage.Image{osimage.FieldCompression: "gz"})
+		_, err := p.Pull(ctx, src, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "not a valid gzip archive") || !strings.Contains(err.Error(), src.URI) {
+			t.Fatalf("error = %v", err)
+		}
+	})
+
+	t.Run("gzip layer without compression field", func(t *testing.T) {
+		content := devregistry.DiskContent(1<<20, 3)
+		src, _ := publish(t, reg, "dib/gz-unmarked", content, true, nil)
+		src.Compression = ""
+		_, err := p.Pull(ctx, src, &memDest{}, nil)
+		verifyError(t, err, WhatSHA256)
+		if !strings.Contains(err.Error(), "media type") {
+			t.Errorf("error %q gives no hint about the gzip media type", err)
+		}
+	})
+
+	t.Run("two layers", func(t *testing.T) {
+		repo, _ := reg.Repository("dib/two-layers")
+		var layers []ocispec.Descriptor
+		for _, b := range [][]byte{[]byte("one"), []byte("two")} {
+			d, err := oras.PushBytes(ctx, repo, ocispec.MediaTypeImageLayer, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			layers = append(layers, d)
+		}
+		m, err := oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, devregistry.ArtifactType, oras.PackManifestOptions{Layers: layers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := repo.Tag(ctx, m, "1.0"); err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/two-layers:1.0", SHA256: strings.Repeat("0", 64)}, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "2 layers") || !strings.Contains(err.Error(), "exactly one") {
+			t.Fatalf("error = %v", err)
+		}
+	})
+
+	t.Run("missing tag", func(t *testing.T) {
+		_, err := p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/nothing:1.0", SHA256: strings.Repeat("0", 64)}, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), "dib/nothing:1.0") {
+			t.Fatalf("error = %v", err)
+		}
+	})
+
+	t.Run("bad sources", func(t *testing.T) {
+		sha := strings.Repeat("0", 64)
+		for _, tc := range []struct {
+			src  Source
+			want string
+		}{
+			{Source{URI: "oci://x/y:1"}, "no sha256"},
+			{Source{URI: "oci://x/y:1", SHA256: "abc"}, "64 hexadecimal"},
+			{Source{URI: "oci://x/y:1", SHA256: sha, MD5: "xyz"}, "32 hexadecimal"},
+			{Source{URI: "oci://x/y:1", SHA256: sha, Compression: "xz"}, `compression "xz"`},
+			{Source{URI: "ftp://x/y", SHA256: sha}, "oci://, http:// or https://"},
+			{Source{URI: "oci://x/y", SHA256: sha}, "no tag or digest"},
+		} {
+			_, err := p.Pull(ctx, tc.src, &memDest{}, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.src.URI) {
+				t.Errorf("Pull(%+v) = %v, want an error with %q naming the URI", tc.src, err, tc.want)
+			}
+		}
+		if _, _, err := p.PullInto(ctx, openStore(t), "../x", Source{URI: "oci://x/y:1", SHA256: sha}, nil); err == nil || !strings.Contains(err.Error(), "filename") {
+			t.Errorf("PullInto with filename ../x = %v", err)
+		}
+	})
+}
+
+// failingDest fails once it has received limit bytes.
+type failingDest struct {
+	n, limit int
+}
+
+func (f *failingDest) Write(p []byte) (int, error) {
+	if f.n+len(p) > f.limit {
+		return 0, errors.New("no space left on device")
+	}
+	f.n += len(p)
+	return len(p), nil
+}
+
+func (f *failingDest) Reset() error { f.n = 0; return nil }
+
+func TestPullStopsWhenTheDestinationFails(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	src, _ := publish(t, reg, "dib/nospace", devregistry.DiskContent(16<<20, 91), false, nil)
+	res, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).Pull(context.Background(), src, &failingDest{limit: 1 << 20}, nil)
+	if err == nil || !strings.Contains(err.Error(), "writing the image: no space left on device") {
+		t.Fatalf("error = %v", err)
+	}
+	if res.NetworkBytes >= src.ArchiveSize {
+		t.Errorf("downloaded all %d bytes although the destination failed at 1 MiB", res.NetworkBytes)
+	}
+}
+
+func TestPullCancel(t *testing.T) {
+	content := devregistry.DiskContent(2<<20, 1)
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(len(content)))
+		w.Write(content[:1<<20])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})) + "/img"
+	ctx, cancel := context.WithCancel(context.Background())
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := fastPuller(nil).withHTTP().Pull(ctx, Source{URI: url, SHA256: shaHex(content)}, &memDest{}, func(received, _ int64) {
+			if received >= 1<<20 {
+				once.Do(cancel)
+			}
+		})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("error = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Pull did not return after cancel")
+	}
+}

@@ -1,0 +1,133 @@
+package server
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the server's Prometheus metrics, on a registry of their own.
+type Metrics struct {
+	registry        *prometheus.Registry
+	requests        *prometheus.CounterVec
+	bytesServed     prometheus.Counter
+	inFlight        prometheus.Gauge
+	bytesDownloaded prometheus.Counter
+	verifyFailures  prometheus.Counter
+}
+
+// NewMetrics registers the server's metrics, and the Go and process
+// collectors, on a new registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osimages_http_requests_total", Help: "HTTP requests answered, by status code.",
+		}, []string{"code"}),
+		bytesServed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_http_served_bytes_total", Help: "Bytes of image files sent to clients.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "osimages_downloads_in_flight", Help: "Image downloads in progress.",
+		}),
+		bytesDownloaded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_downloaded_bytes_total", Help: "Bytes received from registries and HTTP sources.",
+		}),
+		verifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_verification_failures_total", Help: "Downloads refused because a digest or size did not match.",
+		}),
+	}
+	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry is where more collectors of the process can be registered.
+func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
+
+// bind adds the metrics computed from the server's state at scrape time.
+func (m *Metrics) bind(s *Server) {
+	images := prometheus.NewDesc("osimages_images", "Known images by phase; selected is false for deselected images kept on disk.", []string{"phase", "selected"}, nil)
+	free := prometheus.NewDesc("osimages_disk_free_bytes", "Free bytes on the data filesystem.", nil, nil)
+	used := prometheus.NewDesc("osimages_storage_used_bytes", "Bytes of stored images.", nil, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used}, collect: func(ch chan<- prometheus.Metric) {
+		counts := map[[2]string]int{}
+		for _, p := range []Phase{PhaseQueued, PhaseDownloading, PhaseVerifying, PhaseReady, PhaseFailed} {
+			counts[[2]string{string(p), "true"}] = 0
+		}
+		statuses, _ := s.Statuses()
+		for _, st := range statuses {
+			counts[[2]string{string(st.Phase), strconv.FormatBool(st.Selected)}]++
+		}
+		for k, n := range counts {
+			ch <- prometheus.MustNewConstMetric(images, prometheus.GaugeValue, float64(n), k[0], k[1])
+		}
+		if avail, err := s.cfg.Store.Available(); err == nil {
+			ch <- prometheus.MustNewConstMetric(free, prometheus.GaugeValue, float64(avail))
+		}
+		ch <- prometheus.MustNewConstMetric(used, prometheus.GaugeValue, float64(s.cfg.Store.Used()))
+	}})
+}
+
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// instrument counts responses by code and the bytes of image files sent.
+func (m *Metrics) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cw := &countingWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(cw, r)
+		m.requests.WithLabelValues(strconv.Itoa(cw.code)).Inc()
+		if isImagePath(r.URL.Path) {
+			m.bytesServed.Add(float64(cw.bytes))
+		}
+	})
+}
+
+// countingWriter records the status and body bytes of a response. It keeps
+// io.ReaderFrom, through which net/http sends an *os.File with sendfile:
+// hiding it would copy every image through user space.
+type countingWriter struct {
+	http.ResponseWriter
+	code  int
+	bytes int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	var n int64
+	var err error
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(r)
+	} else {
+		// HTTP/2 (TLS) has no sendfile path to keep.
+		n, err = io.Copy(struct{ io.Writer }{w.ResponseWriter}, r)
+	}
+	w.bytes += n
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,137 @@
+// Package server is the image server of the management cluster: it selects
+// the images to serve from the management cluster's own values, has them
+// pulled and verified into content-addressed storage, serves them over HTTP
+// to Ironic, and publishes what it serves (contract §6).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selector"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+// Wanted is one image the server must serve.
+type Wanted struct {
+	SHA256 string
+	// Key is the image's key in the management cluster's os_images; when
+	// several keys name the same file, the first in sort order.
+	Key   string
+	Image osimage.Image
+	// SelectedBy names the selectors that matched it, for operators.
+	SelectedBy []string
+}
+
+// Filename is the name the image is served under.
+func (w Wanted) Filename() string { return w.Image[osimage.FieldFilename] }
+
+// Int64Field reads a size field, 0 when absent or malformed.
+func (w Wanted) Int64Field(field string) int64 {
+	n, _ := strconv.ParseInt(w.Image[field], 10, 64)
+	return n
+}
+
+// AdditionalSelectorsKey names the map of extra selectors in the management
+// values: name -> selector, used as written (not finalized).
+const AdditionalSelectorsKey = "os_image_server_additional_selectors"
+
+// Select computes the served set: every image of cat that one of the
+// management cluster's own finalized level selectors (or image_key) designates,
+// or that an additional selector matches. It returns what it could select
+// together with the faults of the rest, so that one bad selector never stops
+// the images of the others from being served. Images that cannot be served
+// (no sha256 or filename) are faults too.
+func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) {
+	var errs []error
+	type match struct{ by string }
+	byKey := map[string][]string{}
+	add := func(key, by string) { byKey[key] = append(byKey[key], by) }
+
+	choices, err := capm3.LevelChoices(mgmt)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, path := range slices.Sorted(maps.Keys(choices)) {
+		c := choices[path]
+		if c.Selector != nil {
+			for _, key := range c.Selector.Select(cat) {
+				if c.ImageKey == "" || c.ImageKey == key {
+					add(key, path)
+				}
+			}
+			continue
+		}
+		if _, ok := cat[c.ImageKey]; !ok {
+			errs = append(errs, fmt.Errorf("%s: nothing in os_images for image_key %s", path, c.ImageKey))
+			continue
+		}
+		add(c.ImageKey, path)
+	}
+
+	extra, err := values.Map(mgmt, AdditionalSelectorsKey, "."+AdditionalSelectorsKey)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(extra)) {
+		path := "." + AdditionalSelectorsKey + "." + name
+		sel, err := selector.Parse(extra[name], path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, key := range sel.Select(cat) {
+			add(key, path)
+		}
+	}
+
+	out := map[string]Wanted{}
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		img := cat[key]
+		sum := img[osimage.FieldSHA256]
+		if err := osimage.ValidateDigestField(osimage.FieldSHA256, sum); err != nil || sum == "" {
+			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256 (%q)", key, sum))
+			continue
+		}
+		if err := imagestore.ValidateFilename(img[osimage.FieldFilename]); err != nil {
+			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: %w", key, err))
+			continue
+		}
+		if prev, ok := out[sum]; ok {
+			prev.SelectedBy = append(prev.SelectedBy, byKey[key]...)
+			out[sum] = prev
+			continue
+		}
+		out[sum] = Wanted{SHA256: sum, Key: key, Image: img, SelectedBy: byKey[key]}
+	}
+	return out, errors.Join(errs...)
+}
+
+// PullWith adapts a puller to a PullFunc. choose is asked for the puller at
+// each pull, since oci_registry_insecure can change with the values.
+func PullWith(choose func() *pull.Puller) PullFunc {
+	return func(ctx context.Context, w Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
+		res, err := choose().Pull(ctx, PullSource(w), dst, progress)
+		return res.MD5, res.Size, err
+	}
+}
+
+// PullSource is what the puller needs to know of w.
+func PullSource(w Wanted) pull.Source {
+	return pull.Source{
+		URI:         w.Image[osimage.FieldURI],
+		SHA256:      w.SHA256,
+		MD5:         w.Image[osimage.FieldMD5],
+		Compression: w.Image[osimage.FieldCompression],
+		Size:        w.Int64Field(osimage.FieldSize),
+		ArchiveSize: w.Int64Field(osimage.FieldArchiveSize),
+	}
+}

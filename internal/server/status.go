@@ -1,0 +1,57 @@
+package server
+
+import (
+	"fmt"
+	"html/template"
+	"net/http"
+	"time"
+
+	_ "embed"
+)
+
+//go:embed status.html
+var statusHTML string
+
+var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
+	"bytes": bytesIEC,
+	"percent": func(received, total int64) string {
+		if total <= 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.0f%%", 100*float64(received)/float64(total))
+	},
+	"short": func(s string) string {
+		if len(s) > 12 {
+			return s[:12]
+		}
+		return s
+	},
+	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+}).Parse(statusHTML))
+
+type statusView struct {
+	Images      []Status
+	SelectError string
+	Ready       bool
+	Counts      map[string]int
+	Now         time.Time
+}
+
+// serveStatus renders the operators' page: every image with its state.
+func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
+	statuses, selErr := s.Statuses()
+	view := statusView{Images: statuses, Ready: s.Ready(), Counts: map[string]int{}, Now: s.cfg.Now()}
+	if selErr != nil {
+		view.SelectError = selErr.Error()
+	}
+	for _, st := range statuses {
+		if st.Selected {
+			view.Counts[string(st.Phase)]++
+		}
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := statusPage.Execute(w, view); err != nil {
+		s.log.Error("rendering the status page failed", "error", err)
+	}
+}

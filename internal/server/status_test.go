@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// chromium finds Debian's headless browser. CI sets
+// OSIMAGES_REQUIRE_CHROMIUM so that a missing browser fails instead of
+// skipping.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("OSIMAGES_REQUIRE_CHROMIUM") != "" {
+		t.Fatal("chromium is not installed, and OSIMAGES_REQUIRE_CHROMIUM is set: apt-get install chromium")
+	}
+	t.Skip("chromium is not installed (apt-get install chromium): the status page is not checked in a browser")
+	return ""
+}
+
+// TestStatusPageInChromium loads the status page in a real headless browser
+// and checks that every state an operator must see is rendered.
+func TestStatusPageInChromium(t *testing.T) {
+	browser := chromium(t)
+	src := newFakeSource()
+	failed := src.add("a-failed", []byte("a"), false)
+	ready := src.add("b-ready", []byte("b bytes"), false)
+	downloading := src.add("c-downloading", []byte("c bytes, held half way"), true)
+	queued := src.add("d-queued", []byte("d"), false)
+	src.fail[failed.SHA256] = errors.New("tag not found: the registry has no such repository or tag")
+	h := start(t, t.TempDir(), src, func(c *Config) { c.Concurrency = 1; c.RetryBase = time.Hour; c.RetryMax = time.Hour })
+	h.want(failed, ready, downloading, queued)
+	h.waitPhase(failed.SHA256, PhaseFailed)
+	h.waitPhase(ready.SHA256, PhaseReady)
+	h.waitPhase(downloading.SHA256, PhaseDownloading)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if st, _ := h.srv.Statuses(); st[2].Received > 0 {
+			break
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+		"--user-data-dir="+t.TempDir(), "--dump-dom", h.http.URL+"/").Output()
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	dom := string(out)
+	for _, want := range []string{
+		`<title>osimages image server</title>`,
+		`data-sha256="` + ready.SHA256 + `"`,
+		`class="phase ready">ready</span>`,
+		`class="phase downloading">downloading</span> 50%`,
+		`class="phase failed">failed</span>`,
+		`tag not found: the registry has no such repository or tag`,
+		`class="phase queued">queued</span>`,
+		`href="/images/` + ready.SHA256 + `/b-ready.raw"`,
+		`1 ready`, `1 downloading`, `1 queued`, `1 failed`,
+	} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the page as Chromium rendered it lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("DOM:\n%s", dom)
+	}
+	src.release(downloading.SHA256)
+}
