@@ -162,7 +162,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return inputError(fmt.Errorf("--listen %s: %w", o.listen, err))
 	}
-	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, ConnContext: server.ConnContext}
 	log.Info("serving", "address", ln.Addr().String(), "tls", o.tlsCert != "", "data", o.data)
 
 	hup := make(chan os.Signal, 1)

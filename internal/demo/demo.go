@@ -220,7 +220,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, listen 
 		return nil, "", nil, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: server.ConnContext}
 	done := make(chan struct{}, 2)
 	go func() { _ = httpServer.Serve(ln); done <- struct{}{} }()
 	go func() { _ = srv.Run(runCtx); done <- struct{}{} }()

@@ -6,9 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"io"
 	"log"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -193,11 +193,13 @@ func fileServer(t *testing.T, content []byte, tls bool) (*httptest.Server, *rang
 		}
 		http.ServeContent(countingWriter{w, sent}, r, "img", time.Time{}, bytes.NewReader(content))
 	}))
-	var srv *httptest.Server
+	srv := httptest.NewUnstartedServer(h)
+	// The tests provoke TLS failures on purpose.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	if tls {
-		srv = httptest.NewTLSServer(h)
+		srv.StartTLS()
 	} else {
-		srv = httptest.NewServer(h)
+		srv.Start()
 	}
 	t.Cleanup(srv.Close)
 	return srv, g, sent
@@ -214,9 +216,19 @@ func caFile(t *testing.T, srv *httptest.Server) string {
 	return path
 }
 
+// newRegistry starts a registry on 127.0.0.1 that stores blobs on disk:
+// distribution's in-memory driver takes seconds per MiB under the race
+// detector.
+func newRegistry(t *testing.T, opts devregistry.Options) *devregistry.Registry {
+	t.Helper()
+	opts.RootDirectory = t.TempDir()
+	return testenv.Registry(t, opts)
+}
+
 // registryWith starts a registry whose handler is wrapped by mw.
 func registryWith(t *testing.T, mw func(http.Handler) http.Handler) *devregistry.Registry {
-	return testenv.Registry(t, devregistry.Options{Middleware: mw})
+	t.Helper()
+	return newRegistry(t, devregistry.Options{Middleware: mw})
 }
 
 // isBlobGet tells a GET of the blob d.

@@ -184,12 +184,12 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		if errors.Is(err, errRestart) {
 			err = fmt.Errorf("%w; gave up after %d restarts from byte 0: the server cannot resume and the transfer keeps failing", err, attempt)
 		}
-		if err != nil {
-			return res, fmt.Errorf("pulling %s: %w", src.URI, err)
+		if err == nil {
+			res.SHA256, res.MD5, res.Size = got.sha256, got.md5, got.size
+			err = verify(src, obj, got)
 		}
-		res.SHA256, res.MD5, res.Size = got.sha256, got.md5, got.size
-		if err := verify(src, obj, got); err != nil {
-			return res, fmt.Errorf("pulling %s: %w", src.URI, err)
+		if err != nil {
+			return res, fmt.Errorf("pulling %s: %w", src.URI, hint(err, src, obj))
 		}
 		return res, nil
 	}
@@ -349,6 +349,17 @@ func (p *Puller) resolveHTTP(src Source) (object, error) {
 	}, nil
 }
 
+// hint adds the likely cause of a mismatch of the file: a gzip layer pulled
+// as is because the image lacks its compression field.
+func hint(err error, src Source, obj object) error {
+	var v *VerifyError
+	if errors.As(err, &v) && v.What != WhatBlobDigest && v.What != WhatDownloadSize &&
+		src.Compression == "" && strings.Contains(obj.mediaType, "gzip") {
+		return fmt.Errorf("%w (the layer's media type %s says gzip, but the image has no compression: gz field)", err, obj.mediaType)
+	}
+	return err
+}
+
 func verify(src Source, obj object, got passResult) error {
 	if obj.digest != "" && got.blob != obj.digest.Encoded() {
 		return &VerifyError{What: WhatBlobDigest, Expected: obj.digest.String(), Actual: string(obj.digest.Algorithm()) + ":" + got.blob}
@@ -357,11 +368,7 @@ func verify(src Source, obj object, got passResult) error {
 		return &VerifyError{What: WhatSize, Expected: strconv.FormatInt(src.Size, 10), Actual: strconv.FormatInt(got.size, 10)}
 	}
 	if got.sha256 != src.SHA256 {
-		err := &VerifyError{What: WhatSHA256, Expected: src.SHA256, Actual: got.sha256}
-		if src.Compression == "" && strings.Contains(obj.mediaType, "gzip") {
-			return fmt.Errorf("%w (the layer's media type %s says gzip, but the image has no compression: gz field)", err, obj.mediaType)
-		}
-		return err
+		return &VerifyError{What: WhatSHA256, Expected: src.SHA256, Actual: got.sha256}
 	}
 	if src.MD5 != "" && got.md5 != src.MD5 {
 		return &VerifyError{What: WhatMD5, Expected: src.MD5, Actual: got.md5}

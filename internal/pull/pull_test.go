@@ -36,13 +36,13 @@ func TestPullOCIArtifacts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			reg := testenv.Registry(t, devregistry.Options{TLS: tc.tls})
+			reg := newRegistry(t, devregistry.Options{TLS: tc.tls})
 			opts := oci.Options{Insecure: !tc.tls}
 			if tc.tls {
 				opts.CAFile = reg.CAFile
 			}
 			content := devregistry.DiskContent(5<<20+777, 11)
-			src, pub := publish(t, reg, "dib/ubuntu-"+strings.ReplaceAll(tc.name, " ", "-"), content, tc.gz, nil)
+			src, pub := publish(t, reg, "dib/ubuntu-"+strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")), content, tc.gz, nil)
 			store := openStore(t)
 
 			var last [2]int64
@@ -181,7 +181,7 @@ func TestPullRefusesCorruptedLayer(t *testing.T) {
 }
 
 func TestPullRefusesWrongMetadata(t *testing.T) {
-	reg := testenv.Registry(t, devregistry.Options{})
+	reg := newRegistry(t, devregistry.Options{})
 	content := devregistry.DiskContent(1<<20, 31)
 	good := devregistry.DiskImageFields(content, "x", true)
 	wrongSHA := strings.Repeat("ab", 32)
@@ -489,9 +489,9 @@ func TestPullResumesAStalledTransfer(t *testing.T) {
 }
 
 func TestPullStopsAnOversizedStream(t *testing.T) {
-	reg := testenv.Registry(t, devregistry.Options{})
-	// 64 MiB of zeros gzip to a few KiB: a small archive, a large file.
-	content := make([]byte, 64<<20)
+	reg := newRegistry(t, devregistry.Options{})
+	// 32 MiB of zeros gzip to a few KiB: a small archive, a large file.
+	content := make([]byte, 32<<20)
 	src, _ := publish(t, reg, "dib/bomb", content, true, osimage.Image{osimage.FieldSize: "1048576"})
 	dst := &memDest{}
 	_, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).Pull(context.Background(), src, dst, nil)
@@ -502,7 +502,7 @@ func TestPullStopsAnOversizedStream(t *testing.T) {
 }
 
 func TestPullReportsArtifactErrors(t *testing.T) {
-	reg := testenv.Registry(t, devregistry.Options{})
+	reg := newRegistry(t, devregistry.Options{})
 	ctx := context.Background()
 	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
 
@@ -518,7 +518,7 @@ func TestPullReportsArtifactErrors(t *testing.T) {
 	t.Run("gzip layer without compression field", func(t *testing.T) {
 		content := devregistry.DiskContent(1<<20, 3)
 		src, _ := publish(t, reg, "dib/gz-unmarked", content, true, nil)
-		src.Compression = ""
+		src.Compression, src.Size = "", 0
 		_, err := p.Pull(ctx, src, &memDest{}, nil)
 		verifyError(t, err, WhatSHA256)
 		if !strings.Contains(err.Error(), "media type") {
@@ -596,7 +596,7 @@ func (f *failingDest) Write(p []byte) (int, error) {
 func (f *failingDest) Reset() error { f.n = 0; return nil }
 
 func TestPullStopsWhenTheDestinationFails(t *testing.T) {
-	reg := testenv.Registry(t, devregistry.Options{})
+	reg := newRegistry(t, devregistry.Options{})
 	src, _ := publish(t, reg, "dib/nospace", devregistry.DiskContent(16<<20, 91), false, nil)
 	res, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).Pull(context.Background(), src, &failingDest{limit: 1 << 20}, nil)
 	if err == nil || !strings.Contains(err.Error(), "writing the image: no space left on device") {

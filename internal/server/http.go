@@ -98,7 +98,8 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	// http.ServeContent answers HEAD exactly as GET (with Content-Length),
 	// Range and conditional requests, and sends an *os.File with sendfile.
-	http.ServeContent(w, r, entry.Filename, entry.VerifiedAt, f)
+	defer corked(r)()
+	http.ServeContent(piecewise{w}, r, entry.Filename, entry.VerifiedAt, f)
 }
 
 // isImagePath says whether a request path is an image download, for the
