@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -141,48 +142,76 @@ func (s *Store) scan() error {
 			continue
 		}
 		e, err := s.load(name, de)
-		if err != nil {
+		var invalid *invalidEntry
+		if errors.As(err, &invalid) {
 			// Not a committed entry: a half-made directory (written by hand,
 			// or by a crashed older layout). Remove it so that a download can
 			// commit there.
 			if err := os.RemoveAll(filepath.Join(s.images, name)); err != nil {
-				return fmt.Errorf("image store: removing the invalid entry %s: %w", filepath.Join(s.images, name), err)
+				return fmt.Errorf("image store: removing the invalid entry %s (%v): %w", filepath.Join(s.images, name), invalid, err)
 			}
 			continue
+		}
+		if err != nil {
+			// An I/O error says nothing about the entry: keep it on disk
+			// rather than delete a good image.
+			return fmt.Errorf("image store: reading the entry %s: %w", filepath.Join(s.images, name), err)
 		}
 		s.entries[name] = e
 	}
 	return nil
 }
 
-// load reads and checks the entry in images/<sha>.
+// invalidEntry says why a directory of images/ is not a committed entry.
+type invalidEntry struct{ reason string }
+
+func (e *invalidEntry) Error() string { return e.reason }
+
+func invalidf(format string, args ...any) error {
+	return &invalidEntry{fmt.Sprintf(format, args...)}
+}
+
+// load reads and checks the entry in images/<sha>. What a Commit cannot have
+// made is an *invalidEntry; other errors are I/O errors.
 func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
 	if !de.IsDir() {
-		return Entry{}, errors.New("not a directory")
+		return Entry{}, invalidf("not a directory")
 	}
 	dir := filepath.Join(s.images, sha)
 	f, err := os.Open(filepath.Join(dir, MetadataName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Entry{}, invalidf("no metadata")
+	}
 	if err != nil {
 		return Entry{}, err
 	}
-	defer f.Close()
-	var e Entry
-	dec := json.NewDecoder(&limitedReader{f, maxMetadataBytes})
-	if err := dec.Decode(&e); err != nil {
-		return Entry{}, fmt.Errorf("metadata: %w", err)
-	}
-	if e.SHA256 != sha {
-		return Entry{}, fmt.Errorf("metadata names sha256 %s", e.SHA256)
-	}
-	if err := ValidateFilename(e.Filename); err != nil {
+	data, err := io.ReadAll(io.LimitReader(f, maxMetadataBytes+1))
+	f.Close()
+	if err != nil {
 		return Entry{}, err
 	}
+	var e Entry
+	if len(data) > maxMetadataBytes {
+		return Entry{}, invalidf("metadata larger than %d bytes", maxMetadataBytes)
+	}
+	if err := json.Unmarshal(data, &e); err != nil {
+		return Entry{}, invalidf("metadata: %v", err)
+	}
+	if e.SHA256 != sha {
+		return Entry{}, invalidf("metadata names sha256 %s", e.SHA256)
+	}
+	if err := ValidateFilename(e.Filename); err != nil {
+		return Entry{}, invalidf("%v", err)
+	}
 	fi, err := os.Lstat(filepath.Join(dir, e.Filename))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Entry{}, invalidf("no image file %s", e.Filename)
+	}
 	if err != nil {
 		return Entry{}, err
 	}
 	if !fi.Mode().IsRegular() || fi.Size() != e.Size {
-		return Entry{}, fmt.Errorf("image file is not a regular file of %d bytes", e.Size)
+		return Entry{}, invalidf("image file is not a regular file of %d bytes", e.Size)
 	}
 	return e, nil
 }
@@ -364,23 +393,6 @@ func truncate(s string) string {
 		return s[:80] + "..."
 	}
 	return s
-}
-
-type limitedReader struct {
-	f *os.File
-	n int64
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, errors.New("metadata file too large")
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.f.Read(p)
-	l.n -= int64(n)
-	return n, err
 }
 
 func syncDir(dir string) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -45,6 +46,17 @@ func ociClient(t *testing.T, opts oci.Options) *oci.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// dockerConfig writes a Docker config.json with credentials for host.
+func dockerConfig(t *testing.T, host, user, password string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.json")
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	if err := os.WriteFile(path, []byte(`{"auths":{"`+host+`":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // publish pushes content as an artifact of reg and returns the source that

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -161,13 +162,13 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 	}
 	obj, err := p.resolve(ctx, src)
 	if err != nil {
-		return Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+		return Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	res := Result{BlobDigest: obj.digest.String()}
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if err := dst.Reset(); err != nil {
-				return res, fmt.Errorf("pulling %s: starting again: %w", src.URI, err)
+				return res, fmt.Errorf("pulling %s: starting again: %w", display(src.URI), err)
 			}
 			res.Restarts++
 		}
@@ -189,7 +190,7 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 			err = verify(src, obj, got)
 		}
 		if err != nil {
-			return res, fmt.Errorf("pulling %s: %w", src.URI, hint(err, src, obj))
+			return res, fmt.Errorf("pulling %s: %w", display(src.URI), hint(err, src, obj))
 		}
 		return res, nil
 	}
@@ -199,14 +200,14 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 // verified. An image already in the store is not downloaded again.
 func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename string, src Source, progress Progress) (imagestore.Entry, Result, error) {
 	if err := imagestore.ValidateFilename(filename); err != nil {
-		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	if e, ok := store.Get(src.SHA256); ok {
 		return e, Result{SHA256: e.SHA256, MD5: e.MD5, Size: e.Size}, nil
 	}
 	w, err := store.Create(src.SHA256)
 	if err != nil {
-		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", src.URI, err)
+		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	defer w.Abort()
 	res, err := p.Pull(ctx, src, w, progress)
@@ -215,7 +216,7 @@ func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename
 	}
 	e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: filename, Size: res.Size, VerifiedAt: time.Now()}
 	if err := w.Commit(e); err != nil {
-		return imagestore.Entry{}, res, fmt.Errorf("pulling %s: %w", src.URI, err)
+		return imagestore.Entry{}, res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	e, _ = store.Get(res.SHA256)
 	return e, res, nil
@@ -225,21 +226,29 @@ func normalize(src *Source) error {
 	src.SHA256 = strings.ToLower(strings.TrimSpace(src.SHA256))
 	src.MD5 = strings.ToLower(strings.TrimSpace(src.MD5))
 	if src.SHA256 == "" {
-		return fmt.Errorf("pulling %s: no sha256 given: the image needs a sha256 field to be verified", src.URI)
+		return fmt.Errorf("pulling %s: no sha256 given: the image needs a sha256 field to be verified", display(src.URI))
 	}
 	if !isHex(src.SHA256, 64) {
-		return fmt.Errorf("pulling %s: sha256 %q is not 64 hexadecimal digits", src.URI, src.SHA256)
+		return fmt.Errorf("pulling %s: sha256 %q is not 64 hexadecimal digits", display(src.URI), src.SHA256)
 	}
 	if src.MD5 != "" && !isHex(src.MD5, 32) {
-		return fmt.Errorf("pulling %s: md5 %q is not 32 hexadecimal digits", src.URI, src.MD5)
+		return fmt.Errorf("pulling %s: md5 %q is not 32 hexadecimal digits", display(src.URI), src.MD5)
 	}
 	if src.Compression != "" && src.Compression != "gz" {
-		return fmt.Errorf("pulling %s: compression %q is not supported: use gz, or none", src.URI, src.Compression)
+		return fmt.Errorf("pulling %s: compression %q is not supported: use gz, or none", display(src.URI), src.Compression)
 	}
 	if src.Size < 0 || src.ArchiveSize < 0 {
-		return fmt.Errorf("pulling %s: negative size", src.URI)
+		return fmt.Errorf("pulling %s: negative size", display(src.URI))
 	}
 	return nil
+}
+
+// display is uri without the password it may hold, for messages.
+func display(uri string) string {
+	if u, err := url.Parse(uri); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return uri
 }
 
 func isHex(s string, n int) bool {
@@ -322,7 +331,8 @@ func (p *Puller) resolveHTTP(src Source) (object, error) {
 	if client == nil {
 		return object{}, errors.New("no HTTP client configured")
 	}
-	if _, err := http.NewRequest(http.MethodGet, src.URI, nil); err != nil {
+	u, err := url.Parse(src.URI)
+	if err != nil {
 		return object{}, err
 	}
 	size := int64(-1)
@@ -333,7 +343,8 @@ func (p *Puller) resolveHTTP(src Source) (object, error) {
 		size = src.Size
 	}
 	return object{
-		what: src.URI,
+		// Credentials in the URL stay out of errors and logs.
+		what: u.Redacted(),
 		open: func(ctx context.Context, h http.Header) (*http.Response, error) {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.URI, nil)
 			if err != nil {

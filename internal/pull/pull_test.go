@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,8 @@ import (
 	"github.com/klauspost/compress/gzip"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/oci"
@@ -26,20 +29,27 @@ import (
 
 func TestPullOCIArtifacts(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		gz   bool
-		tls  bool
+		name           string
+		gz, tls, creds bool
 	}{
-		{"gz", true, false},
-		{"raw", false, false},
-		{"gz over verified TLS", true, true},
+		{name: "gz", gz: true},
+		{name: "raw"},
+		{name: "gz over verified TLS", gz: true, tls: true},
+		{name: "raw with credentials", creds: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			reg := newRegistry(t, devregistry.Options{TLS: tc.tls})
+			ropts := devregistry.Options{TLS: tc.tls}
+			if tc.creds {
+				ropts.Username, ropts.Password = "sylva", "s3cret"
+			}
+			reg := newRegistry(t, ropts)
 			opts := oci.Options{Insecure: !tc.tls}
 			if tc.tls {
 				opts.CAFile = reg.CAFile
+			}
+			if tc.creds {
+				opts.RegistryConfig = dockerConfig(t, reg.Host, "sylva", "s3cret")
 			}
 			content := devregistry.DiskContent(5<<20+777, 11)
 			src, pub := publish(t, reg, "dib/ubuntu-"+strings.ToLower(strings.ReplaceAll(tc.name, " ", "-")), content, tc.gz, nil)
@@ -70,6 +80,13 @@ func TestPullOCIArtifacts(t *testing.T) {
 			}
 			if calls == 0 || last != [2]int64{src.ArchiveSize, src.ArchiveSize} {
 				t.Errorf("last progress = %v after %d calls, want [%d %d]", last, calls, src.ArchiveSize, src.ArchiveSize)
+			}
+			if tc.creds {
+				// Without credentials the blob stays out of reach.
+				_, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).Pull(context.Background(), src, &memDest{}, nil)
+				if err == nil || !strings.Contains(err.Error(), "credential") {
+					t.Errorf("pull without credentials: %v, want a credential error", err)
+				}
 			}
 			// Stored already: no second download.
 			if _, res, err := fastPuller(ociClient(t, opts)).PullInto(context.Background(), store, "ubuntu.raw", src, nil); err != nil || res.NetworkBytes != 0 {
@@ -122,9 +139,15 @@ func TestPullHTTPSources(t *testing.T) {
 
 	t.Run("HTTPS without the CA is refused", func(t *testing.T) {
 		srv, _, _ := fileServer(t, content, true)
-		_, err := fastPuller(ociClient(t, oci.Options{})).Pull(context.Background(), Source{URI: srv.URL + "/img", SHA256: shaHex(content)}, &memDest{}, nil)
+		// Production waits: a certificate error must not be retried.
+		p := &Puller{OCI: ociClient(t, oci.Options{})}
+		start := time.Now()
+		_, err := p.Pull(context.Background(), Source{URI: srv.URL + "/img", SHA256: shaHex(content)}, &memDest{}, nil)
 		if err == nil || !strings.Contains(err.Error(), "certificate") || !strings.Contains(err.Error(), srv.URL) {
 			t.Fatalf("error = %v, want a certificate error naming the URL", err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("a certificate error took %v: it was retried", d)
 		}
 	})
 }
@@ -634,4 +657,162 @@ func TestPullCancel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Pull did not return after cancel")
 	}
+}
+
+func TestPullHTTPServerMisbehaviour(t *testing.T) {
+	content := devregistry.DiskContent(1<<20, 99)
+	src := Source{SHA256: shaHex(content), Size: int64(len(content))}
+
+	t.Run("longer than announced", func(t *testing.T) {
+		src := src
+		src.URI = newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Write(content) // chunked: no Content-Length to catch it early
+			w.(http.Flusher).Flush()
+			w.Write([]byte("trailing junk"))
+		})) + "/img"
+		_, err := fastPuller(nil).withHTTP().Pull(context.Background(), src, &memDest{}, nil)
+		verifyError(t, err, WhatDownloadSize)
+	})
+
+	t.Run("Content-Length differs", func(t *testing.T) {
+		src := src
+		src.URI = newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Write(content[:1000])
+		})) + "/img"
+		_, err := fastPuller(nil).withHTTP().Pull(context.Background(), src, &memDest{}, nil)
+		v := verifyError(t, err, WhatDownloadSize)
+		if v.Expected != fmt.Sprint(len(content)) || !strings.HasPrefix(v.Actual, "1000 ") {
+			t.Errorf("VerifyError = %+v", v)
+		}
+	})
+
+	t.Run("compressed on the fly", func(t *testing.T) {
+		src := src
+		src.URI = newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Write(content)
+		})) + "/img"
+		_, err := fastPuller(nil).withHTTP().Pull(context.Background(), src, &memDest{}, nil)
+		if err == nil || !strings.Contains(err.Error(), `Content-Encoding "gzip"`) {
+			t.Fatalf("error = %v", err)
+		}
+	})
+
+	t.Run("password kept out of errors", func(t *testing.T) {
+		srv := newQuietServer(t, http.NotFoundHandler())
+		src := src
+		src.URI = strings.Replace(srv, "http://", "http://user:s3cret@", 1) + "/img"
+		_, err := fastPuller(nil).withHTTP().Pull(context.Background(), src, &memDest{}, nil)
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "404") {
+			t.Fatalf("error = %v", err)
+		}
+	})
+}
+
+// bearerOnly makes the registry demand, for reads, a bearer token scoped to
+// the repository read, the way Docker Hub or Harbor do. Its challenge names
+// no scope, so the client must send the repository's pull scope itself.
+func bearerOnly(realm *string, on *atomic.Bool) func(http.Handler) http.Handler {
+	v2 := regexp.MustCompile(`^/v2/(.+)/(manifests|blobs)/[^/]+$`)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m := v2.FindStringSubmatch(r.URL.Path)
+			if on.Load() && m != nil && (r.Method == http.MethodGet || r.Method == http.MethodHead) &&
+				r.Header.Get("Authorization") != "Bearer token-for:repository:"+m[1]+":pull" {
+				w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm=%q,service="devregistry"`, *realm))
+				http.Error(w, "token required", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func TestPullWithBearerTokens(t *testing.T) {
+	var realm string
+	var on atomic.Bool
+	reg := registryWith(t, bearerOnly(&realm, &on))
+	realm = newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"token":%q}`, "token-for:"+strings.Join(r.URL.Query()["scope"], " "))
+	})) + "/token"
+	content := devregistry.DiskContent(1<<20, 7)
+	src, _ := publish(t, reg, "dib/tokens", content, true, nil)
+	on.Store(true)
+	store := openStore(t)
+	if _, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil); err != nil {
+		t.Fatal(err)
+	}
+	assertStored(t, store, content)
+}
+
+// TestPullFollowsRedirectsAfresh has the registry redirect blob GETs to a
+// CDN with a one-time signature, as registries on object storage do. The
+// CDN cuts the first transfer: the resume must go through the registry
+// again for a fresh redirect, and carry its closed range to the CDN.
+func TestPullFollowsRedirectsAfresh(t *testing.T) {
+	var layer atomic.Value
+	var cdn string
+	var redirects atomic.Int32
+	reg := registryWith(t, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := layer.Load().(string)
+			if isBlobGet(r, d) {
+				http.Redirect(w, r, fmt.Sprintf("%s/blob?sig=%d", cdn, redirects.Add(1)), http.StatusTemporaryRedirect)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	content := devregistry.DiskContent(6<<20, 17)
+	src, pub := publish(t, reg, "dib/cdn", content, true, nil)
+	repo, _ := reg.Repository("dib/cdn")
+	blob, err := readLayer(repo, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	g, sent := &rangeGuard{}, &atomic.Int64{}
+	var used sync.Map
+	var first atomic.Bool
+	first.Store(true)
+	cdn = newQuietServer(t, g.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, again := used.LoadOrStore(r.URL.Query().Get("sig"), true); again {
+			http.Error(w, "signature already used", http.StatusForbidden)
+			return
+		}
+		w = countingWriter{w, sent}
+		if first.Swap(false) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+			w.Write(blob[:512<<10])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		http.ServeContent(w, r, "blob", time.Time{}, bytes.NewReader(blob))
+	})))
+	layer.Store(pub.LayerDigest.String())
+
+	store := openStore(t)
+	_, res, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertStored(t, store, content)
+	if redirects.Load() != 2 || res.Resumes != 1 || res.Restarts != 0 {
+		t.Errorf("%d redirects, %d resumes, %d restarts; want 2, 1, 0", redirects.Load(), res.Resumes, res.Restarts)
+	}
+	if r := g.seen(); len(r) != 1 || r[0] != fmt.Sprintf("bytes=%d-%d", 512<<10, len(blob)-1) {
+		t.Errorf("ranges at the CDN: %q", r)
+	}
+	if sent.Load() != int64(len(blob)) {
+		t.Errorf("the CDN sent %d bytes for a %d-byte blob", sent.Load(), len(blob))
+	}
+}
+
+// content2 reads the layer of pub back from repo.
+func readLayer(repo *remote.Repository, pub devregistry.Published) ([]byte, error) {
+	desc, err := repo.Blobs().Resolve(context.Background(), pub.LayerDigest.String())
+	if err != nil {
+		return nil, err
+	}
+	return content.FetchAll(context.Background(), repo.Blobs(), desc)
 }

@@ -2,6 +2,8 @@ package pull
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -66,8 +68,7 @@ func (r *rangeReader) Read(p []byte) (int, error) {
 func (r *rangeReader) read(p []byte) (int, error) {
 	for {
 		if r.size >= 0 && r.off >= r.size {
-			r.closeBody()
-			return 0, io.EOF
+			return 0, r.finish()
 		}
 		if r.body == nil {
 			if err := r.connect(); err != nil {
@@ -77,12 +78,15 @@ func (r *rangeReader) read(p []byte) (int, error) {
 		if r.size >= 0 && int64(len(p)) > r.size-r.off {
 			p = p[:r.size-r.off]
 		}
+		// The idle timer runs only while waiting for the network, so that
+		// a slow disk downstream does not count as a stalled server.
+		r.idle.Reset(r.knobs.idleTimeout())
 		n, err := r.body.Read(p)
+		r.idle.Stop()
 		if n > 0 {
 			r.off += int64(n)
 			r.network += int64(n)
 			r.failures = 0
-			r.idle.Reset(r.knobs.idleTimeout())
 			if r.progress != nil {
 				r.progress(r.off, max(r.size, 0))
 			}
@@ -157,6 +161,9 @@ func (r *rangeReader) connect() error {
 			if ctxErr := r.ctx.Err(); ctxErr != nil {
 				return ctxErr
 			}
+			if permanent(err) {
+				return fmt.Errorf("GET %s: %w; add the server's CA with --ca-file, or set oci_registry_insecure: true", r.what, err)
+			}
 			r.lastErr = err
 			continue
 		}
@@ -211,6 +218,22 @@ func (r *rangeReader) connect() error {
 	}
 }
 
+// finish ends a transfer that reached the expected length. It reads the
+// body's own end, which lets the connection be reused and catches a server
+// that sends more than expected.
+func (r *rangeReader) finish() error {
+	if r.body == nil {
+		return io.EOF
+	}
+	var one [1]byte
+	n, _ := r.body.Read(one[:])
+	r.closeBody()
+	if n > 0 {
+		return &VerifyError{What: WhatDownloadSize, Expected: strconv.FormatInt(r.size, 10), Actual: "more than that from " + r.what}
+	}
+	return io.EOF
+}
+
 func (r *rangeReader) closeBody() {
 	if r.body != nil {
 		r.idle.Stop()
@@ -225,6 +248,16 @@ func (r *rangeReader) ofSize() string {
 		return ""
 	}
 	return " of " + strconv.FormatInt(r.size, 10)
+}
+
+// permanent tells errors that retrying cannot fix: TLS verification
+// failures, which need a CA file or the insecure setting.
+func permanent(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid) || errors.As(err, &verify)
 }
 
 // parseContentRange parses "bytes first-last/total"; total is -1 for "*".

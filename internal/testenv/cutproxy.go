@@ -64,7 +64,8 @@ func NewCutProxy(target string, cutAfter int64) (*CutProxy, error) {
 // (0: never cut).
 func (p *CutProxy) SetCutAfter(n int64) { p.cutAfter.Store(n) }
 
-// SetMaxCuts stops cutting once n connections were cut (negative: no limit).
+// SetMaxCuts stops cutting connections opened once n connections were cut
+// (negative: no limit).
 func (p *CutProxy) SetMaxCuts(n int64) { p.maxCuts.Store(n) }
 
 // Forwarded is the number of bytes the target sent to clients, over all
@@ -137,7 +138,7 @@ func (p *CutProxy) serve(client net.Conn) {
 	defer p.untrack(upstream)
 
 	limit := p.cutAfter.Load()
-	if max := p.maxCuts.Load(); max >= 0 && p.cuts.Load() >= max {
+	if most := p.maxCuts.Load(); most >= 0 && p.cuts.Load() >= most {
 		limit = 0
 	}
 	go func() {
