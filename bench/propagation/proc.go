@@ -13,42 +13,81 @@ import (
 	"time"
 )
 
-// proc is one controller process, its output in a log file.
+// proc is one controller process, its output appended to a log file.
+// With restart, it is started again whenever it exits, as a Deployment's
+// pod would be: Kyverno's controllers exit when they lose their lease.
 type proc struct {
 	name    string
-	cmd     *exec.Cmd
 	logPath string
-	done    chan struct{}
-	err     error
-	stopped bool
+	restart bool
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	restarts int
+	cpuEnded time.Duration // CPU time of the runs that ended
+	peak     int64         // highest VmHWM seen over the runs
+	stopping bool
+	done     chan struct{}
+	err      error
 }
 
-func startProc(name, dir string, env []string, binary string, args ...string) (*proc, error) {
-	p := &proc{name: name, logPath: filepath.Join(dir, name+".log"), done: make(chan struct{})}
-	log, err := os.Create(p.logPath)
+func startProc(name, dir string, restart bool, env []string, binary string, args ...string) (*proc, error) {
+	p := &proc{name: name, logPath: filepath.Join(dir, name+".log"), restart: restart, done: make(chan struct{})}
+	log, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	p.cmd = exec.Command(binary, args...)
-	p.cmd.Stdout, p.cmd.Stderr = log, log
-	p.cmd.Env = append(os.Environ(), env...)
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(binary, args...)
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.Env = append(os.Environ(), env...)
+		return cmd
+	}
+	p.cmd = newCmd()
 	if err := p.cmd.Start(); err != nil {
 		log.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	go func() {
-		p.err = p.cmd.Wait()
-		log.Close()
-		close(p.done)
+		defer close(p.done)
+		defer log.Close()
+		for {
+			p.mu.Lock()
+			cmd := p.cmd
+			p.mu.Unlock()
+			err := cmd.Wait()
+			p.mu.Lock()
+			if cmd.ProcessState != nil {
+				p.cpuEnded += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+			}
+			if p.stopping || !p.restart {
+				p.err = err
+				p.mu.Unlock()
+				return
+			}
+			p.restarts++
+			fmt.Fprintf(log, "\n===== bench: %s exited (%v); restart %d =====\n\n", name, err, p.restarts)
+			next := newCmd()
+			if err := next.Start(); err != nil {
+				p.err = err
+				p.mu.Unlock()
+				return
+			}
+			p.cmd = next
+			p.mu.Unlock()
+		}
 	}()
 	return p, nil
 }
 
-// exited returns an error when the process ended before it was stopped.
+// exited returns an error when the process ended before it was stopped
+// (for good, if it restarts).
 func (p *proc) exited() error {
 	select {
 	case <-p.done:
-		if !p.stopped {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.stopping {
 			return fmt.Errorf("%s ended: %v", p.name, p.err)
 		}
 	default:
@@ -57,22 +96,32 @@ func (p *proc) exited() error {
 }
 
 func (p *proc) stop() {
-	if p.stopped {
+	p.mu.Lock()
+	if p.stopping {
+		p.mu.Unlock()
 		return
 	}
-	p.stopped = true
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.stopping = true
+	cmd := p.cmd
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		<-p.done
 	}
 }
 
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}
+
 // status reads a kB field of /proc/PID/status, in bytes.
 func (p *proc) status(field string) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.pid()))
 	if err != nil {
 		return 0
 	}
@@ -89,28 +138,44 @@ func (p *proc) status(field string) int64 {
 
 func (p *proc) rss() int64 { return p.status("VmRSS") }
 
-// hwm is the kernel's record of the process's peak RSS.
-func (p *proc) hwm() int64 { return p.status("VmHWM") }
+// hwm is the kernel's record of the peak RSS, over every run seen.
+func (p *proc) hwm() int64 {
+	h := p.status("VmHWM")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.peak = max(p.peak, h)
+	return p.peak
+}
 
-// cpu is the user and system time the process has used.
+// cpu is the user and system time used, over every run.
 func (p *proc) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	p.mu.Lock()
+	ended := p.cpuEnded
+	p.mu.Unlock()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid()))
 	if err != nil {
-		return 0
+		return ended
 	}
 	// Fields after the command name, which is in parentheses and may hold
 	// spaces; utime and stime are fields 14 and 15 of the whole line.
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	if len(f) < 13 {
-		return 0
+		return ended
 	}
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	const clockTicks = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / clockTicks
+	return ended + time.Duration(ut+st)*time.Second/clockTicks
 }
 
-// sampler follows the summed RSS of processes that run together.
+func (p *proc) restartCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restarts
+}
+
+// sampler follows the summed RSS of processes that run together, and
+// each one's peak (a restarted process's earlier peaks included).
 type sampler struct {
 	stopc chan struct{}
 	wg    sync.WaitGroup
@@ -128,6 +193,7 @@ func sampleRSS(procs []*proc) *sampler {
 			var sum int64
 			for _, p := range procs {
 				sum += p.rss()
+				p.hwm()
 			}
 			s.peak = max(s.peak, sum)
 			select {

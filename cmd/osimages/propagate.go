@@ -71,13 +71,13 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags or rul
 	f.IntVar(&o.workers, "workers", 8, "copies written at once")
 	f.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of the Prometheus /metrics endpoint (0 disables)")
 	f.StringVar(&o.healthAddr, "health-addr", ":8081", "listen address of /healthz and /readyz (0 disables)")
-		// A source change writes every copy at once: the burst lets a fan-out
+	// A source change writes every copy at once: the burst lets a fan-out
 	// of up to 500 copies go unthrottled, the rate still bounds a runaway
 	// loop, and the apiserver's priority and fairness applies on top.
 	f.Float32Var(&o.qps, "kube-api-qps", 200, "sustained requests per second to the apiserver")
 	f.IntVar(&o.burst, "kube-api-burst", 500, "requests to the apiserver in a burst")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity: 0 writes and problems, 1 also every decision")
+	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity: 0 writes and problems, 1 also writes retried because the cache was behind")
 	return cmd
 }
 

@@ -45,10 +45,12 @@ type Controller struct {
 	metrics  *Metrics
 	adopt    bool
 	now      func() time.Time
+	// log is for the event mappers, whose context carries no logger.
+	log logr.Logger
 }
 
 func newController(rules []Rule, reader client.Reader, writer client.Client, recorder events.EventRecorder, m *Metrics, adopt bool) *Controller {
-	c := &Controller{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now}
+	c := &Controller{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now, log: logr.Discard()}
 	for _, r := range rules {
 		c.byName[r.Name] = r
 	}
@@ -179,12 +181,12 @@ func (c *Controller) keysForConfigMap(ctx context.Context, obj client.Object) []
 // copy to make or to keep: the matching namespaces, and those that hold one
 // of its copies.
 func (c *Controller) keysForRule(ctx context.Context, r Rule) []Key {
-	log := logr.FromContextOrDiscard(ctx)
+	log := c.log.WithValues("rule", r.Name)
 	var keys []Key
 	seen := map[string]bool{}
 	var nss corev1.NamespaceList
 	if err := c.reader.List(ctx, &nss, client.MatchingLabelsSelector{Selector: r.Selector}); err != nil {
-		log.Error(err, "listing namespaces from the cache", "rule", r.Name)
+		log.Error(err, "listing namespaces from the cache")
 	}
 	for i := range nss.Items {
 		seen[nss.Items[i].Name] = true
@@ -192,7 +194,7 @@ func (c *Controller) keysForRule(ctx context.Context, r Rule) []Key {
 	}
 	var cms corev1.ConfigMapList
 	if err := c.reader.List(ctx, &cms, client.MatchingFields{indexRule: r.Name}); err != nil {
-		log.Error(err, "listing copies from the cache", "rule", r.Name)
+		log.Error(err, "listing copies from the cache")
 	}
 	for i := range cms.Items {
 		if ns := cms.Items[i].Namespace; !seen[ns] {

@@ -125,6 +125,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	c.reader = mgr.GetCache()
 	c.writer = mgr.GetClient()
 	c.recorder = mgr.GetEventRecorder(FieldOwner)
+	c.log = mgr.GetLogger().WithValues("controller", "propagate")
 
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, indexRule, func(obj client.Object) []string {
 		if rule := obj.GetLabels()[LabelRule]; rule != "" {

@@ -199,41 +199,34 @@ func (h *harness) waitPhase(sum string, phase Phase) {
 	h.t.Fatalf("image %s never reached %s: %+v", sum[:12], phase, statuses)
 }
 
-// served waits until the published document says available for sum.
-func (h *harness) waitPublished(sum string, available bool) osimage.ServedSet {
+// waitOutput waits until the published document satisfies cond.
+func (h *harness) waitOutput(what string, cond func(osimage.ServedSet) bool) osimage.ServedSet {
 	h.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	var last osimage.ServedSet
 	for time.Now().Before(deadline) {
 		if data, err := os.ReadFile(h.output); err == nil {
-			if last, err = osimage.ParseServed(data); err == nil {
-				if e, ok := last[sum]; ok && e.Available == available {
-					return last
-				}
+			if last, err = osimage.ParseServed(data); err == nil && cond(last) {
+				return last
 			}
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	h.t.Fatalf("output never had %s available=%v: %v", sum[:12], available, last)
+	h.t.Fatalf("output never %s: %v", what, last)
 	return nil
 }
 
-// waitUnpublished waits until the published document no longer has sum.
+func (h *harness) waitPublished(sum string, available bool) osimage.ServedSet {
+	h.t.Helper()
+	return h.waitOutput(fmt.Sprintf("had %s available=%v", sum[:12], available), func(s osimage.ServedSet) bool {
+		e, ok := s[sum]
+		return ok && e.Available == available
+	})
+}
+
 func (h *harness) waitUnpublished(sum string) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	var last osimage.ServedSet
-	for time.Now().Before(deadline) {
-		if data, err := os.ReadFile(h.output); err == nil {
-			if last, err = osimage.ParseServed(data); err == nil {
-				if _, ok := last[sum]; !ok {
-					return
-				}
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	h.t.Fatalf("output still has %s: %v", sum[:12], last)
+	h.waitOutput("dropped "+sum[:12], func(s osimage.ServedSet) bool { _, ok := s[sum]; return !ok })
 }
 
 func imageURL(w Wanted) string { return "/images/" + w.SHA256 + "/" + w.Filename() }
