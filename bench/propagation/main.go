@@ -265,8 +265,10 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 	sampler := sampleRSS(procs)
 	switch {
 	case !c.existing:
-		// The namespaces appear once the controller is ready, as
-		// workload clusters do; the fill is timed from their creation.
+		// The namespaces appear once the controller runs (osimages'
+		// process started, Kyverno's policy Ready), as workload clusters
+		// do; the fill is timed from their creation, osimages' own start
+		// included.
 		t0 = time.Now()
 		if err := createNamespaces(ctx, k.Client, c.namespaces); err != nil {
 			return r, err
@@ -291,11 +293,13 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 		}
 		n, ok := w.wait(ctx, want, c.namespaces, c.timeout)
 		took := time.Since(start)
-		if !ok {
+		if ok {
+			fmt.Fprintf(os.Stderr, "%s: update %d reached %d copies in %s\n", sys.name, i, n, took.Round(time.Millisecond))
+		} else {
 			took = -1
 			r.notes += fmt.Sprintf("update %d: %d of %d copies after %s. ", i, n, c.namespaces, c.timeout)
+			fmt.Fprintf(os.Stderr, "%s: update %d reached only %d of %d copies in %s\n", sys.name, i, n, c.namespaces, c.timeout)
 		}
-		fmt.Fprintf(os.Stderr, "%s: update %d reached %d copies in %s\n", sys.name, i, n, took.Round(time.Millisecond))
 		r.updates = append(r.updates, took)
 	}
 	if ctx.Err() != nil {

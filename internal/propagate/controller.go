@@ -34,23 +34,23 @@ const indexRule = "propagate.rule"
 // date also requeues the key; this is only a safety net.
 const requeueRace = time.Second
 
-// Controller is the reconciler: it reads from the informer cache, calls
+// reconciler is the copy reconciler: it reads from the informer cache, calls
 // Decide, and writes what Decide asks.
-type Controller struct {
+type reconciler struct {
 	rules    []Rule
 	byName   map[string]Rule
 	reader   client.Reader // the informer cache
 	writer   client.Client
 	recorder events.EventRecorder
-	metrics  *Metrics
+	metrics  *collector
 	adopt    bool
 	now      func() time.Time
 	// log is for the event mappers, whose context carries no logger.
 	log logr.Logger
 }
 
-func newController(rules []Rule, reader client.Reader, writer client.Client, recorder events.EventRecorder, m *Metrics, adopt bool) *Controller {
-	c := &Controller{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now, log: logr.Discard()}
+func newReconciler(rules []Rule, reader client.Reader, writer client.Client, recorder events.EventRecorder, m *collector, adopt bool) *reconciler {
+	c := &reconciler{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now, log: logr.Discard()}
 	for _, r := range rules {
 		c.byName[r.Name] = r
 	}
@@ -58,7 +58,7 @@ func newController(rules []Rule, reader client.Reader, writer client.Client, rec
 }
 
 // observe reads what Decide needs from the cache.
-func (c *Controller) observe(ctx context.Context, r Rule, namespace string) (Observed, error) {
+func (c *reconciler) observe(ctx context.Context, r Rule, namespace string) (Observed, error) {
 	var o Observed
 	ns := &corev1.Namespace{}
 	if found, err := get(ctx, c.reader, types.NamespacedName{Name: namespace}, ns); err != nil {
@@ -91,7 +91,7 @@ func get(ctx context.Context, r client.Reader, key types.NamespacedName, obj cli
 
 // Reconcile brings the copy of one rule in one namespace to what Decide
 // says.
-func (c *Controller) Reconcile(ctx context.Context, k Key) (reconcile.Result, error) {
+func (c *reconciler) Reconcile(ctx context.Context, k Key) (reconcile.Result, error) {
 	r, ok := c.byName[k.Rule]
 	if !ok {
 		return reconcile.Result{}, nil
@@ -145,7 +145,7 @@ func (c *Controller) Reconcile(ctx context.Context, k Key) (reconcile.Result, er
 // was decided from (creation fails on an existing object, updates and
 // deletions on a changed resourceVersion), so that an object changed since
 // the cache saw it, perhaps by someone else, is never overwritten blindly.
-func (c *Controller) write(ctx context.Context, d Decision) error {
+func (c *reconciler) write(ctx context.Context, d Decision) error {
 	switch d.Action {
 	case ActionCreate:
 		return c.writer.Create(ctx, d.Object, client.FieldOwner(FieldOwner))
@@ -164,7 +164,7 @@ func (c *Controller) write(ctx context.Context, d Decision) error {
 
 // keysForConfigMap maps a ConfigMap event to the copies it concerns: every
 // copy of a rule whose source it is, or the one copy it is.
-func (c *Controller) keysForConfigMap(ctx context.Context, obj client.Object) []Key {
+func (c *reconciler) keysForConfigMap(ctx context.Context, obj client.Object) []Key {
 	var keys []Key
 	for _, r := range c.rules {
 		if obj.GetNamespace() == r.Source.Namespace && obj.GetName() == r.Source.Name {
@@ -180,7 +180,7 @@ func (c *Controller) keysForConfigMap(ctx context.Context, obj client.Object) []
 // keysForRule lists, from the cache, every namespace where the rule has a
 // copy to make or to keep: the matching namespaces, and those that hold one
 // of its copies.
-func (c *Controller) keysForRule(ctx context.Context, r Rule) []Key {
+func (c *reconciler) keysForRule(ctx context.Context, r Rule) []Key {
 	log := c.log.WithValues("rule", r.Name)
 	var keys []Key
 	seen := map[string]bool{}
@@ -205,7 +205,7 @@ func (c *Controller) keysForRule(ctx context.Context, r Rule) []Key {
 	return keys
 }
 
-func (c *Controller) keysForNamespace(_ context.Context, obj client.Object) []Key {
+func (c *reconciler) keysForNamespace(_ context.Context, obj client.Object) []Key {
 	keys := make([]Key, len(c.rules))
 	for i, r := range c.rules {
 		keys[i] = Key{Rule: r.Name, Namespace: obj.GetName()}
@@ -214,7 +214,7 @@ func (c *Controller) keysForNamespace(_ context.Context, obj client.Object) []Ke
 }
 
 // relevant tells whether the controller ever reads the ConfigMap's content.
-func (c *Controller) relevant(namespace, name string) bool {
+func (c *reconciler) relevant(namespace, name string) bool {
 	for _, r := range c.rules {
 		if name == r.Target || (namespace == r.Source.Namespace && name == r.Source.Name) {
 			return true
@@ -228,7 +228,7 @@ func (c *Controller) relevant(namespace, name string) bool {
 // objects of target names are kept whole (less their managedFields), the
 // others are cut down to their name so that Helm releases and the like
 // cost no memory.
-func (c *Controller) slimConfigMap(obj any) (any, error) {
+func (c *reconciler) slimConfigMap(obj any) (any, error) {
 	cm, ok := obj.(*corev1.ConfigMap)
 	if !ok {
 		return obj, nil

@@ -91,7 +91,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	}
 
 	m := newMetrics(o.Rules)
-	c := newController(o.Rules, nil, nil, nil, m, o.Adopt)
+	c := newReconciler(o.Rules, nil, nil, nil, m, o.Adopt)
 	nonZero := func(d time.Duration) *time.Duration {
 		if d == 0 {
 			return nil

@@ -11,13 +11,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Metrics are the controller's Prometheus metrics.
+// collector holds the controller's Prometheus metrics.
 //
 // The copy counts are computed at scrape time from the informer cache with
 // Decide, rather than kept as counters by the reconciler, so that they are
 // true of what the cluster holds (a namespace deleted, a copy edited by
 // hand) and are reported by every replica, leader or not.
-type Metrics struct {
+type collector struct {
 	writes *prometheus.CounterVec
 	errors *prometheus.CounterVec
 
@@ -34,8 +34,8 @@ type Metrics struct {
 	now    func() time.Time
 }
 
-func newMetrics(rules []Rule) *Metrics {
-	m := &Metrics{
+func newMetrics(rules []Rule) *collector {
+	m := &collector{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osimages_propagate_writes_total",
 			Help: "Writes to copies, by rule and action (create, update, delete, mark_stale).",
@@ -66,17 +66,17 @@ func newMetrics(rules []Rule) *Metrics {
 	return m
 }
 
-func (m *Metrics) wrote(rule string, a Action) { m.writes.WithLabelValues(rule, string(a)).Inc() }
-func (m *Metrics) reconcileError(rule string)  { m.errors.WithLabelValues(rule).Inc() }
+func (m *collector) wrote(rule string, a Action) { m.writes.WithLabelValues(rule, string(a)).Inc() }
+func (m *collector) reconcileError(rule string)  { m.errors.WithLabelValues(rule).Inc() }
 
-func (m *Metrics) synced(rule string, t time.Time) {
+func (m *collector) synced(rule string, t time.Time) {
 	m.mu.Lock()
 	m.lastSync[rule] = t
 	m.mu.Unlock()
 }
 
 // Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	m.writes.Describe(ch)
 	m.errors.Describe(ch)
 	ch <- m.copiesDesc
@@ -85,7 +85,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	m.writes.Collect(ch)
 	m.errors.Collect(ch)
 	now := m.now()
@@ -116,7 +116,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // count runs Decide over every namespace in the cache.
-func (m *Metrics) count(ctx context.Context, r Rule, now time.Time) (map[State]int, bool, error) {
+func (m *collector) count(ctx context.Context, r Rule, now time.Time) (map[State]int, bool, error) {
 	var o Observed
 	src := &corev1.ConfigMap{}
 	srcFound, err := get(ctx, m.reader, types.NamespacedName{Namespace: r.Source.Namespace, Name: r.Source.Name}, src)
