@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -55,12 +56,12 @@ func (in Inputs) Load(ctx context.Context) (osimage.Catalog, values.Values, []by
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	// The fingerprint tells a real change from a touch of a file.
+	// The fingerprint tells a real change from a touch of a file; it is
+	// taken from what was parsed, so it can never disagree with it.
 	h := sha256.New()
 	h.Write(doc)
-	for _, f := range in.ValueFiles {
-		data, _ := os.ReadFile(f)
-		h.Write(data)
+	if err := json.NewEncoder(h).Encode(vals); err != nil {
+		return nil, nil, nil, err
 	}
 	return cat, vals, h.Sum(nil), nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
 )
 
 // Phase is where an image stands.
@@ -565,8 +566,8 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 }
 
 func isVerifyError(err error) bool {
-	var v interface{ VerificationFailed() bool }
-	return errors.As(err, &v) && v.VerificationFailed()
+	var v *pull.VerifyError
+	return errors.As(err, &v)
 }
 
 func bytesIEC(n int64) string {
