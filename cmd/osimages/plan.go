@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -252,26 +251,11 @@ func clustersFromAPI(ctx context.Context, k *kubeTarget, sel labels.Selector) ([
 	}
 	var out []fleet.Inputs
 	for _, ns := range nss.Items {
-		in := fleet.Inputs{Namespace: ns.Name}
 		var cms corev1.ConfigMapList
 		if err := c.List(ctx, &cms, client.InNamespace(ns.Name)); err != nil {
 			return nil, err
 		}
-		slices.SortFunc(cms.Items, func(a, b corev1.ConfigMap) int { return strings.Compare(a.Name, b.Name) })
-		for _, cm := range cms.Items {
-			if cm.Name == osimage.InfoConfigMapName {
-				if in.Catalog, err = osimage.ParseInfo([]byte(cm.Data[osimage.ValuesKey])); err != nil {
-					return nil, fmt.Errorf("ConfigMap %s/%s: %w", ns.Name, cm.Name, err)
-				}
-			}
-			if _, ok := cm.Labels[fleet.ClusterValuesLabel]; ok {
-				v, err := values.Parse([]byte(cm.Data[osimage.ValuesKey]))
-				if err != nil {
-					return nil, fmt.Errorf("ConfigMap %s/%s: %w", ns.Name, cm.Name, err)
-				}
-				in.Clusters = append(in.Clusters, fleet.ClusterValues{Source: "ConfigMap " + ns.Name + "/" + cm.Name, Values: v})
-			}
-		}
+		var objects []*unstructured.Unstructured
 		for _, gvk := range kinds {
 			list := &unstructured.UnstructuredList{}
 			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
@@ -279,9 +263,11 @@ func clustersFromAPI(ctx context.Context, k *kubeTarget, sel labels.Selector) ([
 				return nil, err
 			}
 			for i := range list.Items {
-				in.Objects = append(in.Objects, &list.Items[i])
+				objects = append(objects, &list.Items[i])
 			}
 		}
+		// The served copy is not read: the plan compares with the source.
+		in := fleet.Gather(ns.Name, "", cms.Items, objects).Inputs
 		out = append(out, in)
 	}
 	return out, nil

@@ -2,10 +2,8 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -21,8 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
-	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // CheckOptions configure the served-set check.
@@ -79,46 +75,11 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, nil
 	}
 
-	in := fleet.Inputs{Namespace: name}
 	var cms corev1.ConfigMapList
 	if err := c.reader.List(ctx, &cms, client.InNamespace(name)); err != nil {
 		return reconcile.Result{}, err
 	}
-	var served osimage.ServedSet
-	servedFound := false
-	var previous *corev1.ConfigMap
-	var inputErrs []error
-	slices.SortFunc(cms.Items, func(a, b corev1.ConfigMap) int { return strings.Compare(a.Name, b.Name) })
-	for i := range cms.Items {
-		cm := &cms.Items[i]
-		source := "ConfigMap " + name + "/" + cm.Name
-		switch {
-		case cm.Name == c.opts.ServedCopy:
-			s, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey]))
-			if err != nil {
-				inputErrs = append(inputErrs, fmt.Errorf("%s: %w", source, err))
-				continue
-			}
-			served, servedFound = s, true
-		case cm.Name == osimage.InfoConfigMapName:
-			cat, err := osimage.ParseInfo([]byte(cm.Data[osimage.ValuesKey]))
-			if err != nil {
-				inputErrs = append(inputErrs, fmt.Errorf("%s: %w", source, err))
-				continue
-			}
-			in.Catalog = cat
-		case cm.Name == fleet.StatusConfigMapName:
-			previous = cm
-		}
-		if _, ok := cm.Labels[fleet.ClusterValuesLabel]; ok {
-			v, err := values.Parse([]byte(cm.Data[osimage.ValuesKey]))
-			if err != nil {
-				inputErrs = append(inputErrs, fmt.Errorf("%s, key %s: %w", source, osimage.ValuesKey, err))
-				continue
-			}
-			in.Clusters = append(in.Clusters, fleet.ClusterValues{Source: source, Values: v})
-		}
-	}
+	var objects []*unstructured.Unstructured
 	for _, gvk := range c.metal3 {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
@@ -126,15 +87,13 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 			return reconcile.Result{}, err
 		}
 		for i := range list.Items {
-			in.Objects = append(in.Objects, &list.Items[i])
+			objects = append(objects, &list.Items[i])
 		}
 	}
-
-	needs, err := fleet.Needs(in)
-	if err != nil {
-		inputErrs = append(inputErrs, err)
-	}
-	report := fleet.Check(name, c.opts.ServedCopy, needs, served, servedFound, errors.Join(inputErrs...))
+	gathered := fleet.Gather(name, c.opts.ServedCopy, cms.Items, objects)
+	previous := gathered.Status
+	needs, err := fleet.Needs(gathered.Inputs)
+	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, err)
 	c.metrics.report(report)
 
 	cm, err := report.ConfigMap()

@@ -47,6 +47,9 @@ type Inputs struct {
 	Catalog osimage.Catalog
 	// Objects are its Metal3MachineTemplates and Metal3Machines.
 	Objects []*unstructured.Unstructured
+	// Unreadable is what could not be read while gathering the rest
+	// (a ConfigMap that does not parse); Needs reports it.
+	Unreadable error
 }
 
 // Needs returns the images the namespace's clusters need: those its Metal3
@@ -56,7 +59,7 @@ type Inputs struct {
 // that picks no image; the needs found are returned all the same.
 func Needs(in Inputs) ([]Need, error) {
 	var needs []Need
-	var errs []error
+	errs := []error{in.Unreadable}
 	keyOf := func(cat osimage.Catalog, sha string) string {
 		for _, k := range cat.Keys() {
 			if cat[k][osimage.FieldSHA256] == sha {
