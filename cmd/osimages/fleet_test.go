@@ -556,8 +556,8 @@ func TestFleetEndToEnd(t *testing.T) {
 	t.Run("an image still downloading is reported not yet available", func(t *testing.T) {
 		p := e.published[img132+":0.7.9"]
 		sha := p.Fields[osimage.FieldSHA256]
-		g.hold(p.LayerDigest.Encoded())
-		defer g.release(p.LayerDigest.Encoded())
+		g.hold(p.LayerDigest.String())
+		defer g.release(p.LayerDigest.String())
 		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"
 		e.setMgmt("0.7.8")
 		e.waitCopy("fleet-wc3", sha, true, false)
@@ -579,7 +579,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		if after := e.templates(); !mapsEqual(after, before) {
 			t.Fatalf("a failed render changed templates:%s", diffMaps(before, after))
 		}
-		g.release(p.LayerDigest.Encoded())
+		g.release(p.LayerDigest.String())
 		e.waitCopy("fleet-wc3", sha, true, true)
 		if r := e.render("fleet-wc3", clusters["fleet-wc3"]); r.code != 0 {
 			t.Fatalf("render wc3 once available: %d\n%s", r.code, r.stderr)
