@@ -66,8 +66,19 @@ ensure_chromium() {
   fi
 }
 
+# The chart tests install Cluster API's core CRDs, read from the
+# sigs.k8s.io/cluster-api module in the Go module cache (internal/testenv
+# names the version); download it once so that the tests find it offline.
+download_capi() {
+  local version
+  version=$(grep -o 'ClusterAPIVersion = "v[0-9.]*"' "$root/internal/testenv/capi.go" | cut -d'"' -f2)
+  (cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download "sigs.k8s.io/cluster-api@$version") ||
+    { log "could not download sigs.k8s.io/cluster-api@$version: the chart tests will fail"; return 1; }
+}
+
 mkdir -p "$cache"
 ensure_chromium
+download_capi
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
 go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"

@@ -1,0 +1,292 @@
+package chart
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// process is a component running as a child process for the test.
+type process struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+func (p *process) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.Write(b)
+}
+
+func (p *process) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stderr.String()
+	if len(s) > 4000 {
+		s = "..." + s[len(s)-4000:]
+	}
+	return s
+}
+
+func start(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(osimagesBinary(t), args...)}
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			p.cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", args[0], p.log())
+		}
+	})
+	return p
+}
+
+// configFile returns key of the rendered ConfigMap name as a file, so that
+// the components read exactly what the chart mounts.
+func configFile(t *testing.T, r *Rendered, name, key string) string {
+	t.Helper()
+	cm := r.Find("ConfigMap", name)
+	if cm == nil {
+		t.Fatalf("the chart renders no ConfigMap %s", name)
+	}
+	data, _, _ := unstructuredString(cm.Object, "data", key)
+	path := filepath.Join(t.TempDir(), key)
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
+	cur := any(obj)
+	for _, f := range fields {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return "", false, nil
+		}
+		cur = m[f]
+	}
+	s, ok := cur.(string)
+	return s, ok, nil
+}
+
+// TestComponentsRunWithChartRBAC installs the chart's objects into envtest
+// for real, then runs each component (the built binary, with the files the
+// chart mounts) as its own service account, bound only to the chart's
+// Roles. Its work must succeed, and writes outside its scope must be
+// refused by the apiserver.
+func TestComponentsRunWithChartRBAC(t *testing.T) {
+	k := apiserver(t)
+	ctx := context.Background()
+	const ns = "sylva-system"
+	ensureNamespace(t, k, ns, nil)
+
+	// Two diskimage-builder artifacts on a TLS registry whose CA the chart
+	// hands to the components (oci_registry_extra_ca_certs).
+	reg := testenv.Registry(t, devregistry.Options{TLS: true})
+	published := map[string]devregistry.Published{}
+	for i, hardened := range []string{"false", "true"} {
+		key := "ubuntu-plain"
+		if hardened == "true" {
+			key = "ubuntu-hardened"
+		}
+		p, err := reg.Publish(ctx, devregistry.DiskImage{
+			Repository: "dib/" + key, Tag: "1.0", Gzip: true,
+			Content: devregistry.DiskContent(256<<10, uint64(i+1)),
+			Fields:  osimage.Image{"os": "ubuntu", "hardened": hardened, "k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		published[key] = p
+	}
+	ca, err := os.ReadFile(reg.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	vals, err := LoadValues([]byte(fmt.Sprintf(`
+os_image_selectors:
+- {os: ubuntu, hardened: false}
+catalogJob:
+  enabled: true
+  values:
+    os_images_oci_registries:
+      dib: {url: "oci://%s/dib", tag: "1.0"}
+    sylva_diskimagebuilder_images:
+      ubuntu-plain: {os_images_oci_registry: dib}
+      ubuntu-hardened: {os_images_oci_registry: dib}
+`, reg.Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals["oci_registry_extra_ca_certs"] = string(ca)
+	r, err := Render(chartDir, Release{Name: "osimages", Namespace: ns}, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newApplier(t, k.Config).apply(ctx, r.Objects, false); err != nil {
+		t.Fatalf("installing the chart's objects: %v", err)
+	}
+	caFile := configFile(t, r, "osimages-registry-ca", "ca.crt")
+	// An object of each kind no component may touch.
+	other, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}, Data: map[string]string{"a": "b"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("catalog", func(t *testing.T) {
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-catalog")
+		values := configFile(t, r, "osimages-catalog-values", "values.yaml")
+		cmd := exec.Command(osimagesBinary(t), "catalog", "-f", values, "--apply", "--namespace", ns, "--ca-file", caFile, "--kubeconfig", kubeconfig)
+		cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("osimages catalog --apply as the catalog Job's account: %v\n%s", err, out)
+		}
+		info, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "os-images-info", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range published {
+			if !strings.Contains(info.Data["values.yaml"], p.Fields["sha256"]) {
+				t.Errorf("os-images-info lacks %s", p.Ref)
+			}
+		}
+		outOfScope(t, cfg, ns, other.Name, false)
+	})
+
+	t.Run("server", func(t *testing.T) {
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-server")
+		values := configFile(t, r, "osimages-server-values", "values.yaml")
+		start(t, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+			"--os-images-configmap", ns+"/os-images-info", "-f", values,
+			"--output-configmap", ns+"/capm3-os-image-server-os-images",
+			"--ca-file", caFile, "--kubeconfig", kubeconfig)
+		plain, hardened := published["ubuntu-plain"].Fields["sha256"], published["ubuntu-hardened"].Fields["sha256"]
+		waitFor(t, 90*time.Second, "the server publishes the selected image as available", func() (bool, string) {
+			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			doc := cm.Data["values.yaml"]
+			served, err := osimage.ParseServed([]byte(doc))
+			if err != nil {
+				return false, err.Error()
+			}
+			e, ok := served[plain]
+			return ok && e.Available && len(served) == 1 && !strings.Contains(doc, hardened), doc
+		})
+		outOfScope(t, cfg, ns, other.Name, false)
+		cs := kubernetes.NewForConfigOrDie(cfg)
+		// Its input is read-only.
+		_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, "os-images-info", types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
+		wantForbidden(t, "server patches its input os-images-info", err)
+		_, err = cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+		wantForbidden(t, "server lists every ConfigMap of its namespace", err)
+		if metal3 {
+			dyn := dynamic.NewForConfigOrDie(cfg)
+			for _, res := range []string{"metal3machinetemplates", "metal3machines"} {
+				gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: res}
+				_, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
+				wantAllowed(t, "server lists "+res+" in all namespaces", err)
+				err = dyn.Resource(gvr).Namespace(ns).Delete(ctx, "any", metav1.DeleteOptions{})
+				wantForbidden(t, "server deletes a "+res, err)
+			}
+		} else {
+			t.Log("Metal3 CRDs absent (shared/crds/metal3): the read-only Metal3 access is not exercised")
+		}
+	})
+
+	t.Run("propagation", func(t *testing.T) {
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-propagate")
+		rules := configFile(t, r, "osimages-rules", "rules.yaml")
+		start(t, "propagate", "--config", rules, "--leader-elect", "--leader-election-namespace", ns,
+			"--metrics-addr", "0", "--health-addr", "0", "--kubeconfig", kubeconfig)
+		ensureNamespace(t, k, "wc1", map[string]string{"sylva-project.org/workload-cluster": ""})
+		if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, "capm3-os-image-server-os-images", types.MergePatchType,
+			[]byte(`{"data":{"values.yaml":"capm3_os_image_server_images: {}\n"}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, "the copy reaches the workload-cluster namespace", func() (bool, string) {
+			src, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			cp, err := k.Client.CoreV1().ConfigMaps("wc1").Get(ctx, "kyverno-cloned-os-image-server-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return cp.Data["values.yaml"] == src.Data["values.yaml"], cp.Data["values.yaml"]
+		})
+		if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-propagate", metav1.GetOptions{}); err != nil {
+			t.Errorf("no leader-election Lease: %v", err)
+		}
+		// RBAC cannot restrict create to a name: propagation may create
+		// ConfigMaps (the chart says so); everything else is checked.
+		outOfScope(t, cfg, ns, other.Name, true)
+		cs := kubernetes.NewForConfigOrDie(cfg)
+		err := cs.CoreV1().ConfigMaps(ns).Delete(ctx, "capm3-os-image-server-os-images", metav1.DeleteOptions{})
+		wantForbidden(t, "propagation deletes its source", err)
+		_, err = cs.CoordinationV1().Leases("wc1").Create(ctx, leaseNamed("x"), metav1.CreateOptions{})
+		wantForbidden(t, "propagation creates a Lease outside its namespace", err)
+	})
+}
+
+// outOfScope checks what no component may do: write a ConfigMap it does not
+// own, and touch Secrets.
+func outOfScope(t *testing.T, cfg *rest.Config, ns, otherConfigMap string, mayCreateConfigMaps bool) {
+	t.Helper()
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	if !mayCreateConfigMaps {
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
+		wantForbidden(t, "create of a ConfigMap", err)
+	}
+	_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, otherConfigMap, types.MergePatchType, []byte(`{"data":{"a":"changed"}}`), metav1.PatchOptions{})
+	wantForbidden(t, "patch of another ConfigMap", err)
+	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
+	wantForbidden(t, "delete of another ConfigMap", err)
+	_, err = cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "stolen"}}, metav1.CreateOptions{})
+	wantForbidden(t, "create of a Secret", err)
+	_, err = cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "list of Secrets", err)
+}
+
+func leaseNamed(name string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
