@@ -50,11 +50,8 @@ func TestMain(m *testing.M) {
 func apiserver(t *testing.T) *testenv.Kube {
 	t.Helper()
 	kubeOnce.Do(func() {
-		var crds []string
-		if dir := testenv.Metal3CRDs(); dir != "" {
-			crds = append(crds, dir)
-		}
-		kubeEnv, kubeErr = testenv.StartKube(crds...)
+		crds, _ := testenv.Metal3CRDsOrStandIn()
+		kubeEnv, kubeErr = testenv.StartKube(crds)
 	})
 	if kubeErr != nil {
 		t.Fatal(kubeErr)

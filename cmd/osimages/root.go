@@ -15,6 +15,7 @@ to Ironic, propagates what is served, and renders Metal3MachineTemplates.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newServeCommand(), newPropagateCommand(), newDemoCommand())
+	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newServeCommand(), newPropagateCommand(),
+		newControllerCommand(), newDemoCommand())
 	return root
 }

@@ -16,9 +16,12 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -43,6 +46,7 @@ type serveOptions struct {
 	caFile          string
 	registryConfig  string
 	poll            time.Duration
+	keepReferenced  bool
 }
 
 func newServeCommand() *cobra.Command {
@@ -83,6 +87,7 @@ on the same address.`,
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often input files are checked for changes")
+	f.BoolVar(&o.keepReferenced, "keep-referenced", true, "never delete, and keep serving, a deselected image that a Metal3MachineTemplate or Metal3Machine still references (needs list/watch on them cluster-wide)")
 	addRegistryFlags(f, &o.caFile, &o.registryConfig)
 	_ = cmd.MarkFlagRequired("data")
 	_ = cmd.MarkFlagRequired("values")
@@ -152,11 +157,26 @@ func runServe(ctx context.Context, o serveOptions) error {
 		}
 		return secure
 	}
+	var refs *metal3.References
+	if o.keepReferenced {
+		if refs, err = newReferences(o.kubeconfig, log); err != nil {
+			if o.osImagesCM != "" || o.outputCM != "" {
+				return inputError(err)
+			}
+			// Without a cluster there is no Metal3 object to reference an
+			// image: files-only serving (a lab, the demo) needs no guard.
+			log.Warn("reference-safe garbage collection is off: no cluster to read Metal3 objects from (--keep-referenced=false silences this)", "error", err.Error())
+		}
+	}
 	metrics := server.NewMetrics()
-	srv := server.New(server.Config{
+	cfg := server.Config{
 		Store: store, Pull: server.PullWith(choose), Publisher: publisher, Concurrency: o.concurrency,
 		GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin, Logger: log, Metrics: metrics,
-	})
+	}
+	if refs != nil {
+		cfg.References = refs
+	}
+	srv := server.New(cfg)
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -182,6 +202,9 @@ func runServe(ctx context.Context, o serveOptions) error {
 		})
 	})
 	g.Go(func() error { return srv.Run(gctx) })
+	if refs != nil {
+		g.Go(func() error { refs.Run(gctx, time.Minute); return nil })
+	}
 	g.Go(func() error {
 		var err error
 		if o.tlsCert != "" {
@@ -230,4 +253,22 @@ func newPullers(caFile, registryConfig string, conns int) (secure, insecure *pul
 		}
 	}
 	return secure, insecure, nil
+}
+
+// newReferences returns the tracker of the Metal3 objects that reference
+// images, over the cluster of kubeconfig.
+func newReferences(kubeconfig string, log *slog.Logger) (*metal3.References, error) {
+	cfg, err := kube.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return metal3.NewReferences(dyn, disc, log), nil
 }

@@ -247,12 +247,22 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 
 // checkServed enforces contract §8: (B) only ever makes rendering fail.
 func (r *renderer) checkServed(sha, key, path string) error {
-	entry, ok := r.served[sha]
+	if err := CheckServed(r.served, sha, key); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// CheckServed says whether served serves the image of sha256 sha (key in
+// (A)) and has it available, with the error texts of contract §9 that
+// rendering fails with.
+func CheckServed(served osimage.ServedSet, sha, key string) error {
+	entry, ok := served[sha]
 	if !ok {
-		return fmt.Errorf("%s: image %s/%s is currently not served by mgmt cluster os-image-server", path, sha, key)
+		return fmt.Errorf("image %s/%s is currently not served by mgmt cluster os-image-server", sha, key)
 	}
 	if !entry.Available {
-		return fmt.Errorf("%s: image %s/%s is known to the mgmt cluster os-image-server but not available yet: it is still being prepared (downloading), or preparing it failed; see the os-image-server status", path, sha, key)
+		return fmt.Errorf("image %s/%s is known to the mgmt cluster os-image-server but not available yet: it is still being prepared (downloading), or preparing it failed; see the os-image-server status", sha, key)
 	}
 	return nil
 }
@@ -453,4 +463,33 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Pick is the image one level picks from (A).
+type Pick struct {
+	// Level is the values path of the level.
+	Level    string
+	ImageKey string
+	// SHA256 is the image's sha256 in (A), empty when it has none.
+	SHA256 string
+}
+
+// Picks returns, in level order, the image that each level designating
+// one in (A) picks, exactly as Render would, but without the served check:
+// they are what the cluster needs the management cluster to serve. The
+// error joins the faults of the levels that cannot pick.
+func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
+	choices, err := LevelChoices(v)
+	errs := []error{err}
+	var out []Pick
+	for _, path := range sortedKeys(choices) {
+		c := choices[path]
+		key, err := selector.Resolve(catalog, c.ImageKey, c.Selector, path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, Pick{Level: path, ImageKey: key, SHA256: catalog[key][osimage.FieldSHA256]})
+	}
+	return out, errors.Join(errs...)
 }

@@ -213,9 +213,11 @@ func (c *reconciler) keysForNamespace(_ context.Context, obj client.Object) []Ke
 	return keys
 }
 
-// relevant tells whether the controller ever reads the ConfigMap's content.
-func (c *reconciler) relevant(namespace, name string) bool {
-	for _, r := range c.rules {
+// Relevant tells whether the propagation controller ever reads the content
+// of ConfigMap namespace/name: the rules' sources and the objects of their
+// target names.
+func Relevant(rules []Rule, namespace, name string) bool {
+	for _, r := range rules {
 		if name == r.Target || (namespace == r.Source.Namespace && name == r.Source.Name) {
 			return true
 		}
@@ -223,29 +225,31 @@ func (c *reconciler) relevant(namespace, name string) bool {
 	return false
 }
 
-// slimConfigMap is the cache transform of ConfigMaps. The one watch on
-// ConfigMaps sees every ConfigMap of the cluster; only the sources and the
-// objects of target names are kept whole (less their managedFields), the
-// others are cut down to their name so that Helm releases and the like
-// cost no memory.
-func (c *reconciler) slimConfigMap(obj any) (any, error) {
-	cm, ok := obj.(*corev1.ConfigMap)
-	if !ok {
-		return obj, nil
+// SlimConfigMaps returns the cache transform of ConfigMaps. The one watch
+// on ConfigMaps sees every ConfigMap of the cluster; only those keep says
+// are read are kept whole (less their managedFields), the others are cut
+// down to their name so that Helm releases and the like cost no memory.
+func SlimConfigMaps(keep func(*corev1.ConfigMap) bool) func(any) (any, error) {
+	return func(obj any) (any, error) {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok {
+			return obj, nil
+		}
+		if !keep(cm) {
+			slim := &corev1.ConfigMap{}
+			slim.Name, slim.Namespace, slim.UID, slim.ResourceVersion = cm.Name, cm.Namespace, cm.UID, cm.ResourceVersion
+			return slim, nil
+		}
+		// Updates send the cached object back whole, so nothing but
+		// managedFields (which the apiserver keeps when absent) may be
+		// dropped.
+		cm.ManagedFields = nil
+		return cm, nil
 	}
-	if !c.relevant(cm.Namespace, cm.Name) {
-		slim := &corev1.ConfigMap{}
-		slim.Name, slim.Namespace, slim.UID, slim.ResourceVersion = cm.Name, cm.Namespace, cm.UID, cm.ResourceVersion
-		return slim, nil
-	}
-	// Updates send the cached object back whole, so nothing but
-	// managedFields (which the apiserver keeps when absent) may be dropped.
-	cm.ManagedFields = nil
-	return cm, nil
 }
 
-// slimNamespace keeps what Decide and events read of a namespace.
-func slimNamespace(obj any) (any, error) {
+// SlimNamespace keeps what Decide and events read of a namespace.
+func SlimNamespace(obj any) (any, error) {
 	ns, ok := obj.(*corev1.Namespace)
 	if !ok {
 		return obj, nil

@@ -57,25 +57,22 @@ type Options struct {
 // DefaultLeaderElectionID names the Lease the replicas compete for.
 const DefaultLeaderElectionID = "osimages-propagate"
 
-// NewManager builds the controller-runtime manager of the propagation
-// controller: one informer per kind (ConfigMaps, Namespaces), the copy
-// reconciler, metrics, health checks, and leader election when asked.
-// Start it with its Start method.
-func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
+// withDefaults checks o and fills in its defaults.
+func (o Options) withDefaults() (Options, error) {
 	if len(o.Rules) == 0 {
-		return nil, errors.New("no propagation rules")
+		return o, errors.New("no propagation rules")
 	}
 	if o.Resync == 0 {
 		o.Resync = 10 * time.Minute
 	}
 	if o.Resync < 0 {
-		return nil, fmt.Errorf("resync period %s must be positive", o.Resync)
+		return o, fmt.Errorf("resync period %s must be positive", o.Resync)
 	}
 	if o.Workers == 0 {
 		o.Workers = 8
 	}
 	if o.Workers < 0 {
-		return nil, fmt.Errorf("workers %d must be positive", o.Workers)
+		return o, fmt.Errorf("workers %d must be positive", o.Workers)
 	}
 	if o.LeaderElectionID == "" {
 		o.LeaderElectionID = DefaultLeaderElectionID
@@ -89,15 +86,25 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.HealthAddr == "0" {
 		o.HealthAddr = ""
 	}
+	return o, nil
+}
 
-	m := newMetrics(o.Rules)
-	c := newReconciler(o.Rules, nil, nil, nil, m, o.Adopt)
+// NewManager builds the controller-runtime manager of the propagation
+// controller: one informer per kind (ConfigMaps, Namespaces), the copy
+// reconciler, metrics, health checks, and leader election when asked.
+// Start it with its Start method.
+func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	nonZero := func(d time.Duration) *time.Duration {
 		if d == 0 {
 			return nil
 		}
 		return &d
 	}
+	rules := o.Rules
 	mgr, err := manager.New(cfg, manager.Options{
 		Logger: o.Logger,
 		Cache: cache.Options{
@@ -105,8 +112,8 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 			// replay reconciles the copies it concerns.
 			SyncPeriod: &o.Resync,
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.ConfigMap{}: {Transform: c.slimConfigMap, UnsafeDisableDeepCopy: ptr.To(true)},
-				&corev1.Namespace{}: {Transform: slimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
+				&corev1.ConfigMap{}: {Transform: SlimConfigMaps(func(cm *corev1.ConfigMap) bool { return Relevant(rules, cm.Namespace, cm.Name) }), UnsafeDisableDeepCopy: ptr.To(true)},
+				&corev1.Namespace{}: {Transform: SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
 			},
 		},
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
@@ -122,6 +129,27 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the controller manager: %w", err)
 	}
+	if o.HealthAddr != "" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+	}
+	if err := AddToManager(mgr, o); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// AddToManager adds the propagation controller, its metrics and its
+// readiness check to mgr, whose ConfigMap cache must keep whole the
+// ConfigMaps that Relevant names (see SlimConfigMaps).
+func AddToManager(mgr manager.Manager, o Options) error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	m := newMetrics(o.Rules)
+	c := newReconciler(o.Rules, nil, nil, nil, m, o.Adopt)
 	c.reader = mgr.GetCache()
 	c.writer = mgr.GetClient()
 	c.recorder = mgr.GetEventRecorder(FieldOwner)
@@ -133,7 +161,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("indexing ConfigMaps: %w", err)
+		return fmt.Errorf("indexing ConfigMaps: %w", err)
 	}
 
 	err = builder.TypedControllerManagedBy[Key](mgr).
@@ -155,7 +183,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		Watches(&corev1.Namespace{}, handler.TypedEnqueueRequestsFromMapFunc(c.keysForNamespace)).
 		Complete(c)
 	if err != nil {
-		return nil, fmt.Errorf("creating the propagation controller: %w", err)
+		return fmt.Errorf("creating the propagation controller: %w", err)
 	}
 
 	synced := func() bool {
@@ -165,23 +193,20 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	}
 	m.reader, m.ready, m.adopt = mgr.GetCache(), synced, o.Adopt
 	if err := o.Registerer.Register(m); err != nil {
-		return nil, fmt.Errorf("registering metrics: %w", err)
+		return fmt.Errorf("registering metrics: %w", err)
 	}
 
 	if o.HealthAddr != "" {
-		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
 		if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
 			if !synced() {
 				return errors.New("informers not synced yet")
 			}
 			return nil
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return mgr, nil
+	return nil
 }
 
 // Run builds the manager and runs it until ctx ends.

@@ -52,7 +52,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, ok := s.lookup(sum)
-	if !ok || !info.selected {
+	if !ok || !info.served {
 		http.NotFound(w, r)
 		return
 	}

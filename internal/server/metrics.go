@@ -53,7 +53,8 @@ func (m *Metrics) bind(s *Server) {
 	images := prometheus.NewDesc("osimages_images", "Known images by phase; selected is false for deselected images kept on disk.", []string{"phase", "selected"}, nil)
 	free := prometheus.NewDesc("osimages_disk_free_bytes", "Free bytes on the data filesystem.", nil, nil)
 	used := prometheus.NewDesc("osimages_storage_used_bytes", "Bytes of stored images.", nil, nil)
-	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used}, collect: func(ch chan<- prometheus.Metric) {
+	kept := prometheus.NewDesc("osimages_images_kept_referenced", "Deselected images kept and served because Metal3 objects still reference them (kept: still referenced by NS/NAME), by number of referencing objects.", []string{"sha256", "key", "referenced_by"}, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used, kept}, collect: func(ch chan<- prometheus.Metric) {
 		counts := map[[2]string]int{}
 		for _, p := range []Phase{PhaseQueued, PhaseDownloading, PhaseVerifying, PhaseReady, PhaseFailed} {
 			counts[[2]string{string(p), "true"}] = 0
@@ -61,6 +62,11 @@ func (m *Metrics) bind(s *Server) {
 		statuses, _ := s.Statuses()
 		for _, st := range statuses {
 			counts[[2]string{string(st.Phase), strconv.FormatBool(st.Selected)}]++
+			if len(st.KeptBy) > 0 {
+				// The first referrer names one culprit in the label; the
+				// value counts them all.
+				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), st.SHA256, st.Key, st.KeptBy[0])
+			}
 		}
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(images, prometheus.GaugeValue, float64(n), k[0], k[1])

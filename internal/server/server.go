@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,18 @@ type Store interface {
 // network bytes received and the total expected (0 when unknown).
 type PullFunc func(ctx context.Context, w Wanted, dst *imagestore.Writer, progress func(received, total int64)) (md5 string, size int64, err error)
 
+// References tells which objects still reference an image. A deselected
+// image that is referenced is kept on disk and served, however long ago it
+// was deselected: Metal3 boots new and re-provisioned hosts from the
+// templates that name it.
+type References interface {
+	// Synced is false until every reference is known; nothing is
+	// collected before.
+	Synced() bool
+	// ReferencedBy names the objects that reference sha256, as KIND NS/NAME.
+	ReferencedBy(sha256 string) []string
+}
+
 // Publisher writes the served set wherever consumers read it.
 type Publisher interface {
 	Publish(ctx context.Context, served osimage.ServedSet) error
@@ -54,6 +67,9 @@ type Config struct {
 	Pull  PullFunc
 	// Publisher, when set, gets the served set whenever it changes.
 	Publisher Publisher
+	// References, when set, keeps deselected images that are still
+	// referenced (reference-safe garbage collection).
+	References References
 	// Concurrency bounds the downloads at once (default 2).
 	Concurrency int
 	// GCGrace is how long a deselected image stays on disk (default 1h),
@@ -483,6 +499,19 @@ func (s *Server) CollectGarbage() {
 		}
 	}
 	s.mu.Unlock()
+	if refs := s.cfg.References; refs != nil && len(victims) > 0 {
+		if !refs.Synced() {
+			s.log.Warn("garbage collection postponed: the Metal3 objects that may reference images are not all known yet", "candidates", len(victims))
+			return
+		}
+		victims = slices.DeleteFunc(victims, func(sum string) bool {
+			by := refs.ReferencedBy(sum)
+			if len(by) > 0 {
+				s.log.Info("image kept: still referenced by "+strings.Join(by, ", "), "sha256", sum)
+			}
+			return len(by) > 0
+		})
+	}
 	for _, sum := range victims {
 		if err := s.cfg.Store.Delete(sum); err != nil {
 			s.log.Error("garbage collection failed", "sha256", sum, "error", err)
@@ -506,6 +535,9 @@ type Status struct {
 	Reason                     string
 	NextTry                    time.Time
 	DeselectedAt               time.Time
+	// KeptBy names the objects that still reference a deselected image,
+	// which is therefore kept and served.
+	KeptBy []string
 }
 
 // Statuses returns every known image, selected ones first, by key.
@@ -523,6 +555,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), URI: img.Image[osimage.FieldURI],
 			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
+			KeptBy: s.keptByLocked(sum, img),
 		})
 	}
 	slices.SortStableFunc(out, func(a, b Status) int {
@@ -548,11 +581,20 @@ func (s *Server) Ready() bool {
 	return s.ready
 }
 
+// keptByLocked names what keeps a deselected, stored image.
+func (s *Server) keptByLocked(sum string, img *image) []string {
+	if img.selected || !img.stored || s.cfg.References == nil {
+		return nil
+	}
+	return s.cfg.References.ReferencedBy(sum)
+}
+
 // lookup is what the HTTP handler needs to answer for one sha256.
 type lookup struct {
-	selected, stored bool
-	phase            Phase
-	filename, md5    string
+	// served: selected, or deselected but kept because referenced.
+	served, stored bool
+	phase          Phase
+	filename, md5  string
 }
 
 func (s *Server) lookup(sum string) (lookup, bool) {
@@ -562,7 +604,8 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 	if !ok {
 		return lookup{}, false
 	}
-	return lookup{selected: img.selected, stored: img.stored, phase: img.phase, filename: img.Filename(), md5: img.entry.MD5}, true
+	served := img.selected || len(s.keptByLocked(sum, img)) > 0
+	return lookup{served: served, stored: img.stored, phase: img.phase, filename: img.Filename(), md5: img.entry.MD5}, true
 }
 
 func isVerifyError(err error) bool {

@@ -511,3 +511,86 @@ func TestDeselectCancelsDownload(t *testing.T) {
 	}
 	var _ = errors.New
 }
+
+// staticRefs is a References for the state-machine test; the real one
+// (Metal3 informers) is tested against an apiserver in cmd/osimages.
+type staticRefs struct {
+	mu     sync.Mutex
+	synced bool
+	refs   map[string][]string
+}
+
+func (r *staticRefs) Synced() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.synced }
+func (r *staticRefs) ReferencedBy(sum string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refs[sum]
+}
+func (r *staticRefs) set(synced bool, refs map[string][]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.synced, r.refs = synced, refs
+}
+
+func TestReferencedImagesAreKeptAndServed(t *testing.T) {
+	src := newFakeSource()
+	a := src.add("ubuntu-a", []byte("a bytes"), false)
+	b := src.add("ubuntu-b", []byte("b bytes"), false)
+	refs := &staticRefs{}
+	h := start(t, t.TempDir(), src, func(c *Config) { c.References = refs })
+	h.want(a, b)
+	h.waitPhase(a.SHA256, PhaseReady)
+	h.waitPhase(b.SHA256, PhaseReady)
+
+	h.want(b)
+	h.waitUnpublished(a.SHA256)
+	h.clock.advance(2 * time.Hour)
+	// References not known yet: nothing may go.
+	h.srv.CollectGarbage()
+	if _, ok := h.store.Get(a.SHA256); !ok {
+		t.Fatal("collected while the references were not known")
+	}
+	refs.set(true, map[string][]string{a.SHA256: {"Metal3MachineTemplate wc1/wc1-md0-abc"}})
+	h.srv.CollectGarbage()
+	if _, ok := h.store.Get(a.SHA256); !ok {
+		t.Fatal("a referenced image was collected")
+	}
+	// Deselected but referenced: still served, still not published.
+	if resp, body := h.get(imageURL(a)); resp.StatusCode != 200 || string(body) != "a bytes" {
+		t.Errorf("a referenced image must stay served: %d %q", resp.StatusCode, body)
+	}
+	if resp, body := h.get(imageURL(a) + ".sha256sum"); resp.StatusCode != 200 || !strings.HasPrefix(string(body), a.SHA256) {
+		t.Errorf("its checksum too: %d %q", resp.StatusCode, body)
+	}
+	resp, page := h.get("/")
+	if resp.StatusCode != 200 || !strings.Contains(string(page), "kept: still referenced by Metal3MachineTemplate wc1/wc1-md0-abc") {
+		t.Errorf("status page does not say why the image is kept:\n%s", page)
+	}
+	_, metrics := h.get("/metrics")
+	if !strings.Contains(string(metrics), `osimages_images_kept_referenced{key="ubuntu-a",referenced_by="Metal3MachineTemplate wc1/wc1-md0-abc",sha256="`+a.SHA256+`"} 1`) {
+		t.Errorf("metric missing:\n%s", grepLines(string(metrics), "kept"))
+	}
+
+	// The last reference goes: collected at the next pass, and 404.
+	refs.set(true, nil)
+	if resp, _ := h.get(imageURL(a)); resp.StatusCode != 404 {
+		t.Errorf("an unreferenced deselected image is served: %d", resp.StatusCode)
+	}
+	h.srv.CollectGarbage()
+	if _, ok := h.store.Get(a.SHA256); ok {
+		t.Fatal("not collected once unreferenced")
+	}
+	if _, ok := h.store.Get(b.SHA256); !ok {
+		t.Fatal("the selected image was collected")
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"strings"
 	"time"
 
 	_ "embed"
@@ -26,7 +27,8 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 		}
 		return s
 	},
-	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	"join": strings.Join,
+	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 }).Parse(statusHTML))
 
 type statusView struct {

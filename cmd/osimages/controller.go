@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/sylva-projects/osimages/internal/controller"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/propagate"
+)
+
+type controllerOptions struct {
+	propagateOptions
+	catalog, propagate, check bool
+	leaderID                  string
+	servedCopy                string
+	namespaceSelector         string
+	caFile, registryConfig    string
+	catalogConcurrency        int
+	catalogTimeout            time.Duration
+}
+
+func newControllerCommand() *cobra.Command {
+	o := controllerOptions{}
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the management cluster's catalog, propagation and served-set check in one manager",
+		Long: `controller runs, in one controller-runtime manager with leader election, each
+part switched on or off by a flag:
+
+  --catalog    in every namespace holding a ConfigMap labelled
+               osimages.sylva-project.org/catalog-values (sylva-units values
+               under values.yaml; several merge in name order), resolve the
+               catalog and publish os-images-info beside it, as
+               'osimages catalog --apply' does;
+  --propagate  copy the served set into every workload-cluster namespace,
+               as 'osimages propagate' does (--config, --adopt);
+  --check      in every workload-cluster namespace, find the images the
+               cluster uses or will use (its Metal3MachineTemplates and
+               Metal3Machines, and the picks of its values: ConfigMaps
+               labelled osimages.sylva-project.org/cluster-values, picked
+               from its own os-images-info), compare them with its copy of
+               the served set, and report each one missing or not yet
+               available: an event on the namespace, the metric
+               osimages_cluster_images_unserved, and ConfigMap
+               osimages-status in the namespace.
+
+The image server stays a process of its own ('osimages serve').
+
+Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runController(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.catalog, "catalog", true, "publish os-images-info in the namespaces holding catalog inputs")
+	f.BoolVar(&o.propagate, "propagate", true, "copy the served set into the workload-cluster namespaces")
+	f.BoolVar(&o.check, "check", true, "check that the images each workload cluster needs are served")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
+	f.StringVar(&o.config, "config", "", "propagation rules file (default: Sylva's one rule)")
+	f.BoolVar(&o.adopt, "adopt", false, "propagation: take over copies that osimages did not create (such as Kyverno's)")
+	f.StringVar(&o.servedCopy, "served-copy", controller.DefaultServedCopy, "check: name of the copy of the served set in each workload-cluster namespace")
+	f.StringVar(&o.namespaceSelector, "check-namespace-selector", controller.WorkloadClusterLabel, "check: label selector of the workload-cluster namespaces")
+	f.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease works")
+	f.StringVar(&o.leaderNamespace, "leader-election-namespace", osimage.ServedConfigMapNamespace, "namespace of the leader-election Lease")
+	f.StringVar(&o.leaderID, "leader-election-id", controller.DefaultLeaderElectionID, "name of the leader-election Lease")
+	f.DurationVar(&o.resync, "resync", 10*time.Minute, "look at every object at least this often, events or not")
+	f.IntVar(&o.workers, "workers", 4, "namespaces reconciled at once, per part")
+	f.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of the Prometheus /metrics endpoint (0 disables)")
+	f.StringVar(&o.healthAddr, "health-addr", ":8081", "listen address of /healthz and /readyz (0 disables)")
+	f.Float32Var(&o.qps, "kube-api-qps", 200, "sustained requests per second to the apiserver")
+	f.IntVar(&o.burst, "kube-api-burst", 500, "requests to the apiserver in a burst")
+	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity")
+	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	f.IntVar(&o.catalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
+	f.DurationVar(&o.catalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")
+	return cmd
+}
+
+func runController(cmd *cobra.Command, o controllerOptions) error {
+	if o.workers < 1 || o.catalogConcurrency < 1 {
+		return inputError(fmt.Errorf("--workers %d and --catalog-concurrency %d: must be at least 1", o.workers, o.catalogConcurrency))
+	}
+	if o.resync <= 0 {
+		return inputError(fmt.Errorf("--resync %s: must be positive", o.resync))
+	}
+	if !o.catalog && !o.propagate && !o.check {
+		return inputError(fmt.Errorf("--catalog, --propagate and --check are all false: nothing to run"))
+	}
+	logger, err := newLogger(cmd.ErrOrStderr(), o.logFormat, o.verbosity)
+	if err != nil {
+		return inputError(err)
+	}
+	opts := controller.Options{
+		Workers:                 o.workers,
+		Resync:                  o.resync,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionNamespace: o.leaderNamespace,
+		LeaderElectionID:        o.leaderID,
+		MetricsAddr:             o.metricsAddr,
+		HealthAddr:              o.healthAddr,
+		Logger:                  logger,
+	}
+	if o.propagate {
+		rules := propagate.DefaultRules()
+		if o.config != "" {
+			if rules, err = propagate.LoadRules(o.config); err != nil {
+				return inputError(err)
+			}
+		}
+		opts.Propagate = &propagate.Options{Rules: rules, Adopt: o.adopt, Resync: o.resync, Workers: o.workers}
+	}
+	if o.check {
+		sel, err := labels.Parse(o.namespaceSelector)
+		if err != nil {
+			return inputError(fmt.Errorf("--check-namespace-selector %q: %w", o.namespaceSelector, err))
+		}
+		opts.Check = &controller.CheckOptions{Namespaces: sel, ServedCopy: o.servedCopy, Resync: o.resync}
+	}
+	if o.catalog {
+		c := &controller.CatalogOptions{Concurrency: o.catalogConcurrency, Timeout: o.catalogTimeout}
+		for _, insecure := range []bool{false, true} {
+			client, err := oci.NewClient(oci.Options{Insecure: insecure, CAFile: o.caFile, RegistryConfig: o.registryConfig, MaxConnsPerHost: o.catalogConcurrency})
+			if err != nil {
+				return inputError(err)
+			}
+			if insecure {
+				c.Insecure = client
+			} else {
+				c.Fetcher = client
+			}
+		}
+		opts.Catalog = c
+	}
+	cfg, err := kube.RESTConfig(o.kubeconfig)
+	if err != nil {
+		return inputError(err)
+	}
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	ctrllog.SetLogger(logger)
+	klog.SetLogger(logger)
+	logger.Info("starting", "catalog", o.catalog, "propagate", o.propagate, "check", o.check)
+	if err := controller.Run(cmd.Context(), cfg, opts); err != nil {
+		return failureError(err)
+	}
+	return nil
+}

@@ -1,0 +1,645 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// The fleet suite runs the whole chain as an operator does: the real
+// apiserver, a real registry, `osimages serve` and `osimages controller`
+// as processes, and `osimages render --apply`. The management namespace
+// and the label of the workload namespaces are its own, so that it shares
+// the apiserver with the other tests without meeting their objects.
+const (
+	fleetMgmtNS   = "fleet-mgmt"
+	fleetLabel    = "osimages-e2e/fleet-workload"
+	fleetServedCM = "capm3-os-image-server-os-images"
+	fleetCopy     = "kyverno-cloned-os-image-server-images"
+	img132        = "ubuntu-noble-plain-rke2-1-32"
+	img131        = "ubuntu-noble-plain-rke2-1-31"
+)
+
+var templatesGVR = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "metal3machinetemplates"}
+
+// gate holds the downloads of some blobs until released, so that an image
+// stays "downloading" for as long as a scenario needs.
+type gate struct {
+	mu      sync.Mutex
+	blocked map[string]chan struct{}
+}
+
+func (g *gate) hold(digest string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.blocked[digest] = make(chan struct{})
+}
+
+func (g *gate) release(digest string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ch, ok := g.blocked[digest]; ok {
+		close(ch)
+		delete(g.blocked, digest)
+	}
+}
+
+func (g *gate) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		var wait chan struct{}
+		for d, ch := range g.blocked {
+			if strings.HasSuffix(r.URL.Path, "/blobs/"+d) {
+				wait = ch
+			}
+		}
+		g.mu.Unlock()
+		if wait != nil {
+			select {
+			case <-wait:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// fleetEnv is the running chain.
+type fleetEnv struct {
+	t         *testing.T
+	k         *testenv.Kube
+	dyn       dynamic.Interface
+	reg       *devregistry.Registry
+	gate      *gate
+	published map[string]devregistry.Published // "name:tag"
+	serve     *daemon
+	mgmtFile  string
+	extra     map[string]string // hand-declared mgmt keys -> name:tag
+}
+
+func (e *fleetEnv) publish(name, tag string, seed uint64) devregistry.Published {
+	e.t.Helper()
+	k8s := "1.32.5+rke2r1"
+	if name == img131 {
+		k8s = "1.31.9+rke2r1"
+	}
+	p, err := e.reg.Publish(context.Background(), devregistry.DiskImage{
+		Repository: dibRepo + name, Tag: tag, Gzip: true,
+		Content: devregistry.DiskContent(256<<10, seed),
+		Fields: osimage.Image{"os": "ubuntu", "os-release": "noble", "hardened": "false", "flavor": "plain",
+			"k8s-flavor": "rke2", "k8s-version": k8s, "commit-tag": tag},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.published[name+":"+tag] = p
+	return p
+}
+
+func (e *fleetEnv) sha(nameTag string) string {
+	return e.published[nameTag].Fields[osimage.FieldSHA256]
+}
+
+// catalogInputs are sylva-units values: one registry at one
+// diskimage-builder version, and both images.
+func (e *fleetEnv) catalogInputs(version string) string {
+	return fmt.Sprintf(`sylva_base_oci_registry: oci://%s/sylva-projects
+sylva_diskimagebuilder_version: %s
+oci_registry_insecure: true
+os_images_oci_registries:
+  sylva:
+    url: '{{ .Values.sylva_base_oci_registry }}/sylva-elements/diskimage-builder'
+    tag: '{{ .Values.sylva_diskimagebuilder_version }}'
+sylva_diskimagebuilder_images:
+  %s: {os_images_oci_registry: sylva}
+  %s: {os_images_oci_registry: sylva}
+`, e.reg.Host, version, img132, img131)
+}
+
+// mgmtValues are the management cluster's values: its catalog inputs, its
+// own cluster (k8s 1.32, picking from its own registry key only), and one
+// hand-declared image plus one additional selector per workload image it
+// serves on top.
+func (e *fleetEnv) mgmtValues(version string) string {
+	var b strings.Builder
+	b.WriteString(e.catalogInputs(version))
+	b.WriteString(`name: mgmt
+k8s_version: v1.32.5+rke2r1
+capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
+os_image_selector_autoselect_registries: sylva
+capm3:
+  os_image_selector: {os: ubuntu}
+`)
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range e.extra {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	if len(keys) > 0 {
+		b.WriteString("os_images:\n")
+		for _, k := range keys {
+			fmt.Fprintf(&b, "  %s: {uri: 'oci://%s'}\n", k, e.published[e.extra[k]].Ref)
+		}
+		b.WriteString("os_image_server_additional_selectors:\n")
+		for _, k := range keys {
+			fmt.Fprintf(&b, "  %s: {_os_images_key_: %s}\n", k, k)
+		}
+	}
+	return b.String()
+}
+
+func (e *fleetEnv) clusterValues(name, k8s string) string {
+	host := e.serve.addr
+	return fmt.Sprintf(`name: %s
+k8s_version: %s
+capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
+capm3:
+  os_image_selector: {os: ubuntu}
+  image_provisioning_host: %s
+  image_provisioning_scheme: http
+machine_deployments:
+  md0:
+    capm3: {nodeReuse: true}
+`, name, k8s, host)
+}
+
+func (e *fleetEnv) applyConfigMap(ns, name string, labels map[string]string, doc string) {
+	e.t.Helper()
+	ctx := context.Background()
+	cms := e.k.Client.CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Data: map[string]string{"values.yaml": doc}}
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+	} else if err == nil {
+		cm.Data = map[string]string{"values.yaml": doc}
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *fleetEnv) setMgmt(version string) {
+	e.t.Helper()
+	doc := e.mgmtValues(version)
+	e.applyConfigMap(fleetMgmtNS, "mgmt-values", map[string]string{fleet.CatalogValuesLabel: ""}, doc)
+	if err := os.WriteFile(e.mgmtFile, []byte(doc), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *fleetEnv) configMapDoc(ns, name string) string {
+	cm, err := e.k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	return cm.Data["values.yaml"]
+}
+
+func (e *fleetEnv) catalogOf(ns string) osimage.Catalog {
+	c, _ := osimage.ParseInfo([]byte(e.configMapDoc(ns, osimage.InfoConfigMapName)))
+	return c
+}
+
+func (e *fleetEnv) servedIn(ns, name string) osimage.ServedSet {
+	s, _ := osimage.ParseServed([]byte(e.configMapDoc(ns, name)))
+	return s
+}
+
+func (e *fleetEnv) waitCatalog(ns, key, sha string) {
+	e.t.Helper()
+	eventually(e.t, "os-images-info of "+ns+" with "+key+" at "+sha[:12], 60*time.Second, func() (bool, string) {
+		c := e.catalogOf(ns)
+		return c[key][osimage.FieldSHA256] == sha, fmt.Sprint(c[key])
+	})
+}
+
+// waitCopy waits until the served set reached namespace ns with sha in
+// the given availability.
+func (e *fleetEnv) waitCopy(ns, sha string, present, available bool) {
+	e.t.Helper()
+	eventually(e.t, fmt.Sprintf("served copy in %s: %s present=%v available=%v", ns, sha[:12], present, available), 60*time.Second, func() (bool, string) {
+		s := e.servedIn(ns, fleetCopy)
+		entry, ok := s[sha]
+		return ok == present && (!present || entry.Available == available), fmt.Sprint(s)
+	})
+}
+
+func (e *fleetEnv) status(ns string) fleet.Report {
+	cm, err := e.k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return fleet.Report{}
+	}
+	r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+	return r
+}
+
+func (e *fleetEnv) render(ns string, values string) result {
+	e.t.Helper()
+	f := writeFile(e.t, ns+".yaml", values)
+	return run(e.t, "render", "-f", f, "--kubeconfig", e.k.Kubeconfig, "-n", ns, "--apply",
+		"--os-images-configmap", ns+"/"+osimage.InfoConfigMapName, "--served-configmap", ns+"/"+fleetCopy)
+}
+
+// templates returns every Metal3MachineTemplate of the fleet, by NS/NAME,
+// as the apiserver holds it (resourceVersion included: an unchanged object
+// keeps it).
+func (e *fleetEnv) templates() map[string]string {
+	e.t.Helper()
+	out := map[string]string{}
+	for _, ns := range []string{"wc1", "wc2", "wc3"} {
+		list, err := e.dyn.Resource(templatesGVR).Namespace(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for _, item := range list.Items {
+			data, _ := json.Marshal(item.Object)
+			out[ns+"/"+item.GetName()] = string(data)
+		}
+	}
+	return out
+}
+
+func namesIn(m map[string]string, ns string) []string {
+	var out []string
+	for k := range m {
+		if strings.HasPrefix(k, ns+"/") {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (e *fleetEnv) namespaceEvents(ns, reason string) []string {
+	list, err := e.k.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, ev := range list.Items {
+		if ev.Reason == reason && ev.Regarding.Kind == "Namespace" {
+			out = append(out, ev.Note)
+		}
+	}
+	return out
+}
+
+func TestFleetEndToEnd(t *testing.T) {
+	k := apiserver(t)
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(k.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{blocked: map[string]chan struct{}{}}
+	e := &fleetEnv{t: t, k: k, dyn: dyn, gate: g, reg: testenv.Registry(t, devregistry.Options{Middleware: g.middleware}),
+		published: map[string]devregistry.Published{}, mgmtFile: writeFile(t, "mgmt.yaml", ""), extra: map[string]string{}}
+	// Each version's files differ; the file names stay the same.
+	for i, v := range []string{"0.7.5", "0.7.6", "0.7.7", "0.7.8", "0.7.9"} {
+		e.publish(img132, v, uint64(10+i))
+		e.publish(img131, v, uint64(20+i))
+	}
+	for _, ns := range []string{fleetMgmtNS, "wc1", "wc2", "wc3"} {
+		labels := map[string]string{fleetLabel: ""}
+		if ns == fleetMgmtNS {
+			labels = nil
+		}
+		if _, err := k.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Workload clusters pin different diskimage-builder versions: wc1 0.7.5
+	// and wc3 0.7.7 on Kubernetes 1.32, wc2 0.7.6 on 1.31. The management
+	// cluster is at 0.7.7 and serves each of their images on top of its own.
+	e.extra = map[string]string{"wc1-ubuntu": img132 + ":0.7.5", "wc2-ubuntu": img131 + ":0.7.6", "wc3-ubuntu": img132 + ":0.7.7"}
+	e.setMgmt("0.7.7")
+
+	e.serve = startServe(t, freeAddr(t), "--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", e.mgmtFile,
+		"--os-images-configmap", fleetMgmtNS+"/"+osimage.InfoConfigMapName,
+		"--output-configmap", fleetMgmtNS+"/"+fleetServedCM, "--gc-grace", "1s")
+	rules := writeFile(t, "rules.yaml", fmt.Sprintf(`rules:
+- name: fleet
+  source: %s/%s
+  target: %s
+  namespaceSelector: {matchLabels: {%s: ""}}
+`, fleetMgmtNS, fleetServedCM, fleetCopy, fleetLabel))
+	metricsAddr := freeAddr(t)
+	ctrl := startDaemon(t, "controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
+		"--check-namespace-selector", fleetLabel, "--metrics-addr", metricsAddr, "--health-addr", "0", "--log-format", "text")
+
+	clusters := map[string]string{
+		"wc1": e.clusterValues("wc1", "v1.32.5+rke2r1"),
+		"wc2": e.clusterValues("wc2", "v1.31.9+rke2r1"),
+		"wc3": e.clusterValues("wc3", "v1.32.5+rke2r1"),
+	}
+	versions := map[string]string{"wc1": "0.7.5", "wc2": "0.7.6", "wc3": "0.7.7"}
+	images := map[string]string{"wc1": img132, "wc2": img131, "wc3": img132}
+	for ns, v := range versions {
+		e.applyConfigMap(ns, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs(v))
+		e.applyConfigMap(ns, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, clusters[ns])
+	}
+	for ns, v := range versions {
+		sha := e.sha(images[ns] + ":" + v)
+		e.waitCatalog(ns, images[ns], sha)
+		e.waitCopy(ns, sha, true, true)
+		if r := e.render(ns, clusters[ns]); r.code != 0 {
+			t.Fatalf("render %s: exit %d\n%s\nserve:\n%s\ncontroller:\n%s", ns, r.code, r.stderr, e.serve.stderr, ctrl.stderr)
+		}
+	}
+	initial := e.templates()
+	for ns := range versions {
+		if n := len(namesIn(initial, ns)); n != 2 {
+			t.Fatalf("%s: want 2 templates (cp, md0), got %v", ns, namesIn(initial, ns))
+		}
+	}
+	eventually(t, "every check reports all served", 30*time.Second, func() (bool, string) {
+		for ns := range versions {
+			r := e.status(ns)
+			if len(r.Images) != 1 || len(r.Problems()) != 0 {
+				return false, fmt.Sprintf("%s: %+v", ns, r)
+			}
+		}
+		return true, ""
+	})
+
+	t.Run("same filename, two versions, two URLs", func(t *testing.T) {
+		a, b := e.published[img132+":0.7.5"], e.published[img132+":0.7.7"]
+		if a.Fields[osimage.FieldFilename] != b.Fields[osimage.FieldFilename] || e.sha(img132+":0.7.5") == e.sha(img132+":0.7.7") {
+			t.Fatal("the fixture must give one filename two contents")
+		}
+		for _, p := range []devregistry.Published{a, b} {
+			want := p.Fields[osimage.FieldSHA256]
+			got, code := sha256Of(t, e.serve.url("/images/"+want+"/"+p.Fields[osimage.FieldFilename]))
+			if code != 200 || got != want {
+				t.Errorf("%s: HTTP %d, content sha256 %s", p.Ref, code, got)
+			}
+		}
+	})
+
+	t.Run("management bumps its diskimage-builder version: zero rolling updates", func(t *testing.T) {
+		e.setMgmt("0.7.8")
+		newMgmt := e.sha(img132 + ":0.7.8")
+		e.waitCatalog(fleetMgmtNS, img132, newMgmt)
+		for ns := range versions {
+			e.waitCopy(ns, newMgmt, true, true)
+		}
+		// The operator re-renders every cluster, as a Helm upgrade does.
+		for ns := range versions {
+			if r := e.render(ns, clusters[ns]); r.code != 0 {
+				t.Fatalf("render %s after the management bump: exit %d\n%s", ns, r.code, r.stderr)
+			}
+		}
+		if after := e.templates(); !mapsEqual(after, initial) {
+			t.Fatalf("a management-side change touched workload templates:\nbefore %v\nafter  %v", keys(initial), keys(after))
+		}
+	})
+
+	t.Run("management stops serving an image a workload cluster uses", func(t *testing.T) {
+		sha := e.sha(img132 + ":0.7.5")
+		filename := e.published[img132+":0.7.5"].Fields[osimage.FieldFilename]
+		delete(e.extra, "wc1-ubuntu")
+		proposed := writeFile(t, "proposed.yaml", e.mgmtValues("0.7.8"))
+
+		// plan predicts it.
+		r := run(t, "plan", "-f", proposed, "--kubeconfig", k.Kubeconfig, "--served-configmap", fleetMgmtNS+"/"+fleetServedCM, "--namespace-selector", fleetLabel)
+		if r.code != 1 {
+			t.Fatalf("plan: want exit 1, got %d\n%s\n%s", r.code, r.stdout, r.stderr)
+		}
+		verdicts := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n")[1:] {
+			ns, verdict, _ := strings.Cut(line, " ")
+			verdicts[ns] += strings.TrimSpace(verdict)
+		}
+		if v := verdicts["wc1"]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
+			t.Errorf("plan does not predict wc1's failure: %q\n%s", v, r.stdout)
+		}
+		for _, ns := range []string{"wc2", "wc3"} {
+			if verdicts[ns] != "unchanged" {
+				t.Errorf("plan: %s should be unchanged, got %q", ns, verdicts[ns])
+			}
+		}
+
+		e.setMgmt("0.7.8")
+		start := time.Now()
+		eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
+			probs := e.status("wc1").Problems()
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotServed, fmt.Sprint(probs)
+		})
+		t.Logf("live check reported the unserved image %.1fs after the change", time.Since(start).Seconds())
+		eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
+			evs := e.namespaceEvents("wc1", "ImageNotServed")
+			return len(evs) > 0 && strings.Contains(evs[0], "is currently not served by mgmt cluster os-image-server"), fmt.Sprint(evs)
+		})
+		eventually(t, "metric osimages_cluster_images_unserved", 10*time.Second, func() (bool, string) {
+			resp, err := http.Get("http://" + metricsAddr + "/metrics")
+			if err != nil {
+				return false, err.Error()
+			}
+			body := readAll(t, resp)
+			return strings.Contains(body, `osimages_cluster_images_unserved{namespace="wc1",state="not-served"} 1`) &&
+				strings.Contains(body, `osimages_cluster_images_unserved{namespace="wc2",state="not-served"} 0`), grepLines(body, "unserved")
+		})
+		for _, ns := range []string{"wc2", "wc3"} {
+			if p := e.status(ns).Problems(); len(p) != 0 {
+				t.Errorf("%s reports problems it does not have: %v", ns, p)
+			}
+		}
+
+		before := e.templates()
+		r = e.render("wc1", clusters["wc1"])
+		wantErr := "image " + sha + "/" + img132 + " is currently not served by mgmt cluster os-image-server"
+		if r.code != 1 || !strings.Contains(r.stderr, wantErr) {
+			t.Fatalf("render wc1: want exit 1 with %q, got %d:\n%s", wantErr, r.code, r.stderr)
+		}
+		if after := e.templates(); !mapsEqual(after, before) {
+			t.Fatal("a failed render changed templates")
+		}
+
+		// Deselected for longer than the grace period, but referenced by
+		// wc1's templates: kept on disk and served.
+		time.Sleep(2 * time.Second)
+		if got, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 || got != sha {
+			t.Fatalf("a referenced image is no longer served: HTTP %d\n%s", code, e.serve.stderr)
+		}
+		resp, err := http.Get(e.serve.url("/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		page := readAll(t, resp)
+		if !strings.Contains(page, "kept: still referenced by Metal3MachineTemplate wc1/") {
+			t.Errorf("status page does not say the image is kept:\n%s", page)
+		}
+
+		// wc1 moves to a served image (the operator's fix) and its old
+		// templates go: the image is collected then.
+		e.applyConfigMap("wc1", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
+		e.waitCatalog("wc1", img132, e.sha(img132+":0.7.8"))
+		if r := e.render("wc1", clusters["wc1"]); r.code != 0 {
+			t.Fatalf("render wc1 on a served image: %d\n%s", r.code, r.stderr)
+		}
+		for _, name := range namesIn(before, "wc1") {
+			if err := dyn.Resource(templatesGVR).Namespace("wc1").Delete(ctx, strings.TrimPrefix(name, "wc1/"), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, "the unreferenced image is collected", 30*time.Second, func() (bool, string) {
+			_, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename))
+			return code == 404, fmt.Sprint(code)
+		})
+		initial = e.templates()
+	})
+
+	t.Run("a workload cluster bumps its own version: exactly its templates are renamed", func(t *testing.T) {
+		e.extra["wc2-ubuntu-next"] = img131 + ":0.7.7"
+		e.setMgmt("0.7.8")
+		next := e.sha(img131 + ":0.7.7")
+		e.waitCopy("wc2", next, true, true)
+		e.applyConfigMap("wc2", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.7"))
+		e.waitCatalog("wc2", img131, next)
+		if r := e.render("wc2", clusters["wc2"]); r.code != 0 {
+			t.Fatalf("render wc2: %d\n%s", r.code, r.stderr)
+		}
+		after := e.templates()
+		for _, ns := range []string{"wc1", "wc3"} {
+			if !slices.Equal(namesIn(after, ns), namesIn(initial, ns)) {
+				t.Errorf("%s templates changed: %v -> %v", ns, namesIn(initial, ns), namesIn(after, ns))
+			}
+			for _, name := range namesIn(initial, ns) {
+				if after[name] != initial[name] {
+					t.Errorf("%s was written", name)
+				}
+			}
+		}
+		added := 0
+		for _, name := range namesIn(after, "wc2") {
+			if _, ok := initial[name]; !ok {
+				added++
+			}
+		}
+		if added != 2 {
+			t.Errorf("wc2: want 2 new templates (cp, md0), got %v (before %v)", namesIn(after, "wc2"), namesIn(initial, "wc2"))
+		}
+		initial = after
+	})
+
+	t.Run("an image still downloading is reported not yet available", func(t *testing.T) {
+		p := e.published[img132+":0.7.9"]
+		sha := p.Fields[osimage.FieldSHA256]
+		g.hold(p.LayerDigest.Encoded())
+		defer g.release(p.LayerDigest.Encoded())
+		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"
+		e.setMgmt("0.7.8")
+		e.waitCopy("wc3", sha, true, false)
+		e.applyConfigMap("wc3", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
+		e.waitCatalog("wc3", img132, sha)
+		eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
+			probs := e.status("wc3").Problems()
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable, fmt.Sprint(probs)
+		})
+		eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
+			evs := e.namespaceEvents("wc3", "ImageNotAvailable")
+			return len(evs) > 0, fmt.Sprint(evs)
+		})
+		before := e.templates()
+		r := e.render("wc3", clusters["wc3"])
+		if r.code != 1 || !strings.Contains(r.stderr, "not available yet") || strings.Contains(r.stderr, "is currently not served") {
+			t.Fatalf("render wc3: want 'not available yet', not 'not served'; got exit %d:\n%s", r.code, r.stderr)
+		}
+		if after := e.templates(); !mapsEqual(after, before) {
+			t.Fatal("a failed render changed templates")
+		}
+		g.release(p.LayerDigest.Encoded())
+		e.waitCopy("wc3", sha, true, true)
+		if r := e.render("wc3", clusters["wc3"]); r.code != 0 {
+			t.Fatalf("render wc3 once available: %d\n%s", r.code, r.stderr)
+		}
+		eventually(t, "the check clears", 30*time.Second, func() (bool, string) {
+			probs := e.status("wc3").Problems()
+			return len(probs) == 0, fmt.Sprint(probs)
+		})
+	})
+}
+
+// startDaemon starts a long-running osimages command.
+func startDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	d.cmd = exec.Command(binary, args...)
+	d.cmd.Stderr = d.stderr
+	d.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() { d.kill(syscall.SIGTERM) })
+	return d
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := io.Copy(&b, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,167 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/sylva-projects/osimages/internal/fleet"
+)
+
+// CheckOptions configure the served-set check.
+type CheckOptions struct {
+	// Namespaces selects the workload-cluster namespaces checked.
+	// Default: sylva-project.org/workload-cluster (Sylva's propagation
+	// selector).
+	Namespaces labels.Selector
+	// ServedCopy is the name of the propagated served set in each
+	// namespace (default kyverno-cloned-os-image-server-images).
+	ServedCopy string
+	// Resync is how often each namespace is checked without an event.
+	Resync time.Duration
+}
+
+// Default names of the check.
+const (
+	DefaultServedCopy       = "kyverno-cloned-os-image-server-images"
+	WorkloadClusterLabel    = "sylva-project.org/workload-cluster"
+	checkFieldOwner         = "osimages-check"
+	eventActionCheck        = "CheckServed"
+	reasonImageNotServed    = "ImageNotServed"
+	reasonImageNotAvailable = "ImageNotAvailable"
+	reasonInputs            = "ClusterInputsProblem"
+	reasonImagesServed      = "ImagesServed"
+)
+
+// checker is the served-set check: a thin shell over fleet.Needs and
+// fleet.Check, one namespace per reconcile.
+type checker struct {
+	opts     CheckOptions
+	reader   client.Reader
+	writer   client.Client
+	recorder events.EventRecorder
+	metrics  *metrics
+	// metal3 lists the Metal3 kinds served by the apiserver (none when
+	// capm3 is not installed).
+	metal3 []schema.GroupVersionKind
+	log    logr.Logger
+}
+
+func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	name := req.Name
+	ns := &corev1.Namespace{}
+	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.metrics.forget(name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if !c.opts.Namespaces.Matches(labels.Set(ns.Labels)) || ns.DeletionTimestamp != nil {
+		c.metrics.forget(name)
+		return reconcile.Result{}, nil
+	}
+
+	var cms corev1.ConfigMapList
+	if err := c.reader.List(ctx, &cms, client.InNamespace(name)); err != nil {
+		return reconcile.Result{}, err
+	}
+	var objects []*unstructured.Unstructured
+	for _, gvk := range c.metal3 {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := c.reader.List(ctx, list, client.InNamespace(name)); err != nil {
+			return reconcile.Result{}, err
+		}
+		for i := range list.Items {
+			objects = append(objects, &list.Items[i])
+		}
+	}
+	gathered := fleet.Gather(name, c.opts.ServedCopy, cms.Items, objects)
+	previous := gathered.Status
+	needs, err := fleet.Needs(gathered.Inputs)
+	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, err)
+	c.metrics.report(report)
+
+	cm, err := report.ConfigMap()
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var before fleet.Report
+	if previous != nil {
+		before, _ = fleet.ParseStatus(previous.Data[fleet.StatusKey])
+	}
+	if err := c.write(ctx, previous, cm); err != nil {
+		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
+	}
+	c.announce(ns, before, previous != nil, report)
+	return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
+}
+
+// write creates or updates the status ConfigMap, and leaves it alone when
+// its content is already right, so that a resync costs no write.
+func (c *checker) write(ctx context.Context, previous, want *corev1.ConfigMap) error {
+	if previous == nil {
+		err := c.writer.Create(ctx, want, client.FieldOwner(checkFieldOwner))
+		if apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%w (the cache was behind; retrying)", err)
+		}
+		return err
+	}
+	if _, labelled := previous.Labels[fleet.StatusLabel]; labelled && maps.Equal(previous.Data, want.Data) {
+		return nil
+	}
+	updated := previous.DeepCopy()
+	updated.Data = want.Data
+	if updated.Labels == nil {
+		updated.Labels = map[string]string{}
+	}
+	updated.Labels[fleet.StatusLabel] = ""
+	return c.writer.Update(ctx, updated, client.FieldOwner(checkFieldOwner))
+}
+
+// announce emits an event on the namespace for each problem that is new
+// since the last check, and one when every problem is gone: a warning
+// before render fails, without an event per resync.
+func (c *checker) announce(ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
+	old := map[string]fleet.State{}
+	for _, img := range before.Images {
+		old[img.SHA256] = img.State
+	}
+	for _, img := range now.Problems() {
+		if hadBefore && old[img.SHA256] == img.State {
+			continue
+		}
+		reason := reasonImageNotServed
+		if img.State == fleet.StateNotAvailable {
+			reason = reasonImageNotAvailable
+		}
+		c.recorder.Eventf(ns, nil, corev1.EventTypeWarning, reason, eventActionCheck, "%s; needed by %s", img.Message, strings.Join(img.NeededBy, ", "))
+		c.log.Info("needed image not served", "namespace", ns.Name, "sha256", img.SHA256, "state", img.State, "neededBy", img.NeededBy)
+	}
+	oldErrs := map[string]bool{}
+	for _, e := range before.Errors {
+		oldErrs[e] = true
+	}
+	for _, e := range now.Errors {
+		if !oldErrs[e] {
+			c.recorder.Eventf(ns, nil, corev1.EventTypeWarning, reasonInputs, eventActionCheck, "%s", e)
+		}
+	}
+	if hadBefore && len(before.Problems()) > 0 && len(now.Problems()) == 0 {
+		c.recorder.Eventf(ns, nil, corev1.EventTypeNormal, reasonImagesServed, eventActionCheck, "every needed image is served: %s", now.Summary())
+	}
+}

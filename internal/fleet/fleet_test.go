@@ -1,0 +1,218 @@
+package fleet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+func sum(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+var catalog = osimage.Catalog{
+	"plain":    {"sha256": sum("plain"), "filename": "plain.raw", "image-format": "raw", "os": "ubuntu", "hardened": "false", "k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1", "oci-image-registry-key": "sylva"},
+	"hardened": {"sha256": sum("hardened"), "filename": "hardened.raw", "image-format": "raw", "os": "ubuntu", "hardened": "true", "k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1", "oci-image-registry-key": "sylva"},
+}
+
+func clusterValues(t *testing.T, doc string) values.Values {
+	t.Helper()
+	v, err := values.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+const cluster = `name: wc1
+k8s_version: v1.32.5+rke2r1
+capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
+capm3: {os_image_selector: {os: ubuntu, hardened: false}}
+machine_deployments:
+  md0: {capm3: {os_image_selector: {hardened: true}}}
+`
+
+func template(ns, name, url, checksum string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3MachineTemplate",
+		"metadata": map[string]any{"namespace": ns, "name": name},
+		"spec": map[string]any{"template": map[string]any{"spec": map[string]any{"image": map[string]any{
+			"url": url, "checksum": checksum, "checksumType": "sha256", "format": "raw"}}}},
+	}}
+	return u
+}
+
+func TestNeedsFromTemplatesAndValues(t *testing.T) {
+	old := sum("old")
+	in := Inputs{
+		Namespace: "wc1",
+		Clusters:  []ClusterValues{{Source: "ConfigMap wc1/values", Values: clusterValues(t, cluster)}},
+		Catalog:   catalog,
+		Objects: []*unstructured.Unstructured{
+			template("wc1", "wc1-cp-old", "https://h/images/"+old+"/old.raw", old),
+			// Given by hand with an md5 and a foreign URL: not osimages'.
+			template("wc1", "wc1-md-manual", "https://elsewhere/x.raw", strings.Repeat("a", 32)),
+			// An md5 checksum but an osimages URL: the URL tells.
+			template("wc1", "wc1-md-url", "https://h/images/"+sum("plain")+"/plain.raw", ""),
+		},
+	}
+	needs, err := Needs(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, n := range needs {
+		got[n.SHA256] = append(got[n.SHA256], n.By)
+	}
+	if len(got) != 3 {
+		t.Fatalf("want 3 images needed (old, plain, hardened), got %v", got)
+	}
+	if by := got[old]; len(by) != 1 || by[0] != "Metal3MachineTemplate wc1/wc1-cp-old" {
+		t.Errorf("old image needed by %v", by)
+	}
+	if by := strings.Join(got[sum("hardened")], ","); by != "ConfigMap wc1/values .machine_deployments.md0.capm3" {
+		t.Errorf("hardened needed by %q", by)
+	}
+	if by := got[sum("plain")]; len(by) != 2 {
+		t.Errorf("plain is needed by a template and by the control plane, got %v", by)
+	}
+}
+
+func TestNeedsReportsWhatCannotBePicked(t *testing.T) {
+	in := Inputs{Namespace: "wc1", Clusters: []ClusterValues{{Source: "ConfigMap wc1/values", Values: clusterValues(t, cluster)}}}
+	_, err := Needs(in)
+	if err == nil || !strings.Contains(err.Error(), "no os-images-info") {
+		t.Fatalf("a cluster without catalog must be reported, got %v", err)
+	}
+	in.Catalog = osimage.Catalog{"plain": catalog["plain"]}
+	needs, err := Needs(in)
+	if err == nil || !strings.Contains(err.Error(), ".machine_deployments.md0.capm3: no OS image could be found matching selectors") {
+		t.Fatalf("want md0's pick error with the contract's words, got %v", err)
+	}
+	if len(needs) != 1 || needs[0].SHA256 != sum("plain") {
+		t.Errorf("the levels that can pick still count: %v", needs)
+	}
+}
+
+func TestCheckStates(t *testing.T) {
+	needs := []Need{
+		{SHA256: sum("a"), ImageKey: "a", By: "x"},
+		{SHA256: sum("b"), ImageKey: "b", By: "y"},
+		{SHA256: sum("c"), ImageKey: "c", By: "z"},
+		{SHA256: sum("c"), ImageKey: "c", By: "w"},
+	}
+	served := osimage.ServedSet{sum("a"): {Available: true, ImageKey: "m"}, sum("b"): {Available: false, ImageKey: "m2"}}
+	r := Check("wc1", "copy", needs, served, true, errors.New("broken level"))
+	states := map[string]State{}
+	for _, img := range r.Images {
+		states[img.ImageKey] = img.State
+	}
+	if states["a"] != StateServed || states["b"] != StateNotAvailable || states["c"] != StateNotServed {
+		t.Fatalf("states: %v", states)
+	}
+	probs := r.Problems()
+	if len(probs) != 2 {
+		t.Fatalf("problems: %+v", probs)
+	}
+	for _, p := range probs {
+		switch p.ImageKey {
+		case "b":
+			if !strings.Contains(p.Message, "not available yet") {
+				t.Errorf("b: %s", p.Message)
+			}
+		case "c":
+			if p.Message != "image "+sum("c")+"/c is currently not served by mgmt cluster os-image-server" {
+				t.Errorf("c: %s", p.Message)
+			}
+			if strings.Join(p.NeededBy, ",") != "w,z" {
+				t.Errorf("c needed by %v", p.NeededBy)
+			}
+		}
+	}
+	if len(r.Errors) != 1 || r.Count(StateNotServed) != 1 {
+		t.Errorf("report: %+v", r)
+	}
+	cm, err := r.ConfigMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseStatus(cm.Data[StatusKey])
+	if err != nil || len(back.Images) != 3 || back.Images[0].SHA256 != r.Images[0].SHA256 {
+		t.Errorf("status round trip: %+v, %v", back, err)
+	}
+}
+
+func TestPlanVerdicts(t *testing.T) {
+	a, b, c := sum("a"), sum("b"), sum("c")
+	current := osimage.ServedSet{a: {Available: true}, b: {Available: true}}
+	proposed := osimage.ServedSet{a: {Available: false}, c: {}}
+	cases := []struct {
+		name  string
+		needs []string
+		err   error
+		want  Verdict
+	}{
+		{"still served (even not yet available)", []string{a}, nil, Unchanged},
+		{"dropped", []string{a, b}, nil, WouldFail},
+		{"newly served", []string{a, c}, nil, NewlyServed},
+		{"never served", []string{sum("d")}, nil, WouldFail},
+		{"inputs broken", []string{a}, errors.New("x"), CannotTell},
+		{"dropped beats broken inputs", []string{b}, errors.New("x"), WouldFail},
+		{"nothing needed", nil, nil, Unchanged},
+	}
+	for _, tc := range cases {
+		var needs []Need
+		for _, s := range tc.needs {
+			needs = append(needs, Need{SHA256: s, ImageKey: "k", By: "t"})
+		}
+		p := Plan("ns", needs, current, proposed, tc.err)
+		if p.Verdict != tc.want {
+			t.Errorf("%s: verdict %q, want %q (%+v)", tc.name, p.Verdict, tc.want, p)
+		}
+	}
+	p := Plan("ns", []Need{{SHA256: b, ImageKey: "k", By: "t"}}, current, proposed, nil)
+	if p.Lines[0].Detail != b+"/k no longer served" {
+		t.Errorf("detail: %q", p.Lines[0].Detail)
+	}
+}
+
+func TestGather(t *testing.T) {
+	info, err := osimage.MarshalInfo(catalog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := func(name string, labels map[string]string, doc string) corev1.ConfigMap {
+		return corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "wc1", Labels: labels}, Data: map[string]string{"values.yaml": doc}}
+	}
+	cms := []corev1.ConfigMap{
+		cm("z-cluster", map[string]string{ClusterValuesLabel: ""}, cluster),
+		cm("os-images-info", nil, string(info)),
+		cm("copy", nil, "capm3_os_image_server_images:\n  "+sum("plain")+": {available: true, image_key: k}\n"),
+		cm("broken", map[string]string{ClusterValuesLabel: ""}, "a: [\n"),
+		cm("unrelated", nil, "whatever: 1\n"),
+	}
+	g := Gather("wc1", "copy", cms, nil)
+	if len(g.Clusters) != 1 || g.Clusters[0].Source != "ConfigMap wc1/z-cluster" {
+		t.Errorf("clusters: %+v", g.Clusters)
+	}
+	if len(g.Catalog) != 2 || !g.ServedFound || !g.Served[sum("plain")].Available {
+		t.Errorf("catalog %v, served %v %v", g.Catalog, g.Served, g.ServedFound)
+	}
+	if g.Unreadable == nil || !strings.Contains(g.Unreadable.Error(), "ConfigMap wc1/broken") {
+		t.Errorf("the unparsable ConfigMap must be named: %v", g.Unreadable)
+	}
+	needs, err := Needs(g.Inputs)
+	if err == nil || len(needs) != 2 {
+		t.Errorf("needs %v, err %v: the readable cluster still counts, the broken one is reported", needs, err)
+	}
+}

@@ -1,0 +1,155 @@
+// Package fleet holds what the management cluster knows about the images
+// its workload clusters need: which images a cluster uses or will use
+// (its Metal3 templates and the picks of its own values and catalog),
+// whether the management cluster serves them, and what a proposed change
+// of the management values would do to each cluster.
+//
+// It is pure: the controller and the plan command gather the inputs.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/metal3"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+// Need is one image that a workload cluster uses or will use.
+type Need struct {
+	SHA256 string
+	// ImageKey is the image's key in the cluster's own catalog, when known.
+	ImageKey string
+	// By says who needs it: a Metal3 object, or a level of a cluster's
+	// values.
+	By string
+}
+
+// ClusterValues is one cluster's values, from a ConfigMap labelled
+// osimages.sylva-project.org/cluster-values.
+type ClusterValues struct {
+	// Source names where the values were read, such as ConfigMap NS/NAME.
+	Source string
+	Values values.Values
+}
+
+// Inputs is what one workload-cluster namespace holds.
+type Inputs struct {
+	Namespace string
+	// Clusters are the cluster values found in the namespace.
+	Clusters []ClusterValues
+	// Catalog is (A), the namespace's own os-images-info; nil when absent.
+	Catalog osimage.Catalog
+	// Objects are its Metal3MachineTemplates and Metal3Machines.
+	Objects []*unstructured.Unstructured
+	// Unreadable is what could not be read while gathering the rest
+	// (a ConfigMap that does not parse); Needs reports it.
+	Unreadable error
+}
+
+// Needs returns the images the namespace's clusters need: those its Metal3
+// objects reference, and those its cluster values pick from its own
+// catalog (the values' own os_images win over os-images-info, as in
+// render). The error lists what could not be worked out, such as a level
+// that picks no image; the needs found are returned all the same.
+func Needs(in Inputs) ([]Need, error) {
+	var needs []Need
+	errs := []error{in.Unreadable}
+	keyOf := func(cat osimage.Catalog, sha string) string {
+		for _, k := range cat.Keys() {
+			if cat[k][osimage.FieldSHA256] == sha {
+				return k
+			}
+		}
+		return ""
+	}
+	for _, obj := range in.Objects {
+		img, ok := metal3.ImageOf(obj)
+		if !ok {
+			continue
+		}
+		sha, ok := img.SHA256()
+		if !ok {
+			continue // an image given by hand, not served by osimages
+		}
+		ref := metal3.Ref{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName()}
+		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), By: ref.String()})
+	}
+	for _, c := range in.Clusters {
+		cat := in.Catalog
+		own, err := values.Map(c.Values, "os_images", ".os_images")
+		if err == nil && len(own) > 0 {
+			cat, err = osimage.CatalogFromValues(own, ".os_images")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
+			continue
+		}
+		if cat == nil {
+			errs = append(errs, fmt.Errorf("%s: the namespace has no %s ConfigMap and the values no os_images, so no image can be picked; publish the cluster's catalog (a ConfigMap labelled %s)", c.Source, osimage.InfoConfigMapName, CatalogValuesLabel))
+			continue
+		}
+		picks, err := capm3.Picks(c.Values, cat)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
+		}
+		for _, p := range picks {
+			if p.SHA256 == "" {
+				errs = append(errs, fmt.Errorf("%s: %s: os_images.%s has no sha256, so it cannot be served for capm3", c.Source, p.Level, p.ImageKey))
+				continue
+			}
+			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, By: c.Source + " " + p.Level})
+		}
+	}
+	return needs, errors.Join(errs...)
+}
+
+// Labels of the ConfigMaps the fleet controller reads.
+const (
+	// ClusterValuesLabel marks a ConfigMap holding a workload cluster's
+	// values (sylva-capi-cluster's) under values.yaml.
+	ClusterValuesLabel = "osimages.sylva-project.org/cluster-values"
+	// CatalogValuesLabel marks a ConfigMap holding catalog inputs
+	// (sylva-units values) under values.yaml; the catalog of the namespace
+	// is published beside it as os-images-info.
+	CatalogValuesLabel = "osimages.sylva-project.org/catalog-values"
+)
+
+// group gathers needs by sha256, in sha256 order, each with its sorted
+// list of who needs it.
+func group(needs []Need) []ImageStatus {
+	by := map[string]*ImageStatus{}
+	for _, n := range needs {
+		st := by[n.SHA256]
+		if st == nil {
+			st = &ImageStatus{SHA256: n.SHA256}
+			by[n.SHA256] = st
+		}
+		if st.ImageKey == "" {
+			st.ImageKey = n.ImageKey
+		}
+		if !slices.Contains(st.NeededBy, n.By) {
+			st.NeededBy = append(st.NeededBy, n.By)
+		}
+	}
+	out := make([]ImageStatus, 0, len(by))
+	for _, st := range by {
+		slices.Sort(st.NeededBy)
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b ImageStatus) int {
+		if a.SHA256 < b.SHA256 {
+			return -1
+		}
+		if a.SHA256 > b.SHA256 {
+			return 1
+		}
+		return 0
+	})
+	return out
+}

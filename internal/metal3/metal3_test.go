@@ -1,0 +1,49 @@
+package metal3
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+func TestImageSHA256(t *testing.T) {
+	sha := strings.Repeat("ab", 32)
+	cases := []struct {
+		img  Image
+		want string
+	}{
+		{Image{URL: "https://h/x.raw", Checksum: sha, ChecksumType: "sha256"}, sha},
+		{Image{URL: "https://h/x.raw", Checksum: strings.ToUpper(sha)}, sha},
+		{Image{URL: "https://h:8080/images/" + sha + "/ubuntu.raw", Checksum: strings.Repeat("a", 32), ChecksumType: "md5"}, sha},
+		{Image{URL: "https://h/x.raw", Checksum: strings.Repeat("a", 32), ChecksumType: "md5"}, ""},
+		{Image{URL: "https://h/images/" + sha + "/a/b.raw"}, ""},
+		{Image{URL: "https://h/x.raw", Checksum: "https://h/x.raw.sha256sum", ChecksumType: "sha256"}, ""},
+	}
+	for _, tc := range cases {
+		got, ok := tc.img.SHA256()
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%+v: got %q %v, want %q", tc.img, got, ok, tc.want)
+		}
+	}
+}
+
+func TestImageOfBothKinds(t *testing.T) {
+	tmpl := &unstructured.Unstructured{Object: map[string]any{"kind": KindMachineTemplate,
+		"spec": map[string]any{"template": map[string]any{"spec": map[string]any{"image": map[string]any{"url": "u", "checksum": "c"}}}}}}
+	machine := &unstructured.Unstructured{Object: map[string]any{"kind": KindMachine,
+		"spec": map[string]any{"image": map[string]any{"url": "u2", "checksum": "c2"}}}}
+	if img, ok := ImageOf(tmpl); !ok || img.URL != "u" {
+		t.Errorf("template: %+v %v", img, ok)
+	}
+	if img, ok := ImageOf(machine); !ok || img.Checksum != "c2" {
+		t.Errorf("machine: %+v %v", img, ok)
+	}
+	if _, ok := ImageOf(&unstructured.Unstructured{Object: map[string]any{"kind": KindMachine}}); ok {
+		t.Error("no image block must give none")
+	}
+	slim := SlimObject(tmpl.DeepCopy(), KindMachineTemplate).(*unstructured.Unstructured)
+	if img, ok := ImageOf(slim); !ok || img.URL != "u" {
+		t.Errorf("slimmed template lost its image: %+v", slim.Object)
+	}
+}
