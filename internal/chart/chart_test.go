@@ -2,6 +2,7 @@ package chart
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,11 +49,22 @@ var variants = []struct {
 					t.Errorf("no %s osimages-server", kind)
 				}
 			}
-			if r.Find("Deployment", "osimages-controller") != nil {
-				t.Error("the controller is on by default")
+			d := r.Find("Deployment", "osimages-controller")
+			if d == nil {
+				t.Fatal("no controller Deployment by default")
 			}
-			if pdb := r.Find("PodDisruptionBudget", "osimages-propagate"); pdb == nil {
-				t.Error("no PodDisruptionBudget for the propagation replicas")
+			if n, _, _ := unstructured.NestedFieldNoCopy(d.Object, "spec", "replicas"); fmt.Sprint(n) != "2" {
+				t.Errorf("controller replicas %v, want 2", n)
+			}
+			args := strings.Join(stringsOf(container(t, d)["args"]), " ")
+			if !contains(args, "controller", "--leader-elect", "--leader-election-id=osimages-controller", "--catalog=true", "--propagate=true", "--check=true") {
+				t.Errorf("controller args %s", args)
+			}
+			if r.Find("PodDisruptionBudget", "osimages-controller") == nil {
+				t.Error("no PodDisruptionBudget for the controller")
+			}
+			if r.Find("Deployment", "osimages-propagate") != nil {
+				t.Error("propagation runs twice")
 			}
 		},
 	},
@@ -101,11 +113,11 @@ networkPolicy:
 		},
 	},
 	{
-		name:       "fleet-controller-and-catalog",
+		name:       "propagation-alone-and-catalog",
 		namespaces: []string{"catalogs"},
 		values: `
-propagation: {enabled: false, adopt: true}
-controller: {enabled: true}
+propagation: {enabled: true, adopt: true}
+controller: {enabled: false}
 catalogJob:
   enabled: true
   namespace: catalogs
@@ -118,22 +130,19 @@ catalogJob:
       ubuntu-noble-plain-rke2-1-32: {os_images_oci_registry: sylva}
 `,
 		check: func(t *testing.T, r *Rendered) {
-			d := r.Find("Deployment", "osimages-controller")
+			d := r.Find("Deployment", "osimages-propagate")
 			if d == nil {
-				t.Fatal("no controller Deployment")
-			}
-			if n, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas"); n != 2 {
-				t.Errorf("controller replicas %d, want 2", n)
+				t.Fatal("no propagation Deployment")
 			}
 			args := strings.Join(stringsOf(container(t, d)["args"]), " ")
-			if !contains(args, "controller", "--leader-elect", "--leader-election-id=osimages-controller", "--catalog=true", "--propagate=true", "--check=true", "--adopt") {
-				t.Errorf("controller args %s", args)
+			if !contains(args, "propagate", "--leader-elect", "--adopt", "--config=") {
+				t.Errorf("propagation args %s", args)
 			}
-			if r.Find("PodDisruptionBudget", "osimages-controller") == nil {
-				t.Error("no PodDisruptionBudget for the controller")
+			if r.Find("PodDisruptionBudget", "osimages-propagate") == nil {
+				t.Error("no PodDisruptionBudget for the propagation replicas")
 			}
-			if r.Find("Deployment", "osimages-propagate") != nil {
-				t.Error("propagation runs twice")
+			if r.Find("Deployment", "osimages-controller") != nil {
+				t.Error("the controller runs beside propagation")
 			}
 			jobs := 0
 			for _, o := range r.Objects {
@@ -155,7 +164,9 @@ osImagesInfoConfigMap: {namespace: images-in}
 outputConfigMap: {namespace: images-out, create: false}
 networkPolicy: {enabled: false}
 service: {type: NodePort, nodePort: 30080}
+controller: {enabled: false}
 propagation:
+  enabled: true
   replicas: 1
   extraRules:
   - name: mgmt-cluster-state
@@ -240,7 +251,7 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{"selector value", `os_image_selectors: [{os: [ubuntu]}]`, []string{"/os_image_selectors/0/os"}},
 		{"duration", `server: {gcGrace: "one hour"}`, []string{"/server/gcGrace", "'one hour' does not match"}},
 		{"replicas", `controller: {replicas: 0}`, []string{"/controller/replicas"}},
-		{"propagation twice", `controller: {enabled: true}`, []string{"controller.propagate and propagation.enabled are both true"}},
+		{"propagation twice", `propagation: {enabled: true}`, []string{"controller.propagate and propagation.enabled are both true"}},
 		{"ingress without host", `ingress: {enabled: true}`, []string{"ingress.host is empty"}},
 		{"CA not PEM", `oci_registry_extra_ca_certs: "not a certificate"`, []string{"/oci_registry_extra_ca_certs"}},
 	}

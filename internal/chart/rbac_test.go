@@ -140,29 +140,37 @@ func TestComponentsRunWithChartRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	vals, err := LoadValues([]byte(fmt.Sprintf(`
-os_image_selectors:
-- {os: ubuntu, hardened: false}
-catalogJob:
-  enabled: true
-  values:
-    os_images_oci_registries:
-      dib: {url: "oci://%s/dib", tag: "1.0"}
-    sylva_diskimagebuilder_images:
-      ubuntu-plain: {os_images_oci_registry: dib}
-      ubuntu-hardened: {os_images_oci_registry: dib}
-`, reg.Host)))
-	if err != nil {
-		t.Fatal(err)
+	catalogValues := fmt.Sprintf(`
+os_images_oci_registries:
+  dib: {url: "oci://%s/dib", tag: "1.0"}
+sylva_diskimagebuilder_images:
+  ubuntu-plain: {os_images_oci_registry: dib}
+  ubuntu-hardened: {os_images_oci_registry: dib}
+`, reg.Host)
+	// The defaults (the fleet controller) plus the server's selectors and
+	// the catalog Job.
+	install := func(t *testing.T, extra string) *Rendered {
+		t.Helper()
+		vals, err := LoadValues([]byte("os_image_selectors:\n- {os: ubuntu, hardened: false}\n" + extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cat, err := LoadValues([]byte(catalogValues))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals["catalogJob"] = map[string]any{"enabled": true, "values": cat}
+		vals["oci_registry_extra_ca_certs"] = string(ca)
+		r, err := Render(chartDir, Release{Name: "osimages", Namespace: ns}, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := newApplier(t, k.Config).apply(ctx, r.Objects, false); err != nil {
+			t.Fatalf("installing the chart's objects: %v", err)
+		}
+		return r
 	}
-	vals["oci_registry_extra_ca_certs"] = string(ca)
-	r, err := Render(chartDir, Release{Name: "osimages", Namespace: ns}, vals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := newApplier(t, k.Config).apply(ctx, r.Objects, false); err != nil {
-		t.Fatalf("installing the chart's objects: %v", err)
-	}
+	r := install(t, "")
 	caFile := configFile(t, r, "osimages-registry-ca", "ca.crt")
 	// An object of each kind no component may touch.
 	other, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}, Data: map[string]string{"a": "b"}}, metav1.CreateOptions{})
@@ -193,7 +201,7 @@ catalogJob:
 	t.Run("server", func(t *testing.T) {
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-server")
 		values := configFile(t, r, "osimages-server-values", "values.yaml")
-		start(t, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+		srv := start(t, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0",
 			"--os-images-configmap", ns+"/os-images-info", "-f", values,
 			"--output-configmap", ns+"/capm3-os-image-server-os-images",
 			"--ca-file", caFile, "--kubeconfig", kubeconfig)
@@ -211,6 +219,9 @@ catalogJob:
 			e, ok := served[plain]
 			return ok && e.Available && len(served) == 1 && !strings.Contains(doc, hardened), doc
 		})
+		if metal3 && strings.Contains(strings.ToLower(srv.log()), "forbidden") {
+			t.Errorf("the server was refused something it needs:\n%s", srv.log())
+		}
 		outOfScope(t, cfg, ns, other.Name, false)
 		cs := kubernetes.NewForConfigOrDie(cfg)
 		// Its input is read-only.
@@ -233,6 +244,7 @@ catalogJob:
 	})
 
 	t.Run("propagation", func(t *testing.T) {
+		r := install(t, "controller: {enabled: false}\npropagation: {enabled: true}\n")
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-propagate")
 		rules := configFile(t, r, "osimages-rules", "rules.yaml")
 		start(t, "propagate", "--config", rules, "--leader-elect", "--leader-election-namespace", ns,
@@ -253,6 +265,7 @@ catalogJob:
 			}
 			return cp.Data["values.yaml"] == src.Data["values.yaml"], cp.Data["values.yaml"]
 		})
+		tamperAndWaitRestored(t, k, "wc1", "kyverno-cloned-os-image-server-images")
 		if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-propagate", metav1.GetOptions{}); err != nil {
 			t.Errorf("no leader-election Lease: %v", err)
 		}
@@ -264,6 +277,90 @@ catalogJob:
 		wantForbidden(t, "propagation deletes its source", err)
 		_, err = cs.CoordinationV1().Leases("wc1").Create(ctx, leaseNamed("x"), metav1.CreateOptions{})
 		wantForbidden(t, "propagation creates a Lease outside its namespace", err)
+	})
+
+	t.Run("controller", func(t *testing.T) {
+		r := install(t, "")
+		controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published)
+	})
+}
+
+// controllerRun is the fleet controller's part of
+// TestComponentsRunWithChartRBAC, run after the others.
+func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catalogValues, otherConfigMap string, published map[string]devregistry.Published) {
+	ctx := context.Background()
+	kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-controller")
+	rules := configFile(t, r, "osimages-rules", "rules.yaml")
+	d := r.Find("Deployment", "osimages-controller")
+	if d == nil {
+		t.Fatal("the defaults deploy no controller")
+	}
+	// The Deployment's own arguments, with the files it mounts and the
+	// ports of a test.
+	var args []string
+	for _, a := range stringsOf(container(t, d)["args"]) {
+		switch {
+		case strings.HasPrefix(a, "--config="):
+			a = "--config=" + rules
+		case strings.HasPrefix(a, "--ca-file="):
+			a = "--ca-file=" + caFile
+		case strings.HasPrefix(a, "--metrics-addr="), strings.HasPrefix(a, "--health-addr="):
+			a = a[:strings.Index(a, "=")+1] + "0"
+		}
+		args = append(args, a)
+	}
+	start(t, append(args, "--kubeconfig", kubeconfig)...)
+
+	// A workload cluster's namespace with its own catalog inputs.
+	ensureNamespace(t, k, "wc2", map[string]string{"sylva-project.org/workload-cluster": ""})
+	if _, err := k.Client.CoreV1().ConfigMaps("wc2").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "catalog", Labels: map[string]string{"osimages.sylva-project.org/catalog-values": ""}},
+		Data:       map[string]string{"values.yaml": catalogValues},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"os-images-info", "kyverno-cloned-os-image-server-images", "osimages-status"} {
+		waitFor(t, 90*time.Second, "the controller writes wc2/"+name, func() (bool, string) {
+			cm, err := k.Client.CoreV1().ConfigMaps("wc2").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if name == "os-images-info" {
+				return strings.Contains(cm.Data["values.yaml"], published["ubuntu-plain"].Fields["sha256"]), cm.Data["values.yaml"]
+			}
+			return true, ""
+		})
+	}
+	// Creating is not enough: RBAC restricts updates to the managed names,
+	// so an edited copy and an edited status must be put back by update.
+	for _, name := range []string{"kyverno-cloned-os-image-server-images", "osimages-status"} {
+		tamperAndWaitRestored(t, k, "wc2", name)
+	}
+	if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-controller", metav1.GetOptions{}); err != nil {
+		t.Errorf("no leader-election Lease osimages-controller: %v", err)
+	}
+	outOfScope(t, cfg, "wc2", "catalog", true)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	_, err := cs.CoreV1().ConfigMaps("wc2").Patch(ctx, "catalog", types.MergePatchType, []byte(`{"data":{"values.yaml":"{}"}}`), metav1.PatchOptions{})
+	wantForbidden(t, "controller rewrites a cluster's catalog inputs", err)
+	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
+	wantForbidden(t, "controller deletes another ConfigMap", err)
+}
+
+// tamperAndWaitRestored edits NS/NAME's data as an operator would by mistake
+// and waits for the component to put it back, which takes an update.
+func tamperAndWaitRestored(t *testing.T, k *testenv.Kube, ns, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"data":{"values.yaml":"tampered: true\n"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, ns+"/"+name+" is put back after an edit", func() (bool, string) {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return cm.Data["values.yaml"] != "tampered: true\n", cm.Data["values.yaml"]
 	})
 }
 
