@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -181,7 +182,14 @@ sylva_diskimagebuilder_images:
 	t.Run("catalog", func(t *testing.T) {
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-catalog")
 		values := configFile(t, r, "osimages-catalog-values", "values.yaml")
-		cmd := exec.Command(osimagesBinary(t), "catalog", "-f", values, "--apply", "--namespace", ns, "--ca-file", caFile, "--kubeconfig", kubeconfig)
+		var job *unstructured.Unstructured
+		for _, o := range r.Objects {
+			if o.GetKind() == "Job" {
+				job = o
+			}
+		}
+		args := podArgs(t, job, map[string]string{"--values": values, "--ca-file": caFile})
+		cmd := exec.Command(osimagesBinary(t), append(args, "--kubeconfig", kubeconfig)...)
 		cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("osimages catalog --apply as the catalog Job's account: %v\n%s", err, out)
@@ -201,10 +209,10 @@ sylva_diskimagebuilder_images:
 	t.Run("server", func(t *testing.T) {
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-server")
 		values := configFile(t, r, "osimages-server-values", "values.yaml")
-		srv := start(t, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0",
-			"--os-images-configmap", ns+"/os-images-info", "-f", values,
-			"--output-configmap", ns+"/capm3-os-image-server-os-images",
-			"--ca-file", caFile, "--kubeconfig", kubeconfig)
+		args := podArgs(t, r.Find("StatefulSet", "osimages-server"), map[string]string{
+			"--data": t.TempDir(), "--listen": "127.0.0.1:0", "--values": values, "--ca-file": caFile,
+		})
+		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
 		plain, hardened := published["ubuntu-plain"].Fields["sha256"], published["ubuntu-hardened"].Fields["sha256"]
 		waitFor(t, 90*time.Second, "the server publishes the selected image as available", func() (bool, string) {
 			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
@@ -247,8 +255,8 @@ sylva_diskimagebuilder_images:
 		r := install(t, "controller: {enabled: false}\npropagation: {enabled: true}\n")
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-propagate")
 		rules := configFile(t, r, "osimages-rules", "rules.yaml")
-		start(t, "propagate", "--config", rules, "--leader-elect", "--leader-election-namespace", ns,
-			"--metrics-addr", "0", "--health-addr", "0", "--kubeconfig", kubeconfig)
+		args := podArgs(t, r.Find("Deployment", "osimages-propagate"), map[string]string{"--config": rules, "--metrics-addr": "0", "--health-addr": "0"})
+		start(t, append(args, "--kubeconfig", kubeconfig)...)
 		ensureNamespace(t, k, "wc1", map[string]string{"sylva-project.org/workload-cluster": ""})
 		if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, "capm3-os-image-server-os-images", types.MergePatchType,
 			[]byte(`{"data":{"values.yaml":"capm3_os_image_server_images: {}\n"}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -297,18 +305,7 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	}
 	// The Deployment's own arguments, with the files it mounts and the
 	// ports of a test.
-	var args []string
-	for _, a := range stringsOf(container(t, d)["args"]) {
-		switch {
-		case strings.HasPrefix(a, "--config="):
-			a = "--config=" + rules
-		case strings.HasPrefix(a, "--ca-file="):
-			a = "--ca-file=" + caFile
-		case strings.HasPrefix(a, "--metrics-addr="), strings.HasPrefix(a, "--health-addr="):
-			a = a[:strings.Index(a, "=")+1] + "0"
-		}
-		args = append(args, a)
-	}
+	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": "0", "--health-addr": "0"})
 	start(t, append(args, "--kubeconfig", kubeconfig)...)
 
 	// A workload cluster's namespace with its own catalog inputs.
@@ -345,6 +342,32 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	wantForbidden(t, "controller rewrites a cluster's catalog inputs", err)
 	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
 	wantForbidden(t, "controller deletes another ConfigMap", err)
+}
+
+// podArgs returns the arguments the chart gives obj's container, with the
+// values of the flags in local replaced (paths the pod mounts, its ports), so
+// that the tests run each component exactly as the chart configures it. A
+// flag of local that the chart does not pass is an error: the test would
+// otherwise silently run with the default.
+func podArgs(t *testing.T, obj *unstructured.Unstructured, local map[string]string) []string {
+	t.Helper()
+	var args []string
+	seen := map[string]bool{}
+	for _, a := range stringsOf(container(t, obj)["args"]) {
+		if flag, _, ok := strings.Cut(a, "="); ok {
+			if v, replace := local[flag]; replace {
+				a = flag + "=" + v
+				seen[flag] = true
+			}
+		}
+		args = append(args, a)
+	}
+	for flag := range local {
+		if !seen[flag] {
+			t.Fatalf("%s %s: the chart passes no %s", obj.GetKind(), obj.GetName(), flag)
+		}
+	}
+	return args
 }
 
 // tamperAndWaitRestored edits NS/NAME's data as an operator would by mistake
