@@ -76,7 +76,20 @@ download_capi() {
     { log "could not download sigs.k8s.io/cluster-api@$version: the chart tests will fail"; return 1; }
 }
 
+# The container image ships the build machine's CA bundle (make image and its
+# test read it).
+ensure_ca_certificates() {
+  [ -f /etc/ssl/certs/ca-certificates.crt ] && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's ca-certificates for the container image"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ca-certificates >&2
+  else
+    log "/etc/ssl/certs/ca-certificates.crt is missing: make image needs a CA bundle (--ca-certs)"
+  fi
+}
+
 mkdir -p "$cache"
+ensure_ca_certificates
 ensure_chromium
 download_capi
 build_envtest
