@@ -42,7 +42,7 @@ const (
 	img131        = "ubuntu-noble-plain-rke2-1-31"
 )
 
-var templatesGVR = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "metal3machinetemplates"}
+var templatesGVR = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "metal3machinetemplates"}
 
 // gate holds the downloads of some blobs until released, so that an image
 // stays "downloading" for as long as a scenario needs.
@@ -263,7 +263,10 @@ func (e *fleetEnv) status(ns string) fleet.Report {
 func (e *fleetEnv) render(ns string, values string) result {
 	e.t.Helper()
 	f := writeFile(e.t, ns+".yaml", values)
-	return run(e.t, "render", "-f", f, "--kubeconfig", e.k.Kubeconfig, "-n", ns, "--apply",
+	// v1beta2 is the storage version: without CAPM3's conversion webhook
+	// (not deployed in envtest) the apiserver prunes v1beta1's format, and
+	// every re-apply of a v1beta1 template would be a write.
+	return run(e.t, "render", "-f", f, "--kubeconfig", e.k.Kubeconfig, "-n", ns, "--apply", "--api-version", "v1beta2",
 		"--os-images-configmap", ns+"/"+osimage.InfoConfigMapName, "--served-configmap", ns+"/"+fleetCopy)
 }
 
@@ -273,7 +276,7 @@ func (e *fleetEnv) render(ns string, values string) result {
 func (e *fleetEnv) templates() map[string]string {
 	e.t.Helper()
 	out := map[string]string{}
-	for _, ns := range []string{"wc1", "wc2", "wc3"} {
+	for _, ns := range []string{"fleet-wc1", "fleet-wc2", "fleet-wc3"} {
 		list, err := e.dyn.Resource(templatesGVR).Namespace(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			e.t.Fatal(err)
@@ -304,7 +307,7 @@ func (e *fleetEnv) namespaceEvents(ns, reason string) []string {
 	}
 	var out []string
 	for _, ev := range list.Items {
-		if ev.Reason == reason && ev.Regarding.Kind == "Namespace" {
+		if ev.Reason == reason && ev.Related != nil && ev.Related.Kind == "Namespace" && ev.Related.Name == ns {
 			out = append(out, ev.Note)
 		}
 	}
@@ -326,7 +329,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.publish(img132, v, uint64(10+i))
 		e.publish(img131, v, uint64(20+i))
 	}
-	for _, ns := range []string{fleetMgmtNS, "wc1", "wc2", "wc3"} {
+	for _, ns := range []string{fleetMgmtNS, "fleet-wc1", "fleet-wc2", "fleet-wc3"} {
 		labels := map[string]string{fleetLabel: ""}
 		if ns == fleetMgmtNS {
 			labels = nil
@@ -356,12 +359,12 @@ func TestFleetEndToEnd(t *testing.T) {
 		"--check-namespace-selector", fleetLabel, "--metrics-addr", metricsAddr, "--health-addr", "0", "--log-format", "text")
 
 	clusters := map[string]string{
-		"wc1": e.clusterValues("wc1", "v1.32.5+rke2r1"),
-		"wc2": e.clusterValues("wc2", "v1.31.9+rke2r1"),
-		"wc3": e.clusterValues("wc3", "v1.32.5+rke2r1"),
+		"fleet-wc1": e.clusterValues("fleet-wc1", "v1.32.5+rke2r1"),
+		"fleet-wc2": e.clusterValues("fleet-wc2", "v1.31.9+rke2r1"),
+		"fleet-wc3": e.clusterValues("fleet-wc3", "v1.32.5+rke2r1"),
 	}
-	versions := map[string]string{"wc1": "0.7.5", "wc2": "0.7.6", "wc3": "0.7.7"}
-	images := map[string]string{"wc1": img132, "wc2": img131, "wc3": img132}
+	versions := map[string]string{"fleet-wc1": "0.7.5", "fleet-wc2": "0.7.6", "fleet-wc3": "0.7.7"}
+	images := map[string]string{"fleet-wc1": img132, "fleet-wc2": img131, "fleet-wc3": img132}
 	for ns, v := range versions {
 		e.applyConfigMap(ns, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs(v))
 		e.applyConfigMap(ns, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, clusters[ns])
@@ -418,7 +421,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			}
 		}
 		if after := e.templates(); !mapsEqual(after, initial) {
-			t.Fatalf("a management-side change touched workload templates:\nbefore %v\nafter  %v", keys(initial), keys(after))
+			t.Fatalf("a management-side change touched workload templates:%s", diffMaps(initial, after))
 		}
 	})
 
@@ -438,10 +441,10 @@ func TestFleetEndToEnd(t *testing.T) {
 			ns, verdict, _ := strings.Cut(line, " ")
 			verdicts[ns] += strings.TrimSpace(verdict)
 		}
-		if v := verdicts["wc1"]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
-			t.Errorf("plan does not predict wc1's failure: %q\n%s", v, r.stdout)
+		if v := verdicts["fleet-wc1"]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
+			t.Errorf("plan does not predict wc1's failure: %q\n%s\n%s", v, r.stdout, r.stderr)
 		}
-		for _, ns := range []string{"wc2", "wc3"} {
+		for _, ns := range []string{"fleet-wc2", "fleet-wc3"} {
 			if verdicts[ns] != "unchanged" {
 				t.Errorf("plan: %s should be unchanged, got %q", ns, verdicts[ns])
 			}
@@ -450,12 +453,12 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.setMgmt("0.7.8")
 		start := time.Now()
 		eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
-			probs := e.status("wc1").Problems()
+			probs := e.status("fleet-wc1").Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotServed, fmt.Sprint(probs)
 		})
 		t.Logf("live check reported the unserved image %.1fs after the change", time.Since(start).Seconds())
 		eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
-			evs := e.namespaceEvents("wc1", "ImageNotServed")
+			evs := e.namespaceEvents("fleet-wc1", "ImageNotServed")
 			return len(evs) > 0 && strings.Contains(evs[0], "is currently not served by mgmt cluster os-image-server"), fmt.Sprint(evs)
 		})
 		eventually(t, "metric osimages_cluster_images_unserved", 10*time.Second, func() (bool, string) {
@@ -464,23 +467,23 @@ func TestFleetEndToEnd(t *testing.T) {
 				return false, err.Error()
 			}
 			body := readAll(t, resp)
-			return strings.Contains(body, `osimages_cluster_images_unserved{namespace="wc1",state="not-served"} 1`) &&
-				strings.Contains(body, `osimages_cluster_images_unserved{namespace="wc2",state="not-served"} 0`), grepLines(body, "unserved")
+			return strings.Contains(body, `osimages_cluster_images_unserved{namespace="fleet-wc1",state="not-served"} 1`) &&
+				strings.Contains(body, `osimages_cluster_images_unserved{namespace="fleet-wc2",state="not-served"} 0`), grepLines(body, "unserved")
 		})
-		for _, ns := range []string{"wc2", "wc3"} {
+		for _, ns := range []string{"fleet-wc2", "fleet-wc3"} {
 			if p := e.status(ns).Problems(); len(p) != 0 {
 				t.Errorf("%s reports problems it does not have: %v", ns, p)
 			}
 		}
 
 		before := e.templates()
-		r = e.render("wc1", clusters["wc1"])
+		r = e.render("fleet-wc1", clusters["fleet-wc1"])
 		wantErr := "image " + sha + "/" + img132 + " is currently not served by mgmt cluster os-image-server"
 		if r.code != 1 || !strings.Contains(r.stderr, wantErr) {
 			t.Fatalf("render wc1: want exit 1 with %q, got %d:\n%s", wantErr, r.code, r.stderr)
 		}
 		if after := e.templates(); !mapsEqual(after, before) {
-			t.Fatal("a failed render changed templates")
+			t.Fatalf("a failed render changed templates:%s", diffMaps(before, after))
 		}
 
 		// Deselected for longer than the grace period, but referenced by
@@ -494,19 +497,19 @@ func TestFleetEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		page := readAll(t, resp)
-		if !strings.Contains(page, "kept: still referenced by Metal3MachineTemplate wc1/") {
+		if !strings.Contains(page, "kept: still referenced by Metal3MachineTemplate fleet-wc1/") {
 			t.Errorf("status page does not say the image is kept:\n%s", page)
 		}
 
 		// wc1 moves to a served image (the operator's fix) and its old
 		// templates go: the image is collected then.
-		e.applyConfigMap("wc1", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
-		e.waitCatalog("wc1", img132, e.sha(img132+":0.7.8"))
-		if r := e.render("wc1", clusters["wc1"]); r.code != 0 {
+		e.applyConfigMap("fleet-wc1", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
+		e.waitCatalog("fleet-wc1", img132, e.sha(img132+":0.7.8"))
+		if r := e.render("fleet-wc1", clusters["fleet-wc1"]); r.code != 0 {
 			t.Fatalf("render wc1 on a served image: %d\n%s", r.code, r.stderr)
 		}
-		for _, name := range namesIn(before, "wc1") {
-			if err := dyn.Resource(templatesGVR).Namespace("wc1").Delete(ctx, strings.TrimPrefix(name, "wc1/"), metav1.DeleteOptions{}); err != nil {
+		for _, name := range namesIn(before, "fleet-wc1") {
+			if err := dyn.Resource(templatesGVR).Namespace("fleet-wc1").Delete(ctx, strings.TrimPrefix(name, "fleet-wc1/"), metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -521,14 +524,14 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.extra["wc2-ubuntu-next"] = img131 + ":0.7.7"
 		e.setMgmt("0.7.8")
 		next := e.sha(img131 + ":0.7.7")
-		e.waitCopy("wc2", next, true, true)
-		e.applyConfigMap("wc2", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.7"))
-		e.waitCatalog("wc2", img131, next)
-		if r := e.render("wc2", clusters["wc2"]); r.code != 0 {
+		e.waitCopy("fleet-wc2", next, true, true)
+		e.applyConfigMap("fleet-wc2", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.7"))
+		e.waitCatalog("fleet-wc2", img131, next)
+		if r := e.render("fleet-wc2", clusters["fleet-wc2"]); r.code != 0 {
 			t.Fatalf("render wc2: %d\n%s", r.code, r.stderr)
 		}
 		after := e.templates()
-		for _, ns := range []string{"wc1", "wc3"} {
+		for _, ns := range []string{"fleet-wc1", "fleet-wc3"} {
 			if !slices.Equal(namesIn(after, ns), namesIn(initial, ns)) {
 				t.Errorf("%s templates changed: %v -> %v", ns, namesIn(initial, ns), namesIn(after, ns))
 			}
@@ -539,13 +542,13 @@ func TestFleetEndToEnd(t *testing.T) {
 			}
 		}
 		added := 0
-		for _, name := range namesIn(after, "wc2") {
+		for _, name := range namesIn(after, "fleet-wc2") {
 			if _, ok := initial[name]; !ok {
 				added++
 			}
 		}
 		if added != 2 {
-			t.Errorf("wc2: want 2 new templates (cp, md0), got %v (before %v)", namesIn(after, "wc2"), namesIn(initial, "wc2"))
+			t.Errorf("wc2: want 2 new templates (cp, md0), got %v (before %v)", namesIn(after, "fleet-wc2"), namesIn(initial, "fleet-wc2"))
 		}
 		initial = after
 	})
@@ -557,32 +560,32 @@ func TestFleetEndToEnd(t *testing.T) {
 		defer g.release(p.LayerDigest.Encoded())
 		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"
 		e.setMgmt("0.7.8")
-		e.waitCopy("wc3", sha, true, false)
-		e.applyConfigMap("wc3", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
-		e.waitCatalog("wc3", img132, sha)
+		e.waitCopy("fleet-wc3", sha, true, false)
+		e.applyConfigMap("fleet-wc3", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
+		e.waitCatalog("fleet-wc3", img132, sha)
 		eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
-			probs := e.status("wc3").Problems()
+			probs := e.status("fleet-wc3").Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable, fmt.Sprint(probs)
 		})
 		eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
-			evs := e.namespaceEvents("wc3", "ImageNotAvailable")
+			evs := e.namespaceEvents("fleet-wc3", "ImageNotAvailable")
 			return len(evs) > 0, fmt.Sprint(evs)
 		})
 		before := e.templates()
-		r := e.render("wc3", clusters["wc3"])
+		r := e.render("fleet-wc3", clusters["fleet-wc3"])
 		if r.code != 1 || !strings.Contains(r.stderr, "not available yet") || strings.Contains(r.stderr, "is currently not served") {
 			t.Fatalf("render wc3: want 'not available yet', not 'not served'; got exit %d:\n%s", r.code, r.stderr)
 		}
 		if after := e.templates(); !mapsEqual(after, before) {
-			t.Fatal("a failed render changed templates")
+			t.Fatalf("a failed render changed templates:%s", diffMaps(before, after))
 		}
 		g.release(p.LayerDigest.Encoded())
-		e.waitCopy("wc3", sha, true, true)
-		if r := e.render("wc3", clusters["wc3"]); r.code != 0 {
+		e.waitCopy("fleet-wc3", sha, true, true)
+		if r := e.render("fleet-wc3", clusters["fleet-wc3"]); r.code != 0 {
 			t.Fatalf("render wc3 once available: %d\n%s", r.code, r.stderr)
 		}
 		eventually(t, "the check clears", 30*time.Second, func() (bool, string) {
-			probs := e.status("wc3").Problems()
+			probs := e.status("fleet-wc3").Problems()
 			return len(probs) == 0, fmt.Sprint(probs)
 		})
 	})
@@ -615,13 +618,22 @@ func mapsEqual(a, b map[string]string) bool {
 	return true
 }
 
-func keys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
+// diffMaps shows what differs between two sets of objects.
+func diffMaps(before, after map[string]string) string {
+	var b strings.Builder
+	for k, v := range before {
+		if w, ok := after[k]; !ok {
+			fmt.Fprintf(&b, "\n%s deleted", k)
+		} else if w != v {
+			fmt.Fprintf(&b, "\n%s changed:\n  before %s\n  after  %s", k, v, w)
+		}
 	}
-	slices.Sort(out)
-	return out
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			fmt.Fprintf(&b, "\n%s created", k)
+		}
+	}
+	return b.String()
 }
 
 func readAll(t *testing.T, resp *http.Response) string {

@@ -16,6 +16,6 @@ to Ironic, propagates what is served, and renders Metal3MachineTemplates.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newCatalogCommand(), newSelectCommand(), newRenderCommand(), newServeCommand(), newPropagateCommand(),
-		newControllerCommand(), newDemoCommand())
+		newControllerCommand(), newPlanCommand(), newDemoCommand())
 	return root
 }

@@ -67,13 +67,13 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 			err = fmt.Errorf("no data key %s", osimage.ValuesKey)
 		}
 		if err != nil {
-			return c.invalid(ctx, name, fmt.Errorf("%s: %w", source, err))
+			return c.invalid(&cms.Items[0], fmt.Errorf("%s: %w", source, err))
 		}
 		vals = values.Merge(vals, v)
 	}
 	plan, err := catalog.PlanFromValues(vals, nil)
 	if err != nil {
-		return c.invalid(ctx, name, fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		return c.invalid(&cms.Items[0], fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()
 
@@ -96,7 +96,7 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	resolved, err := catalog.Resolve(ctx, plan, fetcher, catalog.ResolveOptions{Concurrency: c.opts.Concurrency, Timeout: c.opts.Timeout})
 	if err != nil {
 		c.metrics.catalogRun(name, false)
-		c.event(ctx, name, corev1.EventTypeWarning, "CatalogFailed", "os-images-info not updated: %v", err)
+		c.event(&cms.Items[0], corev1.EventTypeWarning, "CatalogFailed", "os-images-info not updated: %v", err)
 		// The registry may come back: retry with the controller's backoff.
 		return reconcile.Result{}, fmt.Errorf("resolving the catalog of namespace %s: %w", name, err)
 	}
@@ -124,24 +124,21 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	}
 	c.metrics.catalogRun(name, true)
 	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash)
-	c.event(ctx, name, corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
+	c.event(&cms.Items[0], corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
 	return reconcile.Result{}, nil
 }
 
 // invalid reports values that no retry can fix: the next change of the
 // ConfigMaps triggers a new attempt.
-func (c *cataloger) invalid(ctx context.Context, namespace string, err error) (reconcile.Result, error) {
-	c.metrics.catalogRun(namespace, false)
-	c.log.Error(err, "catalog inputs are wrong; fix them, os-images-info is left as it is", "namespace", namespace)
-	c.event(ctx, namespace, corev1.EventTypeWarning, "CatalogValuesInvalid", "%v", err)
+func (c *cataloger) invalid(input *corev1.ConfigMap, err error) (reconcile.Result, error) {
+	c.metrics.catalogRun(input.Namespace, false)
+	c.log.Error(err, "catalog inputs are wrong; fix them, os-images-info is left as it is", "namespace", input.Namespace)
+	c.event(input, corev1.EventTypeWarning, "CatalogValuesInvalid", "%v", err)
 	return reconcile.Result{}, nil
 }
 
-func (c *cataloger) event(ctx context.Context, namespace, kind, reason, format string, args ...any) {
-	ns := &corev1.Namespace{}
-	if err := c.reader.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
-		c.log.Error(err, "no event: cannot read the namespace", "namespace", namespace)
-		return
-	}
-	c.recorder.Eventf(ns, nil, kind, reason, "Catalog", format, args...)
+// event regards the (first) catalog-values ConfigMap: it is what the
+// operator edits, and it lives in the namespace concerned.
+func (c *cataloger) event(input *corev1.ConfigMap, kind, reason, format string, args ...any) {
+	c.recorder.Eventf(input, nil, kind, reason, "Catalog", format, args...)
 }

@@ -107,7 +107,7 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if err := c.write(ctx, previous, cm); err != nil {
 		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
 	}
-	c.announce(ns, before, previous != nil, report)
+	c.announce(cm, ns, before, previous != nil, report)
 	return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 }
 
@@ -133,10 +133,13 @@ func (c *checker) write(ctx context.Context, previous, want *corev1.ConfigMap) e
 	return c.writer.Update(ctx, updated, client.FieldOwner(checkFieldOwner))
 }
 
-// announce emits an event on the namespace for each problem that is new
-// since the last check, and one when every problem is gone: a warning
-// before render fails, without an event per resync.
-func (c *checker) announce(ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
+// announce emits an event for each problem that is new since the last
+// check, and one when every problem is gone: a warning before render
+// fails, without an event per resync. The events regard the status
+// ConfigMap and relate to the Namespace, so that they live in the
+// namespace (`kubectl get events -n NS` shows them; an event regarding a
+// Namespace itself would land in "default").
+func (c *checker) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
 	old := map[string]fleet.State{}
 	for _, img := range before.Images {
 		old[img.SHA256] = img.State
@@ -149,7 +152,7 @@ func (c *checker) announce(ns *corev1.Namespace, before fleet.Report, hadBefore 
 		if img.State == fleet.StateNotAvailable {
 			reason = reasonImageNotAvailable
 		}
-		c.recorder.Eventf(ns, nil, corev1.EventTypeWarning, reason, eventActionCheck, "%s; needed by %s", img.Message, strings.Join(img.NeededBy, ", "))
+		c.recorder.Eventf(status, ns, corev1.EventTypeWarning, reason, eventActionCheck, "%s; needed by %s", img.Message, strings.Join(img.NeededBy, ", "))
 		c.log.Info("needed image not served", "namespace", ns.Name, "sha256", img.SHA256, "state", img.State, "neededBy", img.NeededBy)
 	}
 	oldErrs := map[string]bool{}
@@ -158,10 +161,10 @@ func (c *checker) announce(ns *corev1.Namespace, before fleet.Report, hadBefore 
 	}
 	for _, e := range now.Errors {
 		if !oldErrs[e] {
-			c.recorder.Eventf(ns, nil, corev1.EventTypeWarning, reasonInputs, eventActionCheck, "%s", e)
+			c.recorder.Eventf(status, ns, corev1.EventTypeWarning, reasonInputs, eventActionCheck, "%s", e)
 		}
 	}
 	if hadBefore && len(before.Problems()) > 0 && len(now.Problems()) == 0 {
-		c.recorder.Eventf(ns, nil, corev1.EventTypeNormal, reasonImagesServed, eventActionCheck, "every needed image is served: %s", now.Summary())
+		c.recorder.Eventf(status, ns, corev1.EventTypeNormal, reasonImagesServed, eventActionCheck, "every needed image is served: %s", now.Summary())
 	}
 }

@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+var kube *testenv.Kube
+
+func TestMain(m *testing.M) {
+	crds, _ := testenv.Metal3CRDsOrStandIn()
+	var err error
+	if kube, err = testenv.StartKube(crds); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = kube.Stop()
+	os.Exit(code)
+}
+
+func sum(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// startManager runs the controller in-process until the test ends.
+func startManager(t *testing.T, o Options) {
+	t.Helper()
+	o.Registerer = prometheus.NewRegistry()
+	o.Logger = logr.Discard()
+	mgr, err := NewManager(kube.Config, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+}
+
+func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
+	t.Helper()
+	ctx := context.Background()
+	cms := kube.Client.CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Data: map[string]string{"values.yaml": doc}}
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+	} else {
+		cm.Data = map[string]string{"values.yaml": doc}
+		cm.Annotations = map[string]string{"touched": time.Now().String()}
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func namespace(t *testing.T, name string, labels map[string]string) {
+	t.Helper()
+	if _, err := kube.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within 30s; last: %s", what, last)
+}
+
+func eventNotes(t *testing.T, ns, reason string) []string {
+	t.Helper()
+	list, err := kube.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Reason == reason {
+			n := int32(1)
+			if e.Series != nil {
+				n = e.Series.Count
+			}
+			out = append(out, fmt.Sprintf("%s (x%d)", e.Note, n))
+		}
+	}
+	return out
+}
+
+func status(ns string) fleet.Report {
+	cm, err := kube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return fleet.Report{}
+	}
+	r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+	return r
+}
+
+const clusterValues = `name: c1
+k8s_version: v1.32.5+rke2r1
+capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
+capm3: {os_image_selector: {os: ubuntu}}
+`
+
+func TestCheckWarnsOncePerChange(t *testing.T) {
+	const label = "test-check/workload"
+	namespace(t, "check-a", map[string]string{label: ""})
+	namespace(t, "check-ignored", nil)
+	startManager(t, Options{Check: &CheckOptions{Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour}})
+
+	info, err := osimage.MarshalInfo(osimage.Catalog{"ubuntu": {"sha256": sum("u"), "filename": "u.raw", "image-format": "raw", "os": "ubuntu",
+		"k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"check-a", "check-ignored"} {
+		put(t, ns, "os-images-info", nil, string(info))
+		put(t, ns, "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
+		put(t, ns, "served", nil, "capm3_os_image_server_images: {}\n")
+	}
+	eventually(t, "not-served reported", func() (bool, string) {
+		p := status("check-a").Problems()
+		return len(p) == 1 && p[0].State == fleet.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status("check-a"))
+	})
+	eventually(t, "one ImageNotServed event", func() (bool, string) {
+		evs := eventNotes(t, "check-a", "ImageNotServed")
+		return len(evs) == 1 && strings.Contains(evs[0], "image "+sum("u")+"/ubuntu is currently not served by mgmt cluster os-image-server; needed by ConfigMap check-a/values .control_plane.capm3"), fmt.Sprint(evs)
+	})
+
+	// Events that change nothing (a touched input) raise no new warning.
+	put(t, "check-a", "values", nil, clusterValues)
+	time.Sleep(time.Second)
+	if evs := eventNotes(t, "check-a", "ImageNotServed"); len(evs) != 1 || !strings.HasSuffix(evs[0], "(x1)") {
+		t.Errorf("a reconcile without change warned again: %v", evs)
+	}
+
+	// Served but still downloading, then available.
+	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: false, image_key: m}\n")
+	eventually(t, "not-available reported", func() (bool, string) {
+		p := status("check-a").Problems()
+		return len(p) == 1 && p[0].State == fleet.StateNotAvailable, fmt.Sprint(p)
+	})
+	eventually(t, "ImageNotAvailable event", func() (bool, string) {
+		evs := eventNotes(t, "check-a", "ImageNotAvailable")
+		return len(evs) == 1, fmt.Sprint(evs)
+	})
+	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: true, image_key: m}\n")
+	eventually(t, "all served", func() (bool, string) {
+		r := status("check-a")
+		return len(r.Images) == 1 && len(r.Problems()) == 0, fmt.Sprint(r)
+	})
+	eventually(t, "ImagesServed event", func() (bool, string) {
+		evs := eventNotes(t, "check-a", "ImagesServed")
+		return len(evs) == 1, fmt.Sprint(evs)
+	})
+
+	if _, err := kube.Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
+		t.Error("a namespace outside the selector was checked")
+	}
+}
+
+func TestCatalogPublishesAndRetries(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	namespace(t, "catalog-a", nil)
+	client, err := oci.NewClient(oci.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startManager(t, Options{Catalog: &CatalogOptions{Fetcher: client, Insecure: client, Timeout: 5 * time.Second}})
+
+	values := fmt.Sprintf(`oci_registry_insecure: true
+os_images_oci_registries:
+  sylva: {url: 'oci://%s/dib', tag: '1.0'}
+sylva_diskimagebuilder_images:
+  ubuntu: {os_images_oci_registry: sylva}
+`, reg.Host)
+	put(t, "catalog-a", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, values)
+	eventually(t, "CatalogFailed event for the missing tag", func() (bool, string) {
+		evs := eventNotes(t, "catalog-a", "CatalogFailed")
+		return len(evs) > 0 && strings.Contains(evs[0], "ubuntu"), fmt.Sprint(evs)
+	})
+	if _, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
+		t.Fatal("os-images-info published although an image failed")
+	}
+
+	// The artifact appears: the retry publishes it.
+	p, err := reg.Publish(context.Background(), devregistry.DiskImage{Repository: "dib/ubuntu", Tag: "1.0", Content: []byte("disk"), Fields: osimage.Image{"os": "ubuntu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "os-images-info published", func() (bool, string) {
+		cm, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		cat, err := osimage.ParseInfo([]byte(cm.Data["values.yaml"]))
+		return err == nil && cat["ubuntu"]["sha256"] == p.Fields["sha256"] && cm.Annotations["osimages.sylva-project.org/inputs-hash"] != "", fmt.Sprint(cat, err)
+	})
+
+	// Bad values: reported, nothing retried, os-images-info left as is.
+	put(t, "catalog-a", "inputs", nil, "sylva_diskimagebuilder_images:\n  ubuntu: {os_images_oci_registry: nowhere}\n")
+	eventually(t, "CatalogValuesInvalid event", func() (bool, string) {
+		evs := eventNotes(t, "catalog-a", "CatalogValuesInvalid")
+		return len(evs) == 1 && strings.Contains(evs[0], "('nowhere') is not defined in os_images_oci_registries"), fmt.Sprint(evs)
+	})
+	cm, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields["sha256"]) {
+		t.Errorf("os-images-info changed on bad values: %v %v", cm, err)
+	}
+}
