@@ -1,10 +1,25 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build demo test tools bench-catalog bench-pull bench-serve bench-propagation clean
+.PHONY: build image demo test tools bench-catalog bench-pull bench-serve bench-propagation clean
 
 build:
 	$(GO) build -o bin/osimages ./cmd/osimages
+
+# The container image, without a container daemon: a static binary on an
+# empty base (internal/containerimage). Push bin/image/oci with
+# `oras cp --from-oci-layout bin/image/oci:$(IMAGE_TAG) REGISTRY/osimages:$(IMAGE_TAG)`
+# or `crane push bin/image/oci REGISTRY/osimages:$(IMAGE_TAG)`.
+GOARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_TAG ?= dev
+IMAGE_REF ?= osimages:$(IMAGE_TAG)
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+image:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) $(GO) build -trimpath -ldflags "-s -w" -o bin/linux_$(GOARCH)/osimages ./cmd/osimages
+	$(GO) run ./hack/image --binary bin/linux_$(GOARCH)/osimages --arch $(GOARCH) \
+	  --layout bin/image/oci --tarball bin/image/osimages-$(GOARCH).tar --tag $(IMAGE_REF) \
+	  --labels org.opencontainers.image.title=osimages,org.opencontainers.image.version=$(VERSION),org.opencontainers.image.source=https://gitlab.com/sylva-projects/osimages
 
 demo:
 	$(GO) run ./cmd/osimages demo

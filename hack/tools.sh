@@ -66,8 +66,32 @@ ensure_chromium() {
   fi
 }
 
+# The chart tests install Cluster API's core CRDs, read from the
+# sigs.k8s.io/cluster-api module in the Go module cache (internal/testenv
+# names the version); download it once so that the tests find it offline.
+download_capi() {
+  local version
+  version=$(grep -o 'ClusterAPIVersion = "v[0-9.]*"' "$root/internal/testenv/capi.go" | cut -d'"' -f2)
+  (cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download "sigs.k8s.io/cluster-api@$version") ||
+    { log "could not download sigs.k8s.io/cluster-api@$version: the chart tests will fail"; return 1; }
+}
+
+# The container image ships the build machine's CA bundle (make image and its
+# test read it).
+ensure_ca_certificates() {
+  [ -f /etc/ssl/certs/ca-certificates.crt ] && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's ca-certificates for the container image"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ca-certificates >&2
+  else
+    log "/etc/ssl/certs/ca-certificates.crt is missing: make image needs a CA bundle (--ca-certs)"
+  fi
+}
+
 mkdir -p "$cache"
+ensure_ca_certificates
 ensure_chromium
+download_capi
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
 go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"

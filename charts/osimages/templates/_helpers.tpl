@@ -1,0 +1,145 @@
+{{/* Names: the release name (or fullnameOverride), cut to fit the longest suffix. */}}
+{{- define "osimages.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "osimages.labels" -}}
+app.kubernetes.io/name: {{ default .Chart.Name .Values.nameOverride }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "server"). */}}
+{{- define "osimages.selectorLabels" -}}
+app.kubernetes.io/name: {{ default .root.Chart.Name .root.Values.nameOverride }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "osimages.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+{{- end -}}
+
+{{- define "osimages.outputNamespace" -}}
+{{ default .Release.Namespace .Values.outputConfigMap.namespace }}
+{{- end -}}
+
+{{- define "osimages.infoNamespace" -}}
+{{ default .Release.Namespace .Values.osImagesInfoConfigMap.namespace }}
+{{- end -}}
+
+{{- define "osimages.catalogNamespace" -}}
+{{ default (include "osimages.infoNamespace" .) .Values.catalogJob.namespace }}
+{{- end -}}
+
+{{/* The propagation rules: Sylva's, from outputConfigMap, then extraRules. */}}
+{{- define "osimages.rules" -}}
+rules:
+- name: os-image-server-images
+  source: {{ include "osimages.outputNamespace" . }}/{{ .Values.outputConfigMap.name }}
+  target: {{ .Values.propagation.target }}
+  namespaceSelector:
+    {{- toYaml .Values.propagation.namespaceSelector | nindent 4 }}
+{{- with .Values.propagation.extraRules }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The names the propagation may write: every rule's target. */}}
+{{- define "osimages.ruleTargets" -}}
+{{- $targets := list .Values.propagation.target -}}
+{{- range .Values.propagation.extraRules -}}
+{{- $targets = append $targets .target -}}
+{{- end -}}
+{{- toJson ($targets | uniq) -}}
+{{- end -}}
+
+{{/* Environment for the components that talk to registries. */}}
+{{- define "osimages.proxyEnv" -}}
+{{- with .Values.proxies.http_proxy }}
+- {name: HTTP_PROXY, value: {{ . | quote }}}
+{{- end }}
+{{- with .Values.proxies.https_proxy }}
+- {name: HTTPS_PROXY, value: {{ . | quote }}}
+{{- end }}
+{{- with .Values.proxies.no_proxy }}
+- {name: NO_PROXY, value: {{ . | quote }}}
+{{- end }}
+{{- end -}}
+
+{{/* Registry flags, volumes and mounts, shared by server, controller and catalog. */}}
+{{- define "osimages.registryArgs" -}}
+{{- if .Values.oci_registry_extra_ca_certs }}
+- --ca-file=/etc/osimages/ca/ca.crt
+{{- end }}
+{{- if .Values.registryCredentialsSecret }}
+- --registry-config=/etc/osimages/registry/config.json
+{{- end }}
+{{- end -}}
+
+{{- define "osimages.registryMounts" -}}
+- {name: tmp, mountPath: /tmp}
+{{- if .Values.oci_registry_extra_ca_certs }}
+- {name: registry-ca, mountPath: /etc/osimages/ca, readOnly: true}
+{{- end }}
+{{- if .Values.registryCredentialsSecret }}
+- {name: registry-credentials, mountPath: /etc/osimages/registry, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "osimages.registryVolumes" -}}
+- name: tmp
+  emptyDir: {sizeLimit: 64Mi}
+{{- if .Values.oci_registry_extra_ca_certs }}
+- name: registry-ca
+  configMap:
+    name: {{ include "osimages.fullname" . }}-registry-ca
+{{- end }}
+{{- if .Values.registryCredentialsSecret }}
+- name: registry-credentials
+  secret:
+    secretName: {{ .Values.registryCredentialsSecret }}
+    items:
+    - {key: .dockerconfigjson, path: config.json}
+{{- end }}
+{{- end -}}
+
+{{- define "osimages.podSpecCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Cross-field checks that a JSON schema cannot say clearly. */}}
+{{- define "osimages.validate" -}}
+{{- if and .Values.controller.enabled .Values.controller.propagate .Values.propagation.enabled -}}
+{{- fail "controller.propagate and propagation.enabled are both true: the controller already propagates; set propagation.enabled=false (or controller.propagate=false)" -}}
+{{- end -}}
+{{- if and .Values.catalogJob.enabled (ne .Values.osImagesInfoConfigMap.name "os-images-info") -}}
+{{- fail (printf "catalogJob.enabled is true but osImagesInfoConfigMap.name is %q: the catalog always writes os-images-info (contract §3)" .Values.osImagesInfoConfigMap.name) -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.ingress.host) -}}
+{{- fail "ingress.enabled is true but ingress.host is empty: set it to the name booting hosts download images from (Sylva: external_hostnames.os_image_server)" -}}
+{{- end -}}
+{{- if and .Values.ingress.tls.enabled (not .Values.ingress.tls.secretName) -}}
+{{- fail "ingress.tls.enabled is true but ingress.tls.secretName is empty" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,412 @@
+package chart
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// process is a component running as a child process for the test.
+type process struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+func (p *process) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.Write(b)
+}
+
+func (p *process) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stderr.String()
+	if len(s) > 4000 {
+		s = "..." + s[len(s)-4000:]
+	}
+	return s
+}
+
+func start(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(osimagesBinary(t), args...)}
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			p.cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", args[0], p.log())
+		}
+	})
+	return p
+}
+
+// configFile returns key of the rendered ConfigMap name as a file, so that
+// the components read exactly what the chart mounts.
+func configFile(t *testing.T, r *Rendered, name, key string) string {
+	t.Helper()
+	cm := r.Find("ConfigMap", name)
+	if cm == nil {
+		t.Fatalf("the chart renders no ConfigMap %s", name)
+	}
+	data, _, _ := unstructuredString(cm.Object, "data", key)
+	path := filepath.Join(t.TempDir(), key)
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
+	cur := any(obj)
+	for _, f := range fields {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return "", false, nil
+		}
+		cur = m[f]
+	}
+	s, ok := cur.(string)
+	return s, ok, nil
+}
+
+// TestComponentsRunWithChartRBAC installs the chart's objects into envtest
+// for real, then runs each component (the built binary, with the files the
+// chart mounts) as its own service account, bound only to the chart's
+// Roles. Its work must succeed, and writes outside its scope must be
+// refused by the apiserver.
+func TestComponentsRunWithChartRBAC(t *testing.T) {
+	k := apiserver(t)
+	ctx := context.Background()
+	const ns = "sylva-system"
+	ensureNamespace(t, k, ns, nil)
+
+	// Two diskimage-builder artifacts on a TLS registry whose CA the chart
+	// hands to the components (oci_registry_extra_ca_certs).
+	reg := testenv.Registry(t, devregistry.Options{TLS: true})
+	published := map[string]devregistry.Published{}
+	for i, hardened := range []string{"false", "true"} {
+		key := "ubuntu-plain"
+		if hardened == "true" {
+			key = "ubuntu-hardened"
+		}
+		p, err := reg.Publish(ctx, devregistry.DiskImage{
+			Repository: "dib/" + key, Tag: "1.0", Gzip: true,
+			Content: devregistry.DiskContent(256<<10, uint64(i+1)),
+			Fields:  osimage.Image{"os": "ubuntu", "hardened": hardened, "k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		published[key] = p
+	}
+	ca, err := os.ReadFile(reg.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	catalogValues := fmt.Sprintf(`
+os_images_oci_registries:
+  dib: {url: "oci://%s/dib", tag: "1.0"}
+sylva_diskimagebuilder_images:
+  ubuntu-plain: {os_images_oci_registry: dib}
+  ubuntu-hardened: {os_images_oci_registry: dib}
+`, reg.Host)
+	// The defaults (the fleet controller) plus the server's selectors and
+	// the catalog Job.
+	install := func(t *testing.T, extra string) *Rendered {
+		t.Helper()
+		vals, err := LoadValues([]byte("os_image_selectors:\n- {os: ubuntu, hardened: false}\n" + extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cat, err := LoadValues([]byte(catalogValues))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals["catalogJob"] = map[string]any{"enabled": true, "values": cat}
+		vals["oci_registry_extra_ca_certs"] = string(ca)
+		r, err := Render(chartDir, Release{Name: "osimages", Namespace: ns}, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := newApplier(t, k.Config).apply(ctx, r.Objects, false); err != nil {
+			t.Fatalf("installing the chart's objects: %v", err)
+		}
+		return r
+	}
+	r := install(t, "")
+	caFile := configFile(t, r, "osimages-registry-ca", "ca.crt")
+	// An object of each kind no component may touch.
+	other, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}, Data: map[string]string{"a": "b"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("catalog", func(t *testing.T) {
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-catalog")
+		values := configFile(t, r, "osimages-catalog-values", "values.yaml")
+		var job *unstructured.Unstructured
+		for _, o := range r.Objects {
+			if o.GetKind() == "Job" {
+				job = o
+			}
+		}
+		args := podArgs(t, job, map[string]string{"--values": values, "--ca-file": caFile})
+		cmd := exec.Command(osimagesBinary(t), append(args, "--kubeconfig", kubeconfig)...)
+		cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("osimages catalog --apply as the catalog Job's account: %v\n%s", err, out)
+		}
+		info, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "os-images-info", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range published {
+			if !strings.Contains(info.Data["values.yaml"], p.Fields["sha256"]) {
+				t.Errorf("os-images-info lacks %s", p.Ref)
+			}
+		}
+		outOfScope(t, cfg, ns, other.Name, false)
+	})
+
+	t.Run("server", func(t *testing.T) {
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-server")
+		values := configFile(t, r, "osimages-server-values", "values.yaml")
+		args := podArgs(t, r.Find("StatefulSet", "osimages-server"), map[string]string{
+			"--data": t.TempDir(), "--listen": "127.0.0.1:0", "--values": values, "--ca-file": caFile,
+		})
+		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
+		plain, hardened := published["ubuntu-plain"].Fields["sha256"], published["ubuntu-hardened"].Fields["sha256"]
+		waitFor(t, 90*time.Second, "the server publishes the selected image as available", func() (bool, string) {
+			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			doc := cm.Data["values.yaml"]
+			served, err := osimage.ParseServed([]byte(doc))
+			if err != nil {
+				return false, err.Error()
+			}
+			e, ok := served[plain]
+			return ok && e.Available && len(served) == 1 && !strings.Contains(doc, hardened), doc
+		})
+		if metal3 && strings.Contains(strings.ToLower(srv.log()), "forbidden") {
+			t.Errorf("the server was refused something it needs:\n%s", srv.log())
+		}
+		outOfScope(t, cfg, ns, other.Name, false)
+		cs := kubernetes.NewForConfigOrDie(cfg)
+		// Its input is read-only.
+		_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, "os-images-info", types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
+		wantForbidden(t, "server patches its input os-images-info", err)
+		_, err = cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+		wantForbidden(t, "server lists every ConfigMap of its namespace", err)
+		if metal3 {
+			dyn := dynamic.NewForConfigOrDie(cfg)
+			for _, res := range []string{"metal3machinetemplates", "metal3machines"} {
+				gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: res}
+				_, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
+				wantAllowed(t, "server lists "+res+" in all namespaces", err)
+				err = dyn.Resource(gvr).Namespace(ns).Delete(ctx, "any", metav1.DeleteOptions{})
+				wantForbidden(t, "server deletes a "+res, err)
+			}
+		} else {
+			t.Log("Metal3 CRDs absent (shared/crds/metal3): the read-only Metal3 access is not exercised")
+		}
+	})
+
+	t.Run("propagation", func(t *testing.T) {
+		r := install(t, "controller: {enabled: false}\npropagation: {enabled: true}\n")
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-propagate")
+		rules := configFile(t, r, "osimages-rules", "rules.yaml")
+		args := podArgs(t, r.Find("Deployment", "osimages-propagate"), map[string]string{"--config": rules, "--metrics-addr": "0", "--health-addr": "0"})
+		start(t, append(args, "--kubeconfig", kubeconfig)...)
+		ensureNamespace(t, k, "wc1", map[string]string{"sylva-project.org/workload-cluster": ""})
+		if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, "capm3-os-image-server-os-images", types.MergePatchType,
+			[]byte(`{"data":{"values.yaml":"capm3_os_image_server_images: {}\n"}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, "the copy reaches the workload-cluster namespace", func() (bool, string) {
+			src, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			cp, err := k.Client.CoreV1().ConfigMaps("wc1").Get(ctx, "kyverno-cloned-os-image-server-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return cp.Data["values.yaml"] == src.Data["values.yaml"], cp.Data["values.yaml"]
+		})
+		tamperAndWaitRestored(t, k, "wc1", "kyverno-cloned-os-image-server-images")
+		if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-propagate", metav1.GetOptions{}); err != nil {
+			t.Errorf("no leader-election Lease: %v", err)
+		}
+		// RBAC cannot restrict create to a name: propagation may create
+		// ConfigMaps (the chart says so); everything else is checked.
+		outOfScope(t, cfg, ns, other.Name, true)
+		cs := kubernetes.NewForConfigOrDie(cfg)
+		err := cs.CoreV1().ConfigMaps(ns).Delete(ctx, "capm3-os-image-server-os-images", metav1.DeleteOptions{})
+		wantForbidden(t, "propagation deletes its source", err)
+		_, err = cs.CoordinationV1().Leases("wc1").Create(ctx, leaseNamed("x"), metav1.CreateOptions{})
+		wantForbidden(t, "propagation creates a Lease outside its namespace", err)
+	})
+
+	t.Run("controller", func(t *testing.T) {
+		r := install(t, "")
+		controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published)
+	})
+}
+
+// controllerRun is the fleet controller's part of
+// TestComponentsRunWithChartRBAC, run after the others.
+func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catalogValues, otherConfigMap string, published map[string]devregistry.Published) {
+	ctx := context.Background()
+	kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-controller")
+	rules := configFile(t, r, "osimages-rules", "rules.yaml")
+	d := r.Find("Deployment", "osimages-controller")
+	if d == nil {
+		t.Fatal("the defaults deploy no controller")
+	}
+	// The Deployment's own arguments, with the files it mounts and the
+	// ports of a test.
+	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": "0", "--health-addr": "0"})
+	start(t, append(args, "--kubeconfig", kubeconfig)...)
+
+	// A workload cluster's namespace with its own catalog inputs.
+	ensureNamespace(t, k, "wc2", map[string]string{"sylva-project.org/workload-cluster": ""})
+	if _, err := k.Client.CoreV1().ConfigMaps("wc2").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "catalog", Labels: map[string]string{"osimages.sylva-project.org/catalog-values": ""}},
+		Data:       map[string]string{"values.yaml": catalogValues},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"os-images-info", "kyverno-cloned-os-image-server-images", "osimages-status"} {
+		waitFor(t, 90*time.Second, "the controller writes wc2/"+name, func() (bool, string) {
+			cm, err := k.Client.CoreV1().ConfigMaps("wc2").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if name == "os-images-info" {
+				return strings.Contains(cm.Data["values.yaml"], published["ubuntu-plain"].Fields["sha256"]), cm.Data["values.yaml"]
+			}
+			return true, ""
+		})
+	}
+	// Creating is not enough: RBAC restricts updates to the managed names,
+	// so an edited copy and an edited status must be put back by update.
+	for _, name := range []string{"kyverno-cloned-os-image-server-images", "osimages-status"} {
+		tamperAndWaitRestored(t, k, "wc2", name)
+	}
+	if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-controller", metav1.GetOptions{}); err != nil {
+		t.Errorf("no leader-election Lease osimages-controller: %v", err)
+	}
+	outOfScope(t, cfg, "wc2", "catalog", true)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	_, err := cs.CoreV1().ConfigMaps("wc2").Patch(ctx, "catalog", types.MergePatchType, []byte(`{"data":{"values.yaml":"{}"}}`), metav1.PatchOptions{})
+	wantForbidden(t, "controller rewrites a cluster's catalog inputs", err)
+	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
+	wantForbidden(t, "controller deletes another ConfigMap", err)
+}
+
+// podArgs returns the arguments the chart gives obj's container, with the
+// values of the flags in local replaced (paths the pod mounts, its ports), so
+// that the tests run each component exactly as the chart configures it. A
+// flag of local that the chart does not pass is an error: the test would
+// otherwise silently run with the default.
+func podArgs(t *testing.T, obj *unstructured.Unstructured, local map[string]string) []string {
+	t.Helper()
+	var args []string
+	seen := map[string]bool{}
+	for _, a := range stringsOf(container(t, obj)["args"]) {
+		if flag, _, ok := strings.Cut(a, "="); ok {
+			if v, replace := local[flag]; replace {
+				a = flag + "=" + v
+				seen[flag] = true
+			}
+		}
+		args = append(args, a)
+	}
+	for flag := range local {
+		if !seen[flag] {
+			t.Fatalf("%s %s: the chart passes no %s", obj.GetKind(), obj.GetName(), flag)
+		}
+	}
+	return args
+}
+
+// tamperAndWaitRestored edits NS/NAME's data as an operator would by mistake
+// and waits for the component to put it back, which takes an update.
+func tamperAndWaitRestored(t *testing.T, k *testenv.Kube, ns, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"data":{"values.yaml":"tampered: true\n"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, ns+"/"+name+" is put back after an edit", func() (bool, string) {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return cm.Data["values.yaml"] != "tampered: true\n", cm.Data["values.yaml"]
+	})
+}
+
+// outOfScope checks what no component may do: write a ConfigMap it does not
+// own, and touch Secrets.
+func outOfScope(t *testing.T, cfg *rest.Config, ns, otherConfigMap string, mayCreateConfigMaps bool) {
+	t.Helper()
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	if !mayCreateConfigMaps {
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
+		wantForbidden(t, "create of a ConfigMap", err)
+	}
+	_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, otherConfigMap, types.MergePatchType, []byte(`{"data":{"a":"changed"}}`), metav1.PatchOptions{})
+	wantForbidden(t, "patch of another ConfigMap", err)
+	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
+	wantForbidden(t, "delete of another ConfigMap", err)
+	_, err = cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "stolen"}}, metav1.CreateOptions{})
+	wantForbidden(t, "create of a Secret", err)
+	_, err = cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "list of Secrets", err)
+}
+
+func leaseNamed(name string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
