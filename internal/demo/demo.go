@@ -198,7 +198,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, listen 
 		return nil, "", nil, err
 	}
 	puller := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
-	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }), FreeSpaceMargin: 1 << 20})
+	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }, nil), FreeSpaceMargin: 1 << 20})
 	mgmt, err := values.Parse(mgmtYAML)
 	if err != nil {
 		os.RemoveAll(dir)
