@@ -59,6 +59,10 @@ const (
 	ReferrerArtifactType = "application/vnd.dev.cosign.artifact.sig.v1+json"
 	// PayloadType is critical.type of a cosign payload.
 	PayloadType = payload.CosignSignatureType
+	// sigstoreBundlePrefix starts the artifact type of a Sigstore bundle
+	// (application/vnd.dev.sigstore.bundle.v0.3+json), what cosign v3
+	// attaches by default.
+	sigstoreBundlePrefix = "application/vnd.dev.sigstore.bundle"
 )
 
 // Bounds on what is read from a registry for one verification: cosign
@@ -188,12 +192,19 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 	// Referrers are listed only when the tag did not settle it: Sylva's
 	// registries hold .sig tags, and a registry without the referrers API
 	// costs one more request for every image.
-	refs, err := v.Client.Referrers(ctx, ref, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d}, ReferrerArtifactType)
+	all, err := v.Client.Referrers(ctx, ref, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d}, "")
 	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
 		return fmt.Errorf("listing the referrers of %s@%s: %w", ref.Repository, d, err)
 	}
-	if len(refs) > maxReferrers {
-		refs = refs[:maxReferrers]
+	var refs []ocispec.Descriptor
+	bundles := 0
+	for _, desc := range all {
+		switch {
+		case desc.ArtifactType == ReferrerArtifactType && len(refs) < maxReferrers:
+			refs = append(refs, desc)
+		case strings.HasPrefix(desc.ArtifactType, sigstoreBundlePrefix):
+			bundles++
+		}
 	}
 	for _, desc := range refs {
 		byDigest := ref
@@ -209,6 +220,9 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 		checked = append(checked, verdictsIn("referrer "+desc.Digest.String(), m, vs)...)
 	}
 
+	if len(checked) == 0 && bundles > 0 {
+		return refuse(ErrNoSignature, "no tag %s in %s/%s; the manifest has %d Sigstore bundle referrer(s) (cosign v3's default format), which osimages does not read: sign with `cosign sign --key ... --new-bundle-format=false`, as Sylva's `cosign verify --key` expects", sigTag, ref.Host(), ref.Repository, bundles)
+	}
 	if len(checked) == 0 {
 		return refuse(ErrNoSignature, "no tag %s in %s/%s and no cosign signature among its referrers; sign the artifact with `cosign sign --key`", sigTag, ref.Host(), ref.Repository)
 	}

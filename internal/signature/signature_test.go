@@ -149,6 +149,23 @@ func TestVerify(t *testing.T) {
 		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrNoSignature, uri, "sha256-"+d.Encoded()+".sig", "cosign sign --key")
 	})
 
+	t.Run("only a Sigstore bundle", func(t *testing.T) {
+		uri, d := f.publish(t, "dib/bundle", "1.0", 12)
+		repo, err := f.reg.Repository("dib/bundle")
+		if err != nil {
+			t.Fatal(err)
+		}
+		subject, err := repo.Resolve(ctx, d.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, "application/vnd.dev.sigstore.bundle.v0.3+json",
+			oras.PackManifestOptions{Subject: &subject}); err != nil {
+			t.Fatal(err)
+		}
+		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrNoSignature, uri, "1 Sigstore bundle referrer(s)", "--new-bundle-format=false")
+	})
+
 	t.Run("signature of the tag's previous manifest", func(t *testing.T) {
 		// The tag moved: the old manifest is signed, the new one is not.
 		_, old := f.publish(t, "dib/moved", "1.0", 9)
