@@ -13,31 +13,32 @@ import (
 
 // Field names of an image record. Every value is a string.
 const (
-	FieldURI         = "uri"
-	FieldRegistryKey = "oci-image-registry-key"
-	FieldSHA256      = "sha256"
-	FieldMD5         = "md5"
-	FieldFilename    = "filename"
-	FieldImageFormat = "image-format"
-	FieldCompression = "compression"
-	FieldArchiveSize = "archive-size"
-	FieldSize        = "size"
-	FieldOS          = "os"
-	FieldOSRelease   = "os-release"
-	FieldFlavor      = "flavor"
-	FieldHardened    = "hardened"
-	FieldK8sFlavor   = "k8s-flavor"
-	FieldK8sVersion  = "k8s-version"
-	FieldCommitID    = "commit-id"
-	FieldCommitTag   = "commit-tag"
-	// FieldManifestDigest is an osimages addition: the digest of the OCI
-	// manifest the catalog resolved (and verified the signature of, when
-	// the registry has a key). The image server refuses to pull another
-	// manifest for the image.
-	FieldManifestDigest = "oci-manifest-digest"
-	AnnotationPrefix    = "sylvaproject.org/diskimage/"
-	annotationKeyPart   = "sylva"
+	FieldURI          = "uri"
+	FieldRegistryKey  = "oci-image-registry-key"
+	FieldSHA256       = "sha256"
+	FieldMD5          = "md5"
+	FieldFilename     = "filename"
+	FieldImageFormat  = "image-format"
+	FieldCompression  = "compression"
+	FieldArchiveSize  = "archive-size"
+	FieldSize         = "size"
+	FieldOS           = "os"
+	FieldOSRelease    = "os-release"
+	FieldFlavor       = "flavor"
+	FieldHardened     = "hardened"
+	FieldK8sFlavor    = "k8s-flavor"
+	FieldK8sVersion   = "k8s-version"
+	FieldCommitID     = "commit-id"
+	FieldCommitTag    = "commit-tag"
+	AnnotationPrefix  = "sylvaproject.org/diskimage/"
+	annotationKeyPart = "sylva"
 )
+
+// FieldManifestDigest is an osimages addition: the digest of the OCI
+// manifest the catalog resolved (and whose cosign signature it verified,
+// when the registry has a key). The image server refuses to pull another
+// manifest for the image.
+const FieldManifestDigest = "oci-manifest-digest"
 
 // Image is the metadata of one OS image: field name -> string value.
 type Image map[string]string
