@@ -13,6 +13,9 @@ cache=${OSIMAGES_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/osimages/tools}
 
 ORAS_VERSION=v1.3.6
 YQ_VERSION=v4.54.3
+# The cosign CLI cross-checks the cosign format of the signatures the tests
+# make (internal/signature/cosign_test.go). About 9 CPU-minutes to build cold.
+COSIGN_VERSION=v3.1.3
 
 log() { echo "tools: $*" >&2; }
 
@@ -95,9 +98,11 @@ download_capi
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
 go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"
+go_install "$cache/cosign-$COSIGN_VERSION" "github.com/sigstore/cosign/v3/cmd/cosign@$COSIGN_VERSION"
 
 if [ "${1:-}" = env ]; then
   # The Go yq goes first on PATH: a Python yq may be installed and differs.
   echo "export KUBEBUILDER_ASSETS='$envtest_dir'"
   echo "export PATH='$cache/yq-$YQ_VERSION:$cache/oras-$ORAS_VERSION':\"\$PATH\""
+  echo "export OSIMAGES_COSIGN='$cache/cosign-$COSIGN_VERSION/cosign'"
 fi

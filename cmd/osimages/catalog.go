@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -39,7 +41,10 @@ func newCatalogCommand() *cobra.Command {
 		Long: `catalog reads sylva-units values (os_images_oci_registries,
 sylva_diskimagebuilder_images, os_images), fetches the manifest of every OCI
 image, keeps its sylva annotations as image fields, and prints ConfigMap
-os-images-info as YAML, or applies it with --apply.
+os-images-info as YAML, or applies it with --apply. An image of a registry
+with a cosign_publickey is published only when its cosign signature
+verifies (unless security.os_images.skip_signing_check is true); the
+manifest digest resolved is recorded as oci-manifest-digest.
 
 Exit codes: 0 done, 1 some image could not be resolved (all are listed, and
 nothing is printed or applied), 2 the values are wrong.`,
@@ -113,7 +118,14 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 	if err != nil {
 		return inputError(err)
 	}
-	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{Concurrency: o.concurrency, Timeout: o.timeout})
+	if plan.SkipSigningCheck && len(plan.KeyedRegistries) > 0 {
+		fmt.Fprintf(stderr, "%s is true: cosign signatures are NOT checked (registries with a cosign_publickey: %s)\n",
+			catalog.SkipPath, strings.Join(plan.KeyedRegistries, ", "))
+	}
+	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{
+		Concurrency: o.concurrency, Timeout: o.timeout,
+		Signatures: signature.Verifier{Client: client},
+	})
 	if err != nil {
 		var report *catalog.ResolveError
 		if errors.As(err, &report) {

@@ -14,6 +14,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
+	"github.com/sylva-projects/osimages/internal/signature"
 )
 
 type controllerOptions struct {
@@ -133,10 +134,11 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 			if err != nil {
 				return inputError(err)
 			}
+			reg := controller.Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
 			if insecure {
-				c.Insecure = client
+				c.Insecure = reg
 			} else {
-				c.Fetcher = client
+				c.Secure = reg
 			}
 		}
 		opts.Catalog = c

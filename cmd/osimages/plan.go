@@ -24,6 +24,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -205,7 +206,7 @@ func planCatalog(ctx context.Context, o planOptions, mgmt values.Values) (osimag
 	if err != nil {
 		return nil, inputError(err)
 	}
-	cat, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{Timeout: o.timeout})
+	cat, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{Timeout: o.timeout, Signatures: signature.Verifier{Client: client}})
 	if err != nil {
 		return nil, failureError(fmt.Errorf("resolving the proposed catalog: %w", err))
 	}

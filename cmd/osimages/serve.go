@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -59,7 +60,9 @@ os_images that one of the management cluster's own finalized selectors designate
 (control plane and machine deployment levels of the -f values), or that one of
 os_image_server_additional_selectors matches. Each image is pulled from its OCI
 artifact or HTTP(S) URL in one streaming pass, verified (OCI blob digest, sha256,
-md5), stored by sha256, and served at /images/<sha256>/<filename>, with
+md5; for an OCI artifact of a registry with a cosign_publickey, first the
+pinned manifest digest and the cosign signature, before any byte is
+downloaded), stored by sha256, and served at /images/<sha256>/<filename>, with
 <filename>.sha256sum and <filename>.md5sum beside it.
 
 What is served is published as capm3_os_image_server_images (contract §6) to a
@@ -168,9 +171,18 @@ func runServe(ctx context.Context, o serveOptions) error {
 			log.Warn("reference-safe garbage collection is off: no cluster to read Metal3 objects from (--keep-referenced=false silences this)", "error", err.Error())
 		}
 	}
+	// The cosign keys in force, from the values last applied. Until the
+	// first values are read, no OCI image can be pulled: fail closed.
+	var trust atomic.Pointer[trustState]
+	currentTrust := func() (catalog.Trust, error) {
+		if t := trust.Load(); t != nil {
+			return t.trust, t.err
+		}
+		return catalog.Trust{}, errors.New("the management values are not read yet")
+	}
 	metrics := server.NewMetrics()
 	cfg := server.Config{
-		Store: store, Pull: server.PullWith(choose), Publisher: publisher, Concurrency: o.concurrency,
+		Store: store, Pull: server.PullWith(choose, currentTrust), Publisher: publisher, Concurrency: o.concurrency,
 		GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin, Logger: log, Metrics: metrics,
 	}
 	if refs != nil {
@@ -194,11 +206,22 @@ func runServe(ctx context.Context, o serveOptions) error {
 		return inputs.Watch(gctx, hup, func(cat osimage.Catalog, vals values.Values) {
 			insecure, _ := values.Bool(vals, "oci_registry_insecure", "oci_registry_insecure", false)
 			useInsecure.Store(insecure)
+			t, trustErr := catalog.TrustFromValues(vals)
+			trust.Store(&trustState{trust: t, err: trustErr})
+			switch {
+			case trustErr != nil:
+				trustErr = fmt.Errorf("OCI images are not pulled until the cosign keys can be read: %w", trustErr)
+				log.Error("signature policy unreadable", "error", trustErr)
+			case t.Skip && t.Keys() > 0:
+				log.Warn(catalog.SkipPath+" is true: cosign signatures are NOT checked", "registriesWithKey", t.Keys())
+			case t.Keys() > 0:
+				log.Info("cosign signatures are checked before each download", "registriesWithKey", t.Keys())
+			}
 			wanted, err := server.Select(vals, cat)
 			if err != nil {
 				log.Error("selection problems (the other images are still served)", "error", err)
 			}
-			srv.SetDesired(wanted, err)
+			srv.SetDesired(wanted, errors.Join(err, trustErr))
 		})
 	})
 	g.Go(func() error { return srv.Run(gctx) })
@@ -224,6 +247,13 @@ func runServe(ctx context.Context, o serveOptions) error {
 		return httpServer.Shutdown(shutdown)
 	})
 	return g.Wait()
+}
+
+// trustState is the signature policy read from the values last applied, or
+// why it could not be.
+type trustState struct {
+	trust catalog.Trust
+	err   error
 }
 
 func quantity(flag, s string) (int64, error) {

@@ -29,6 +29,10 @@ type Source struct {
 	// Declared are the hand-declared fields of os_images; they win over the
 	// annotations of the same name.
 	Declared osimage.Image `json:"declared,omitempty"`
+	// SigningKeys are the cosign keys the image's manifest must be signed
+	// with (Trust.KeysFor); empty when none applies or the check is off.
+	// They are part of the inputs hash: a new key resolves again.
+	SigningKeys []SigningKey `json:"signingKeys,omitempty"`
 }
 
 // IsOCI says whether the image's metadata comes from an OCI manifest.
@@ -39,11 +43,17 @@ type Plan struct {
 	Sources []Source `json:"sources"`
 	// Insecure is oci_registry_insecure.
 	Insecure bool `json:"insecure"`
+	// SkipSigningCheck is security.os_images.skip_signing_check.
+	SkipSigningCheck bool `json:"skipSigningCheck,omitempty"`
+	// KeyedRegistries names the registries that have a cosign_publickey,
+	// checked or not, for the log line that says the check is off.
+	KeyedRegistries []string `json:"-"`
 }
 
 // planFormat versions the inputs hash: bump it when the meaning of a plan
-// changes, so that clusters resolve again after an upgrade.
-const planFormat = "osimages.catalog/v1"
+// changes, so that clusters resolve again after an upgrade. v2: signatures
+// are verified and the manifest digest is recorded (oci-manifest-digest).
+const planFormat = "osimages.catalog/v2"
 
 // InputsHash identifies the plan: equal plans resolve to the same catalog as
 // long as the registries' tags do not move.
@@ -68,10 +78,15 @@ func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
 	if err != nil {
 		fail(err)
 	}
-	registries, err := registriesFromValues(v)
+	registries, err := registriesFromValues(v, true)
 	if err != nil {
 		fail(err)
 	}
+	skip, err := skipSigningCheck(v)
+	if err != nil {
+		fail(err)
+	}
+	trust := trustOf(registries, skip)
 
 	sources := map[string]Source{}
 	dib, err := values.Map(v, "sylva_diskimagebuilder_images", "sylva_diskimagebuilder_images")
@@ -154,12 +169,16 @@ func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
 		return Plan{}, &InputError{Errs: errs}
 	}
 
-	plan := Plan{Insecure: insecure}
+	plan := Plan{Insecure: insecure, SkipSigningCheck: skip}
+	for _, k := range trust.Registries {
+		plan.KeyedRegistries = append(plan.KeyedRegistries, k.Registry)
+	}
 	for _, key := range slices.Sorted(maps.Keys(sources)) {
 		s := sources[key]
 		if filter != nil && !filter.MatchString(s.Key) && (s.RegistryKey == "" || !filter.MatchString(s.RegistryKey)) {
 			continue
 		}
+		s.SigningKeys = trust.KeysFor(s.RegistryKey, s.URI)
 		plan.Sources = append(plan.Sources, s)
 	}
 	return plan, nil
@@ -205,9 +224,13 @@ func hasScheme(uri string, schemes ...string) bool {
 type registry struct {
 	url, tag string
 	enabled  bool
+	// cosignKey is the PEM of cosign_publickey, "" when none.
+	cosignKey string
 }
 
-func registriesFromValues(v values.Values) (map[string]registry, error) {
+// registriesFromValues reads os_images_oci_registries. needTag is false for
+// the image server, which only needs each registry's url and key.
+func registriesFromValues(v values.Values, needTag bool) (map[string]registry, error) {
 	raw, err := values.Map(v, "os_images_oci_registries", "os_images_oci_registries")
 	if err != nil {
 		return nil, err
@@ -222,11 +245,14 @@ func registriesFromValues(v values.Values) (map[string]registry, error) {
 			continue
 		}
 		var r registry
-		var e1, e2, e3 error
+		var e1, e2, e3, e4 error
 		r.enabled, e1 = values.Bool(entry, "enabled", path+".enabled", true)
 		r.url, e2 = renderField(v, entry, "url", path)
-		r.tag, e3 = renderField(v, entry, "tag", path)
-		if err := errors.Join(e1, e2, e3); err != nil {
+		if needTag {
+			r.tag, e3 = renderField(v, entry, "tag", path)
+		}
+		r.cosignKey, e4 = cosignKey(entry, path)
+		if err := errors.Join(e1, e2, e3, e4); err != nil {
 			errs = append(errs, err)
 			continue
 		}

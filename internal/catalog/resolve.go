@@ -12,12 +12,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/signature"
 )
 
 // ManifestFetcher reads an image's manifest from its registry.
@@ -25,8 +27,17 @@ type ManifestFetcher interface {
 	FetchManifest(ctx context.Context, uri string) (oci.Manifest, error)
 }
 
+// SignatureVerifier checks that manifest d of uri's repository is signed
+// with key; signature.Verifier is one.
+type SignatureVerifier interface {
+	Verify(ctx context.Context, uri string, d digest.Digest, key *signature.PublicKey) error
+}
+
 // ResolveOptions bound the work of Resolve.
 type ResolveOptions struct {
+	// Signatures verifies the images that have signing keys. Without it,
+	// such an image fails: it is never published unverified.
+	Signatures SignatureVerifier
 	// Concurrency is the number of manifests fetched at once (default 8).
 	Concurrency int
 	// Timeout bounds the resolution of one image, retries included
@@ -52,7 +63,7 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 	g.SetLimit(opts.Concurrency)
 	for i, src := range plan.Sources {
 		g.Go(func() error {
-			img, err := resolveOne(gctx, src, fetcher, opts.Timeout)
+			img, err := resolveOne(gctx, src, fetcher, opts.Signatures, opts.Timeout)
 			if err != nil {
 				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: describe(err, opts.Timeout)}
 				return nil
@@ -82,13 +93,24 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 	return out, nil
 }
 
-func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, timeout time.Duration) (osimage.Image, error) {
+func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs SignatureVerifier, timeout time.Duration) (osimage.Image, error) {
 	img := osimage.Image{}
+	var manifestDigest string
 	if src.IsOCI() {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		m, err := fetcher.FetchManifest(ctx, src.URI)
 		if err != nil {
+			return nil, err
+		}
+		manifestDigest = m.Descriptor.Digest.String()
+		if pin := src.Declared[osimage.FieldManifestDigest]; pin != "" && pin != manifestDigest {
+			return nil, fmt.Errorf("manifest digest mismatch: os_images.%s.%s pins %s, but the tag now resolves to %s; update the pin or the tag",
+				src.Key, osimage.FieldManifestDigest, pin, manifestDigest)
+		}
+		// The signature is checked against the digest of the manifest whose
+		// annotations are read: what is published is what was signed.
+		if err := verifySignatures(ctx, src, m.Descriptor.Digest, sigs); err != nil {
 			return nil, err
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)
@@ -107,10 +129,37 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, timeou
 	for k, v := range src.Declared {
 		img[k] = v
 	}
+	if manifestDigest != "" {
+		img[osimage.FieldManifestDigest] = manifestDigest
+	}
 	if src.IsOCI() && img[osimage.FieldSHA256] == "" {
 		return nil, errNoSHA256
 	}
 	return img, nil
+}
+
+// verifySignatures checks the signature of manifest d with every key that
+// applies to src. A refusal keeps Sylva's words and says where the key
+// comes from and how to get out of it.
+func verifySignatures(ctx context.Context, src Source, d digest.Digest, sigs SignatureVerifier) error {
+	for _, k := range src.SigningKeys {
+		key, err := signature.ParsePublicKey([]byte(k.PublicKey))
+		if err != nil {
+			return fmt.Errorf("%s: %w", k.Path(), err)
+		}
+		if sigs == nil {
+			return fmt.Errorf("Invalid signature for %s: no signature verifier configured, and %s is set", src.URI, k.Path())
+		}
+		err = sigs.Verify(ctx, src.URI, d, key)
+		var refused *signature.Error
+		if errors.As(err, &refused) {
+			return fmt.Errorf("%w (key from %s; sign the artifact with its private key, fix the key, or set %s: true to publish unsigned images)", err, k.Path(), SkipPath)
+		}
+		if err != nil {
+			return fmt.Errorf("verifying the signature: %w", err)
+		}
+	}
+	return nil
 }
 
 var errNoSHA256 = errors.New("no sha256 annotation: the manifest has no " + osimage.AnnotationPrefix + "sha256, and os_images declares none (was it published by diskimage-builder?)")

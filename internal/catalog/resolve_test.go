@@ -17,6 +17,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/testenv"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -69,7 +70,7 @@ func resolveValues(t *testing.T, v values.Values, opts oci.Options) (osimage.Cat
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Resolve(context.Background(), plan, client, ResolveOptions{Timeout: 5 * time.Second})
+	return Resolve(context.Background(), plan, client, ResolveOptions{Timeout: 5 * time.Second, Signatures: signature.Verifier{Client: client}})
 }
 
 func keysOf[V any](m map[string]V) []string {

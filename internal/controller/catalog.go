@@ -24,12 +24,20 @@ import (
 
 // CatalogOptions configure the per-namespace catalog.
 type CatalogOptions struct {
-	// Fetchers resolve manifests; Insecure is used when the values set
-	// oci_registry_insecure.
-	Fetcher, Insecure catalog.ManifestFetcher
+	// Secure resolves manifests and verifies signatures; Insecure is used
+	// when the values set oci_registry_insecure.
+	Secure, Insecure Registry
 	// Concurrency and Timeout are those of catalog.Resolve.
 	Concurrency int
 	Timeout     time.Duration
+}
+
+// Registry is how the catalog reads one kind of registry.
+type Registry struct {
+	Manifests catalog.ManifestFetcher
+	// Signatures verifies cosign signatures; without it, an image whose
+	// registry has a key fails (never published unverified).
+	Signatures catalog.SignatureVerifier
 }
 
 const catalogFieldOwner = "osimages-catalog"
@@ -89,11 +97,16 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		return reconcile.Result{}, nil
 	}
 
-	fetcher := c.opts.Fetcher
+	reg := c.opts.Secure
 	if plan.Insecure {
-		fetcher = c.opts.Insecure
+		reg = c.opts.Insecure
 	}
-	resolved, err := catalog.Resolve(ctx, plan, fetcher, catalog.ResolveOptions{Concurrency: c.opts.Concurrency, Timeout: c.opts.Timeout})
+	if plan.SkipSigningCheck && len(plan.KeyedRegistries) > 0 {
+		c.log.Info(catalog.SkipPath+" is true: cosign signatures are NOT checked", "namespace", name, "keyedRegistries", plan.KeyedRegistries)
+	}
+	resolved, err := catalog.Resolve(ctx, plan, reg.Manifests, catalog.ResolveOptions{
+		Concurrency: c.opts.Concurrency, Timeout: c.opts.Timeout, Signatures: reg.Signatures,
+	})
 	if err != nil {
 		c.metrics.catalogRun(name, false)
 		c.event(&cms.Items[0], corev1.EventTypeWarning, "CatalogFailed", "os-images-info not updated: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -200,7 +201,8 @@ func TestCatalogPublishesAndRetries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startManager(t, Options{Catalog: &CatalogOptions{Fetcher: client, Insecure: client, Timeout: 5 * time.Second}})
+	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
+	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
 
 	values := fmt.Sprintf(`oci_registry_insecure: true
 os_images_oci_registries:
@@ -241,4 +243,50 @@ sylva_diskimagebuilder_images:
 	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields["sha256"]) {
 		t.Errorf("os-images-info changed on bad values: %v %v", cm, err)
 	}
+}
+
+func TestCatalogVerifiesSignatures(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	namespace(t, "catalog-signed", nil)
+	client, err := oci.NewClient(oci.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
+	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
+
+	signer, err := devregistry.NewSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := reg.Publish(context.Background(), devregistry.DiskImage{Repository: "dib/ubuntu", Tag: "1.0", Content: []byte("disk"), Fields: osimage.Image{"os": "ubuntu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := strings.ReplaceAll(strings.TrimSpace(signer.PublicKeyPEM), "\n", "\n      ")
+	put(t, "catalog-signed", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, fmt.Sprintf(`oci_registry_insecure: true
+os_images_oci_registries:
+  sylva:
+    url: 'oci://%s/dib'
+    tag: '1.0'
+    cosign_publickey: |
+      %s
+sylva_diskimagebuilder_images:
+  ubuntu: {os_images_oci_registry: sylva}
+`, reg.Host, key))
+	eventually(t, "unsigned artifact refused", func() (bool, string) {
+		evs := eventNotes(t, "catalog-signed", "CatalogFailed")
+		return len(evs) > 0 && strings.Contains(evs[0], "Invalid signature for oci://"+p.Ref), fmt.Sprint(evs)
+	})
+	if err := reg.Sign(context.Background(), signer, "dib/ubuntu", p.ManifestDigest, devregistry.SignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "signed artifact published with its digest", func() (bool, string) {
+		cm, err := kube.Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		cat, err := osimage.ParseInfo([]byte(cm.Data["values.yaml"]))
+		return err == nil && cat["ubuntu"]["oci-manifest-digest"] == p.ManifestDigest.String(), fmt.Sprint(cat, err)
+	})
 }

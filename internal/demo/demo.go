@@ -33,6 +33,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -92,15 +93,32 @@ func Start(ctx context.Context) (*Environment, error) {
 	}
 	vals["sylva_base_oci_registry"] = "oci://" + reg.Host + "/sylva-projects"
 	vals["oci_registry_insecure"] = true
+	// The artifacts are signed as diskimage-builder's CI signs them (cosign,
+	// key-based), and the registry carries the public key, so that the demo
+	// verifies signatures in the catalog and the image server.
+	signer, err := devregistry.NewSigner()
+	if err != nil {
+		reg.Close()
+		return nil, err
+	}
+	if regs, ok := vals["os_images_oci_registries"].(map[string]any); ok {
+		if sylva, ok := regs["sylva"].(map[string]any); ok {
+			sylva["cosign_publickey"] = signer.PublicKeyPEM
+		}
+	}
 	tag, _ := vals["sylva_diskimagebuilder_version"].(string)
 	for i, img := range Images {
-		_, err := reg.Publish(ctx, devregistry.DiskImage{
-			Repository: "sylva-projects/sylva-elements/diskimage-builder/" + img.Name,
+		repo := "sylva-projects/sylva-elements/diskimage-builder/" + img.Name
+		p, err := reg.Publish(ctx, devregistry.DiskImage{
+			Repository: repo,
 			Tag:        tag,
 			Content:    devregistry.DiskContent(ImageSize, uint64(i+1)),
 			Gzip:       true,
 			Fields:     img.Fields,
 		})
+		if err == nil {
+			err = reg.Sign(ctx, signer, repo, p.ManifestDigest, devregistry.SignOptions{})
+		}
 		if err != nil {
 			reg.Close()
 			return nil, fmt.Errorf("publishing demo image %s: %w", img.Name, err)
@@ -143,7 +161,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	if err != nil {
 		return err
 	}
-	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{})
+	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{Signatures: signature.Verifier{Client: client}})
 	if err != nil {
 		return err
 	}
@@ -151,9 +169,13 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info\n", len(resolved))
+	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info (cosign signatures verified)\n", len(resolved))
 
-	srv, base, stop, err := serve(ctx, resolved, client, opts.Listen)
+	trust, err := catalog.TrustFromValues(env.Values)
+	if err != nil {
+		return err
+	}
+	srv, base, stop, err := serve(ctx, resolved, client, trust, opts.Listen)
 	if err != nil {
 		return err
 	}
@@ -187,7 +209,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 // serve runs the image server over a temporary data directory, selecting
 // with the demo's management values, and waits until every selected image is
 // ready.
-func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, listen string) (*server.Server, string, func(), error) {
+func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust catalog.Trust, listen string) (*server.Server, string, func(), error) {
 	dir, err := os.MkdirTemp("", "osimages-demo-data-")
 	if err != nil {
 		return nil, "", nil, err
@@ -198,7 +220,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, listen 
 		return nil, "", nil, err
 	}
 	puller := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
-	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }), FreeSpaceMargin: 1 << 20})
+	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }, func() (catalog.Trust, error) { return trust, nil }), FreeSpaceMargin: 1 << 20})
 	mgmt, err := values.Parse(mgmtYAML)
 	if err != nil {
 		os.RemoveAll(dir)

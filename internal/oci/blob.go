@@ -3,10 +3,14 @@ package oci
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 )
 
@@ -65,3 +69,27 @@ func (c *Client) HTTPClient() *http.Client { return c.http }
 
 // UserAgent is the User-Agent this client sends.
 func (c *Client) UserAgent() string { return c.userAgent }
+
+// ReadBlob reads the small blob desc of ref's repository whole, checked
+// against the descriptor's digest and size. A descriptor announcing more than
+// limit bytes is refused before any request, so that a hostile manifest
+// cannot make the caller read a large blob into memory.
+func (c *Client) ReadBlob(ctx context.Context, ref registry.Reference, desc ocispec.Descriptor, limit int64) ([]byte, error) {
+	if err := desc.Digest.Validate(); err != nil {
+		return nil, fmt.Errorf("blob digest %q: %w", desc.Digest, err)
+	}
+	if desc.Size < 0 || desc.Size > limit {
+		return nil, fmt.Errorf("blob %s is announced as %d bytes, more than the %d allowed", desc.Digest, desc.Size, limit)
+	}
+	var data []byte
+	err := c.Do(ctx, ref, func(repo *remote.Repository) error {
+		rc, err := repo.Blobs().Fetch(ctx, desc)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		data, err = content.ReadAll(io.LimitReader(rc, limit+1), desc)
+		return err
+	})
+	return data, err
+}

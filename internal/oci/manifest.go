@@ -8,6 +8,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
 )
 
@@ -47,6 +48,31 @@ func (c *Client) FetchManifest(ctx context.Context, uri string) (Manifest, error
 			return fmt.Errorf("manifest %s is not JSON: %w", desc.Digest, err)
 		}
 		return nil
+	})
+	return out, err
+}
+
+// maxReferrers bounds the referrers listed for one manifest: an image has a
+// handful (signatures, attestations); a registry listing thousands is either
+// broken or hostile.
+const maxReferrers = 1000
+
+// Referrers lists the manifests of ref's repository that name subject as
+// their subject and have the given artifact type (any type when empty),
+// through the OCI referrers API or, where the registry lacks it, the
+// referrers tag schema (tag sha256-<hex> holding an index). A registry with
+// neither answers an empty list.
+func (c *Client) Referrers(ctx context.Context, ref registry.Reference, subject ocispec.Descriptor, artifactType string) ([]ocispec.Descriptor, error) {
+	var out []ocispec.Descriptor
+	err := c.Do(ctx, ref, func(repo *remote.Repository) error {
+		out = out[:0]
+		return repo.Referrers(ctx, subject, artifactType, func(page []ocispec.Descriptor) error {
+			if len(out)+len(page) > maxReferrers {
+				return fmt.Errorf("manifest %s has more than %d referrers", subject.Digest, maxReferrers)
+			}
+			out = append(out, page...)
+			return nil
+		})
 	})
 	return out, err
 }

@@ -34,6 +34,12 @@ const (
 	annotationKeyPart = "sylva"
 )
 
+// FieldManifestDigest is an osimages addition: the digest of the OCI
+// manifest the catalog resolved (and whose cosign signature it verified,
+// when the registry has a key). The image server refuses to pull another
+// manifest for the image.
+const FieldManifestDigest = "oci-manifest-digest"
+
 // Image is the metadata of one OS image: field name -> string value.
 type Image map[string]string
 

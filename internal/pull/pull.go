@@ -37,6 +37,15 @@ type Source struct {
 	// ArchiveSize is the expected length of the artifact layer or the
 	// download; 0 means unknown.
 	ArchiveSize int64
+	// ManifestDigest, for an OCI source, pins the manifest: when the tag
+	// resolves to another one (it was moved after the catalog read it), the
+	// pull stops with a *VerifyError before any byte of the layer is asked.
+	ManifestDigest string
+	// CheckManifest, for an OCI source, is called with the digest of the
+	// manifest resolved, whose layer is the one downloaded, before any byte
+	// of it is asked (a signature check, say); an error stops the pull. It
+	// gets the client the puller reaches the registry with.
+	CheckManifest func(ctx context.Context, client *oci.Client, d digest.Digest) error
 }
 
 // Destination receives the served file. Reset discards what was written,
@@ -77,6 +86,7 @@ const (
 	WhatMD5          = "md5"
 	WhatSize         = "size"
 	WhatDownloadSize = "download size"
+	WhatManifest     = "manifest digest"
 )
 
 // VerifyError says that the content is not what it should be.
@@ -96,6 +106,8 @@ func (e *VerifyError) Error() string {
 		msg += fmt.Sprintf(": the image's %s field does not describe the file the artifact holds; fix the image metadata or the artifact", e.What)
 	case WhatDownloadSize:
 		msg += ": the artifact is not the one the image metadata (archive-size) describes"
+	case WhatManifest:
+		msg += ": the tag now names another manifest than the one the catalog resolved (and verified, when signed); nothing was downloaded; run the catalog again to publish the new one"
 	}
 	return msg
 }
@@ -240,6 +252,11 @@ func normalize(src *Source) error {
 	if src.Size < 0 || src.ArchiveSize < 0 {
 		return fmt.Errorf("pulling %s: negative size", display(src.URI))
 	}
+	if src.ManifestDigest != "" {
+		if _, err := digest.Parse(src.ManifestDigest); err != nil {
+			return fmt.Errorf("pulling %s: manifest digest %q: %w", display(src.URI), src.ManifestDigest, err)
+		}
+	}
 	return nil
 }
 
@@ -294,6 +311,14 @@ func (p *Puller) resolveOCI(ctx context.Context, src Source) (object, error) {
 	m, err := p.OCI.FetchManifest(ctx, src.URI)
 	if err != nil {
 		return object{}, fmt.Errorf("fetching the manifest: %w", err)
+	}
+	if src.ManifestDigest != "" && m.Descriptor.Digest.String() != src.ManifestDigest {
+		return object{}, &VerifyError{What: WhatManifest, Expected: src.ManifestDigest, Actual: m.Descriptor.Digest.String()}
+	}
+	if src.CheckManifest != nil {
+		if err := src.CheckManifest(ctx, p.OCI, m.Descriptor.Digest); err != nil {
+			return object{}, err
+		}
 	}
 	if len(m.Layers) != 1 {
 		return object{}, fmt.Errorf("manifest %s has %d layers: an OS image artifact has exactly one, the image file", m.Descriptor.Digest, len(m.Layers))

@@ -15,6 +15,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/signature"
 )
 
 // Phase is where an image stands.
@@ -608,9 +609,12 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 	return lookup{served: served, stored: img.stored, phase: img.phase, filename: img.Filename(), md5: img.entry.MD5}, true
 }
 
+// isVerifyError tells a refusal of the content (digests, sizes, the pinned
+// manifest, the signature) from a failure to fetch it.
 func isVerifyError(err error) bool {
 	var v *pull.VerifyError
-	return errors.As(err, &v)
+	var refused *signature.Error
+	return errors.As(err, &v) || errors.As(err, &refused)
 }
 
 func bytesIEC(n int64) string {
