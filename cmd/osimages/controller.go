@@ -12,7 +12,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/controller"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
-	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
@@ -65,22 +64,14 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	f.BoolVar(&o.catalog, "catalog", true, "publish os-images-info in the namespaces holding catalog inputs")
 	f.BoolVar(&o.propagate, "propagate", true, "copy the served set into the workload-cluster namespaces")
 	f.BoolVar(&o.check, "check", true, "check that the images each workload cluster needs are served")
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
 	f.StringVar(&o.config, "config", "", "propagation rules file (default: Sylva's one rule)")
 	f.BoolVar(&o.adopt, "adopt", false, "propagation: take over copies that osimages did not create (such as Kyverno's)")
 	f.StringVar(&o.servedCopy, "served-copy", controller.DefaultServedCopy, "check: name of the copy of the served set in each workload-cluster namespace")
 	f.StringVar(&o.namespaceSelector, "check-namespace-selector", controller.WorkloadClusterLabel, "check: label selector of the workload-cluster namespaces")
-	f.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease works")
-	f.StringVar(&o.leaderNamespace, "leader-election-namespace", osimage.ServedConfigMapNamespace, "namespace of the leader-election Lease")
 	f.StringVar(&o.leaderID, "leader-election-id", controller.DefaultLeaderElectionID, "name of the leader-election Lease")
 	f.DurationVar(&o.resync, "resync", 10*time.Minute, "look at every object at least this often, events or not")
 	f.IntVar(&o.workers, "workers", 4, "namespaces reconciled at once, per part")
-	f.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of the Prometheus /metrics endpoint (0 disables)")
-	f.StringVar(&o.healthAddr, "health-addr", ":8081", "listen address of /healthz and /readyz (0 disables)")
-	f.Float32Var(&o.qps, "kube-api-qps", 200, "sustained requests per second to the apiserver")
-	f.IntVar(&o.burst, "kube-api-burst", 500, "requests to the apiserver in a burst")
-	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity")
+	addManagerFlags(f, &o.propagateOptions)
 	addRegistryFlags(f, &o.caFile, &o.registryConfig)
 	f.IntVar(&o.catalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
 	f.DurationVar(&o.catalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -62,22 +63,11 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags or rul
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
 	f.StringVar(&o.config, "config", "", "rules file (default: Sylva's one rule)")
 	f.BoolVar(&o.adopt, "adopt", false, "take over objects of a target name that osimages did not create (such as Kyverno's copies) instead of leaving them alone")
-	f.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease writes")
-	f.StringVar(&o.leaderNamespace, "leader-election-namespace", osimage.ServedConfigMapNamespace, "namespace of the leader-election Lease")
 	f.DurationVar(&o.resync, "resync", 10*time.Minute, "check every copy at least this often, events or not")
 	f.IntVar(&o.workers, "workers", 8, "copies written at once")
-	f.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of the Prometheus /metrics endpoint (0 disables)")
-	f.StringVar(&o.healthAddr, "health-addr", ":8081", "listen address of /healthz and /readyz (0 disables)")
-	// A source change writes every copy at once: the burst lets a fan-out
-	// of up to 500 copies go unthrottled, the rate still bounds a runaway
-	// loop, and the apiserver's priority and fairness applies on top.
-	f.Float32Var(&o.qps, "kube-api-qps", 200, "sustained requests per second to the apiserver")
-	f.IntVar(&o.burst, "kube-api-burst", 500, "requests to the apiserver in a burst")
-	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity: 0 writes and problems, 1 also writes retried because the cache was behind")
+	addManagerFlags(f, &o)
 	return cmd
 }
 
@@ -129,6 +119,24 @@ func runPropagate(cmd *cobra.Command, o propagateOptions) error {
 		return failureError(err)
 	}
 	return nil
+}
+
+// addManagerFlags adds the flags of the commands that run a
+// controller-runtime manager: cluster access, leader election, endpoints
+// and logs.
+func addManagerFlags(f *pflag.FlagSet, o *propagateOptions) {
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
+	f.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease writes")
+	f.StringVar(&o.leaderNamespace, "leader-election-namespace", osimage.ServedConfigMapNamespace, "namespace of the leader-election Lease")
+	f.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of the Prometheus /metrics endpoint (0 disables)")
+	f.StringVar(&o.healthAddr, "health-addr", ":8081", "listen address of /healthz and /readyz (0 disables)")
+	// A source change writes every copy at once: the burst lets a fan-out
+	// of up to 500 copies go unthrottled, the rate still bounds a runaway
+	// loop, and the apiserver's priority and fairness applies on top.
+	f.Float32Var(&o.qps, "kube-api-qps", 200, "sustained requests per second to the apiserver")
+	f.IntVar(&o.burst, "kube-api-burst", 500, "requests to the apiserver in a burst")
+	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	f.IntVarP(&o.verbosity, "verbosity", "v", 0, "log verbosity: 0 writes and problems, 1 also writes retried because the cache was behind")
 }
 
 func newLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
