@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
@@ -501,8 +502,21 @@ func TestFleetEndToEnd(t *testing.T) {
 			t.Errorf("status page does not say the image is kept:\n%s", page)
 		}
 
+		// A machine stamped from the old template references the image too.
+		machines := dyn.Resource(templatesGVR.GroupVersion().WithResource("metal3machines")).Namespace("fleet-wc1")
+		machine := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": templatesGVR.GroupVersion().String(), "kind": "Metal3Machine",
+			"metadata": map[string]any{"name": "fleet-wc1-md0-machine"},
+			"spec": map[string]any{"image": map[string]any{
+				"url": e.serve.url("/images/" + sha + "/" + filename), "checksum": sha, "checksumType": "sha256", "diskFormat": "raw"}},
+		}}
+		if _, err := machines.Create(ctx, machine, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+
 		// wc1 moves to a served image (the operator's fix) and its old
-		// templates go: the image is collected then.
+		// templates go: the machine still holds the image; once it goes
+		// too, the image is collected.
 		e.applyConfigMap("fleet-wc1", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
 		e.waitCatalog("fleet-wc1", img132, e.sha(img132+":0.7.8"))
 		if r := e.render("fleet-wc1", clusters["fleet-wc1"]); r.code != 0 {
@@ -512,6 +526,20 @@ func TestFleetEndToEnd(t *testing.T) {
 			if err := dyn.Resource(templatesGVR).Namespace("fleet-wc1").Delete(ctx, strings.TrimPrefix(name, "fleet-wc1/"), metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
+		}
+		eventually(t, "the machine alone keeps the image", 30*time.Second, func() (bool, string) {
+			resp, err := http.Get(e.serve.url("/"))
+			if err != nil {
+				return false, err.Error()
+			}
+			page := readAll(t, resp)
+			return strings.Contains(page, "kept: still referenced by Metal3Machine fleet-wc1/fleet-wc1-md0-machine<"), grepLines(page, "kept")
+		})
+		if _, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 {
+			t.Fatalf("an image a machine references is not served: %d", code)
+		}
+		if err := machines.Delete(ctx, machine.GetName(), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
 		}
 		eventually(t, "the unreferenced image is collected", 30*time.Second, func() (bool, string) {
 			_, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename))

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // Group is the API group of the Metal3 infrastructure provider.
@@ -23,20 +22,12 @@ const (
 	KindMachine         = "Metal3Machine"
 )
 
-// Resources are the resources that reference images, as watched: a
-// reference held by either one keeps an image alive (a MachineSet creates
+// resources maps the resources that reference images to their kinds: a
+// reference held by either keeps an image alive (a MachineSet creates
 // Metal3Machines from the template, and nodeReuse needs the template).
-var Resources = []schema.GroupVersionResource{
-	{Group: Group, Version: "v1beta1", Resource: "metal3machinetemplates"},
-	{Group: Group, Version: "v1beta1", Resource: "metal3machines"},
-}
-
-// KindOf returns the kind of resource r.
-func KindOf(r schema.GroupVersionResource) string {
-	if r.Resource == "metal3machines" {
-		return KindMachine
-	}
-	return KindMachineTemplate
+var resources = map[string]string{
+	"metal3machinetemplates": KindMachineTemplate,
+	"metal3machines":         KindMachine,
 }
 
 // Image is the image an object references.

@@ -124,9 +124,8 @@ func (r *References) servedVersion() (string, error) {
 func (r *References) start(ctx context.Context, version string) {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(r.dyn, 0)
 	r.synced.Store(false)
-	for _, res := range Resources {
-		gvr := schema.GroupVersionResource{Group: Group, Version: version, Resource: res.Resource}
-		kind := KindOf(res)
+	for resource, kind := range resources {
+		gvr := schema.GroupVersionResource{Group: Group, Version: version, Resource: resource}
 		inf := factory.ForResource(gvr).Informer()
 		// Only the image fields are kept: Metal3Machines are many, and
 		// their status is large.
