@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test tools bench-catalog bench-pull bench-serve bench-propagation clean
+.PHONY: build image demo test tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet clean
 
 build:
 	$(GO) build -o bin/osimages ./cmd/osimages
@@ -41,6 +41,10 @@ bench-serve:
 
 bench-propagation:
 	hack/bench-propagation.sh
+
+# 500 workload namespaces: from a served-set change to every osimages-status.
+bench-fleet:
+	eval "$$(hack/tools.sh env)" && go test -run '^$$' -bench FleetReaction -benchtime 3x ./internal/controller
 
 clean:
 	rm -rf bin

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/propagate"
 )
 
 // CheckOptions configure the served-set check.
@@ -36,8 +37,8 @@ type CheckOptions struct {
 
 // Default names of the check.
 const (
-	DefaultServedCopy       = "kyverno-cloned-os-image-server-images"
-	WorkloadClusterLabel    = "sylva-project.org/workload-cluster"
+	DefaultServedCopy       = propagate.DefaultTargetName
+	WorkloadClusterLabel    = propagate.WorkloadClusterLabel
 	checkFieldOwner         = "osimages-check"
 	eventActionCheck        = "CheckServed"
 	reasonImageNotServed    = "ImageNotServed"

@@ -44,7 +44,7 @@ func sum(s string) string {
 }
 
 // startManager runs the controller in-process until the test ends.
-func startManager(t *testing.T, o Options) {
+func startManager(t testing.TB, o Options) {
 	t.Helper()
 	o.Registerer = prometheus.NewRegistry()
 	o.Logger = logr.Discard()
