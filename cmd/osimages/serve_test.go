@@ -46,15 +46,8 @@ func freeAddr(t *testing.T) string {
 
 func startServe(t *testing.T, addr string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{addr: addr, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(binary, append([]string{"serve", "--listen", addr, "--poll", "100ms", "--free-space-margin", "1Mi"}, args...)...)
-	d.cmd.Stderr = d.stderr
-	d.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.cmd.Wait(); close(d.done) }()
-	t.Cleanup(func() { d.kill(syscall.SIGTERM) })
+	d := startDaemon(t, append([]string{"serve", "--listen", addr, "--poll", "100ms", "--free-space-margin", "1Mi"}, args...)...)
+	d.addr = addr
 	return d
 }
 
