@@ -93,14 +93,16 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 		return inputError(err)
 	}
 	opts := controller.Options{
-		Workers:                 o.workers,
-		Resync:                  o.resync,
-		LeaderElection:          o.leaderElect,
-		LeaderElectionNamespace: o.leaderNamespace,
-		LeaderElectionID:        o.leaderID,
-		MetricsAddr:             o.metricsAddr,
-		HealthAddr:              o.healthAddr,
-		Logger:                  logger,
+		Workers: o.workers,
+		Resync:  o.resync,
+		ManagerOptions: kube.ManagerOptions{
+			LeaderElection:          o.leaderElect,
+			LeaderElectionNamespace: o.leaderNamespace,
+			LeaderElectionID:        o.leaderID,
+			MetricsAddr:             o.metricsAddr,
+			HealthAddr:              o.healthAddr,
+			Logger:                  logger,
+		},
 	}
 	if o.propagate {
 		rules := propagate.DefaultRules()

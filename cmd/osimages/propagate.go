@@ -105,15 +105,17 @@ func runPropagate(cmd *cobra.Command, o propagateOptions) error {
 		logger.Info("rule", "name", r.Name, "source", r.Source.String(), "target", r.Target, "namespaceSelector", r.Selector.String())
 	}
 	err = propagate.Run(cmd.Context(), cfg, propagate.Options{
-		Rules:                   rules,
-		Adopt:                   o.adopt,
-		Resync:                  o.resync,
-		Workers:                 o.workers,
-		LeaderElection:          o.leaderElect,
-		LeaderElectionNamespace: o.leaderNamespace,
-		MetricsAddr:             o.metricsAddr,
-		HealthAddr:              o.healthAddr,
-		Logger:                  logger,
+		Rules:   rules,
+		Adopt:   o.adopt,
+		Resync:  o.resync,
+		Workers: o.workers,
+		ManagerOptions: kube.ManagerOptions{
+			LeaderElection:          o.leaderElect,
+			LeaderElectionNamespace: o.leaderNamespace,
+			MetricsAddr:             o.metricsAddr,
+			HealthAddr:              o.healthAddr,
+			Logger:                  logger,
+		},
 	})
 	if err != nil {
 		return failureError(err)

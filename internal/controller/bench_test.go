@@ -43,7 +43,7 @@ func BenchmarkFleetReaction(b *testing.B) {
 		}
 		return "capm3_os_image_server_images:\n  " + sum("u") + ": {available: true, image_key: m}\n"
 	}
-	cms := kube.Client.CoreV1()
+	cms := testKube.Client.CoreV1()
 	// The benchmark function runs more than once; the fleet and its
 	// manager are set up once and live until the process ends.
 	benchOnce.Do(func() { benchSource, benchSetupErr = setUpFleet(b, n, label, served, string(info)) })
@@ -93,7 +93,7 @@ var (
 // starts the manager, and reports how long the first check of all took.
 func setUpFleet(b *testing.B, n int, label string, served func(bool) string, info string) (*corev1.ConfigMap, error) {
 	ctx := context.Background()
-	cms := kube.Client.CoreV1()
+	cms := testKube.Client.CoreV1()
 	if _, err := cms.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench-mgmt"}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
@@ -127,12 +127,12 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 	}
 	sel := labels.SelectorFromSet(labels.Set{label: ""})
 	rules := []propagate.Rule{{Name: "bench", Source: osikube.ObjectKey{Namespace: "bench-mgmt", Name: "served"}, Target: "served", Selector: sel}}
-	mgr, err := NewManager(kube.Config, Options{
-		Propagate:  &propagate.Options{Rules: rules},
-		Check:      &CheckOptions{Namespaces: sel, ServedCopy: "served", Resync: time.Hour},
-		Workers:    8,
-		Registerer: prometheus.NewRegistry(),
-		Logger:     logr.Discard(),
+	mgr, err := NewManager(testKube.Config, Options{
+		Propagate:      &propagate.Options{Rules: rules},
+		Check:          &CheckOptions{Namespaces: sel, ServedCopy: "served", Resync: time.Hour},
+		Workers:        8,
+		Registerer:     prometheus.NewRegistry(),
+		ManagerOptions: osikube.ManagerOptions{Logger: logr.Discard()},
 	})
 	if err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 // countReporting counts the bench namespaces whose status has the one
 // image in state want.
 func countReporting(b *testing.B, want fleet.State) int {
-	list, err := kube.Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: fleet.StatusLabel})
+	list, err := testKube.Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: fleet.StatusLabel})
 	if err != nil {
 		b.Fatal(err)
 	}

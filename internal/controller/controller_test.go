@@ -24,17 +24,17 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-var kube *testenv.Kube
+var testKube *testenv.Kube
 
 func TestMain(m *testing.M) {
 	crds, _ := testenv.Metal3CRDsOrStandIn()
 	var err error
-	if kube, err = testenv.StartKube(crds); err != nil {
+	if testKube, err = testenv.StartKube(crds); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = kube.Stop()
+	_ = testKube.Stop()
 	os.Exit(code)
 }
 
@@ -47,8 +47,8 @@ func sum(s string) string {
 func startManager(t testing.TB, o Options) {
 	t.Helper()
 	o.Registerer = prometheus.NewRegistry()
-	o.Logger = logr.Discard()
-	mgr, err := NewManager(kube.Config, o)
+	o.ManagerOptions.Logger = logr.Discard()
+	mgr, err := NewManager(testKube.Config, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func startManager(t testing.TB, o Options) {
 func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
 	t.Helper()
 	ctx := context.Background()
-	cms := kube.Client.CoreV1().ConfigMaps(ns)
+	cms := testKube.Client.CoreV1().ConfigMaps(ns)
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Data: map[string]string{"values.yaml": doc}}
@@ -83,7 +83,7 @@ func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
 
 func namespace(t *testing.T, name string, labels map[string]string) {
 	t.Helper()
-	if _, err := kube.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+	if _, err := testKube.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -105,7 +105,7 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 
 func eventNotes(t *testing.T, ns, reason string) []string {
 	t.Helper()
-	list, err := kube.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	list, err := testKube.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func eventNotes(t *testing.T, ns, reason string) []string {
 }
 
 func status(ns string) fleet.Report {
-	cm, err := kube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	cm, err := testKube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		return fleet.Report{}
 	}
@@ -189,7 +189,7 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
 
-	if _, err := kube.Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
+	if _, err := testKube.Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
 		t.Error("a namespace outside the selector was checked")
 	}
 }
@@ -215,7 +215,7 @@ sylva_diskimagebuilder_images:
 		evs := eventNotes(t, "catalog-a", "CatalogFailed")
 		return len(evs) > 0 && strings.Contains(evs[0], "ubuntu"), fmt.Sprint(evs)
 	})
-	if _, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
+	if _, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
 		t.Fatal("os-images-info published although an image failed")
 	}
 
@@ -225,7 +225,7 @@ sylva_diskimagebuilder_images:
 		t.Fatal(err)
 	}
 	eventually(t, "os-images-info published", func() (bool, string) {
-		cm, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -239,7 +239,7 @@ sylva_diskimagebuilder_images:
 		evs := eventNotes(t, "catalog-a", "CatalogValuesInvalid")
 		return len(evs) == 1 && strings.Contains(evs[0], "('nowhere') is not defined in os_images_oci_registries"), fmt.Sprint(evs)
 	})
-	cm, err := kube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+	cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields["sha256"]) {
 		t.Errorf("os-images-info changed on bad values: %v %v", cm, err)
 	}
@@ -282,7 +282,7 @@ sylva_diskimagebuilder_images:
 		t.Fatal(err)
 	}
 	eventually(t, "signed artifact published with its digest", func() (bool, string) {
-		cm, err := kube.Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}

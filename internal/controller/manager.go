@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,10 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
@@ -57,17 +56,11 @@ type Options struct {
 	// Resync is how often the informers replay every object.
 	Resync time.Duration
 
-	LeaderElection          bool
-	LeaderElectionNamespace string
-	LeaderElectionID        string
-	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
-	// (controller-runtime's defaults when zero).
-	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-
-	// MetricsAddr and HealthAddr are listen addresses; "0" or "" disables.
-	MetricsAddr, HealthAddr string
-	Registerer              prometheus.Registerer
-	Logger                  logr.Logger
+	// ManagerOptions: leader election (Lease DefaultLeaderElectionID by
+	// default), endpoints and log.
+	kube.ManagerOptions
+	// Registerer receives the metrics (default controller-runtime's).
+	Registerer prometheus.Registerer
 }
 
 // NewManager builds the manager with the parts switched on.
@@ -81,17 +74,8 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.Resync <= 0 {
 		o.Resync = 10 * time.Minute
 	}
-	if o.LeaderElectionID == "" {
-		o.LeaderElectionID = DefaultLeaderElectionID
-	}
 	if o.Registerer == nil {
 		o.Registerer = ctrlmetrics.Registry
-	}
-	if o.MetricsAddr == "" {
-		o.MetricsAddr = "0"
-	}
-	if o.HealthAddr == "0" {
-		o.HealthAddr = ""
 	}
 	if o.Check != nil {
 		if o.Check.ServedCopy == "" {
@@ -149,27 +133,9 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 	}
 
-	nonZero := func(d time.Duration) *time.Duration {
-		if d == 0 {
-			return nil
-		}
-		return &d
-	}
-	mgr, err := manager.New(cfg, manager.Options{
-		Logger:                        o.Logger,
-		Cache:                         cache.Options{SyncPeriod: &o.Resync, ByObject: byObject},
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
-		HealthProbeBindAddress:        o.HealthAddr,
-		LeaderElection:                o.LeaderElection,
-		LeaderElectionID:              o.LeaderElectionID,
-		LeaderElectionNamespace:       o.LeaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 nonZero(o.LeaseDuration),
-		RenewDeadline:                 nonZero(o.RenewDeadline),
-		RetryPeriod:                   nonZero(o.RetryPeriod),
-	})
+	mgr, err := o.ManagerOptions.NewManager(cfg, cache.Options{SyncPeriod: &o.Resync, ByObject: byObject}, DefaultLeaderElectionID)
 	if err != nil {
-		return nil, fmt.Errorf("creating the controller manager: %w", err)
+		return nil, err
 	}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
@@ -188,7 +154,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.Propagate != nil {
 		p := *o.Propagate
 		// The manager's own readiness check covers every informer.
-		p.Registerer, p.HealthAddr = o.Registerer, ""
+		p.Registerer, p.HealthAddr = o.Registerer, "0"
 		if err := propagate.AddToManager(mgr, p); err != nil {
 			return nil, err
 		}
@@ -236,7 +202,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 	}
 
-	if o.HealthAddr != "" {
+	if o.HealthEnabled() {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 			return nil, err
 		}

@@ -291,10 +291,12 @@ func TestLeaderElection(t *testing.T) {
 	e.writeSource("v1")
 	names := e.createNamespaces("leader", 5)
 	o := Options{
-		LeaderElection:          true,
-		LeaderElectionNamespace: e.rule.Source.Namespace,
-		LeaderElectionID:        "propagate-" + e.rule.Name,
-		LeaseDuration:           4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		ManagerOptions: kube.ManagerOptions{
+			LeaderElection:          true,
+			LeaderElectionNamespace: e.rule.Source.Namespace,
+			LeaderElectionID:        "propagate-" + e.rule.Name,
+			LeaseDuration:           4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		},
 	}
 	a, b := e.start(o), e.start(o)
 	e.waitCopies(names, "v1", settle)

@@ -20,7 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/sylva-projects/osimages/internal/kube"
 )
 
 // Options configure the propagation manager.
@@ -36,22 +37,13 @@ type Options struct {
 	// Workers is the number of copies reconciled at once. Default 8.
 	Workers int
 
-	LeaderElection          bool
-	LeaderElectionNamespace string
-	// LeaderElectionID names the Lease. Default "osimages-propagate".
-	LeaderElectionID string
-	// LeaseDuration, RenewDeadline and RetryPeriod tune the election
-	// (controller-runtime's defaults when zero: 15s, 10s, 2s).
-	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// ManagerOptions: leader election (Lease DefaultLeaderElectionID by
+	// default), endpoints and log.
+	kube.ManagerOptions
 
-	// MetricsAddr and HealthAddr are listen addresses; "0" or "" disables.
-	MetricsAddr string
-	HealthAddr  string
 	// Registerer receives the metrics. Default controller-runtime's
 	// registry, which the metrics server serves.
 	Registerer prometheus.Registerer
-
-	Logger logr.Logger
 }
 
 // DefaultLeaderElectionID names the Lease the replicas compete for.
@@ -74,17 +66,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Workers < 0 {
 		return o, fmt.Errorf("workers %d must be positive", o.Workers)
 	}
-	if o.LeaderElectionID == "" {
-		o.LeaderElectionID = DefaultLeaderElectionID
-	}
 	if o.Registerer == nil {
 		o.Registerer = ctrlmetrics.Registry
-	}
-	if o.MetricsAddr == "" {
-		o.MetricsAddr = "0"
-	}
-	if o.HealthAddr == "0" {
-		o.HealthAddr = ""
 	}
 	return o, nil
 }
@@ -98,38 +81,20 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	nonZero := func(d time.Duration) *time.Duration {
-		if d == 0 {
-			return nil
-		}
-		return &d
-	}
 	rules := o.Rules
-	mgr, err := manager.New(cfg, manager.Options{
-		Logger: o.Logger,
-		Cache: cache.Options{
-			// The informers replay every object at this period, and each
-			// replay reconciles the copies it concerns.
-			SyncPeriod: &o.Resync,
-			ByObject: map[client.Object]cache.ByObject{
-				&corev1.ConfigMap{}: {Transform: SlimConfigMaps(func(cm *corev1.ConfigMap) bool { return Relevant(rules, cm.Namespace, cm.Name) }), UnsafeDisableDeepCopy: ptr.To(true)},
-				&corev1.Namespace{}: {Transform: SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
-			},
+	mgr, err := o.ManagerOptions.NewManager(cfg, cache.Options{
+		// The informers replay every object at this period, and each
+		// replay reconciles the copies it concerns.
+		SyncPeriod: &o.Resync,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Transform: SlimConfigMaps(func(cm *corev1.ConfigMap) bool { return Relevant(rules, cm.Namespace, cm.Name) }), UnsafeDisableDeepCopy: ptr.To(true)},
+			&corev1.Namespace{}: {Transform: SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
 		},
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
-		HealthProbeBindAddress:        o.HealthAddr,
-		LeaderElection:                o.LeaderElection,
-		LeaderElectionID:              o.LeaderElectionID,
-		LeaderElectionNamespace:       o.LeaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true, // a replica stopping hands over at once
-		LeaseDuration:                 nonZero(o.LeaseDuration),
-		RenewDeadline:                 nonZero(o.RenewDeadline),
-		RetryPeriod:                   nonZero(o.RetryPeriod),
-	})
+	}, DefaultLeaderElectionID)
 	if err != nil {
-		return nil, fmt.Errorf("creating the controller manager: %w", err)
+		return nil, err
 	}
-	if o.HealthAddr != "" {
+	if o.HealthEnabled() {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 			return nil, err
 		}
@@ -196,7 +161,7 @@ func AddToManager(mgr manager.Manager, o Options) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 
-	if o.HealthAddr != "" {
+	if o.HealthEnabled() {
 		if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
 			if !synced() {
 				return errors.New("informers not synced yet")
