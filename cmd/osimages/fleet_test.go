@@ -235,7 +235,7 @@ func (e *fleetEnv) servedIn(ns, name string) osimage.ServedSet {
 
 func (e *fleetEnv) waitCatalog(ns, key, sha string) {
 	e.t.Helper()
-	eventually(e.t, "os-images-info of "+ns+" with "+key+" at "+sha[:12], 60*time.Second, func() (bool, string) {
+	testenv.Eventually(e.t, "os-images-info of "+ns+" with "+key+" at "+sha[:12], 60*time.Second, func() (bool, string) {
 		c := e.catalogOf(ns)
 		return c[key][osimage.FieldSHA256] == sha, fmt.Sprint(c[key])
 	})
@@ -245,7 +245,7 @@ func (e *fleetEnv) waitCatalog(ns, key, sha string) {
 // the given availability.
 func (e *fleetEnv) waitCopy(ns, sha string, present, available bool) {
 	e.t.Helper()
-	eventually(e.t, fmt.Sprintf("served copy in %s: %s present=%v available=%v", ns, sha[:12], present, available), 60*time.Second, func() (bool, string) {
+	testenv.Eventually(e.t, fmt.Sprintf("served copy in %s: %s present=%v available=%v", ns, sha[:12], present, available), 60*time.Second, func() (bool, string) {
 		s := e.servedIn(ns, fleetCopy)
 		entry, ok := s[sha]
 		return ok == present && (!present || entry.Available == available), fmt.Sprint(s)
@@ -384,7 +384,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			t.Fatalf("%s: want 2 templates (cp, md0), got %v", ns, namesIn(initial, ns))
 		}
 	}
-	eventually(t, "every check reports all served", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "every check reports all served", 30*time.Second, func() (bool, string) {
 		for ns := range versions {
 			r := e.status(ns)
 			if len(r.Images) != 1 || len(r.Problems()) != 0 {
@@ -453,16 +453,16 @@ func TestFleetEndToEnd(t *testing.T) {
 
 		e.setMgmt("0.7.8")
 		start := time.Now()
-		eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
 			probs := e.status("fleet-wc1").Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotServed, fmt.Sprint(probs)
 		})
 		t.Logf("live check reported the unserved image %.1fs after the change", time.Since(start).Seconds())
-		eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
 			evs := e.namespaceEvents("fleet-wc1", "ImageNotServed")
 			return len(evs) > 0 && strings.Contains(evs[0], "is currently not served by mgmt cluster os-image-server"), fmt.Sprint(evs)
 		})
-		eventually(t, "metric osimages_cluster_images_unserved", 10*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "metric osimages_cluster_images_unserved", 10*time.Second, func() (bool, string) {
 			resp, err := http.Get("http://" + metricsAddr + "/metrics")
 			if err != nil {
 				return false, err.Error()
@@ -527,7 +527,7 @@ func TestFleetEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, "the machine alone keeps the image", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "the machine alone keeps the image", 30*time.Second, func() (bool, string) {
 			resp, err := http.Get(e.serve.url("/"))
 			if err != nil {
 				return false, err.Error()
@@ -541,7 +541,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		if err := machines.Delete(ctx, machine.GetName(), metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the unreferenced image is collected", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "the unreferenced image is collected", 30*time.Second, func() (bool, string) {
 			_, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename))
 			return code == 404, fmt.Sprint(code)
 		})
@@ -591,11 +591,11 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.waitCopy("fleet-wc3", sha, true, false)
 		e.applyConfigMap("fleet-wc3", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
 		e.waitCatalog("fleet-wc3", img132, sha)
-		eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
 			probs := e.status("fleet-wc3").Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable, fmt.Sprint(probs)
 		})
-		eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
 			evs := e.namespaceEvents("fleet-wc3", "ImageNotAvailable")
 			return len(evs) > 0, fmt.Sprint(evs)
 		})
@@ -612,7 +612,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		if r := e.render("fleet-wc3", clusters["fleet-wc3"]); r.code != 0 {
 			t.Fatalf("render wc3 once available: %d\n%s", r.code, r.stderr)
 		}
-		eventually(t, "the check clears", 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, "the check clears", 30*time.Second, func() (bool, string) {
 			probs := e.status("fleet-wc3").Problems()
 			return len(probs) == 0, fmt.Sprint(probs)
 		})

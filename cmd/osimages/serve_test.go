@@ -68,22 +68,6 @@ func (d *daemon) kill(sig syscall.Signal) {
 
 func (d *daemon) url(path string) string { return "http://" + d.addr + path }
 
-// eventually polls cond until it holds or the time is up.
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last: %s", what, timeout, last)
-}
-
 func servedFile(path string) func() osimage.ServedSet {
 	return func() osimage.ServedSet {
 		data, err := os.ReadFile(path)
@@ -168,7 +152,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	d := startServe(t, freeAddr(t), "--data", data, "--os-images", osImages, "-f", mgmt, "--output-file", output)
 	served := servedFile(output)
-	eventually(t, "plain image served", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "plain image served", 30*time.Second, func() (bool, string) {
 		s := served()
 		return allAvailable(s, plain.Fields["sha256"]) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
@@ -182,7 +166,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	// The values change: the set is recomputed without a restart.
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n"), 0o600)
-	eventually(t, "hardened image served after a values change", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "hardened image served after a values change", 30*time.Second, func() (bool, string) {
 		s := served()
 		return allAvailable(s, plain.Fields["sha256"], hardened.Fields["sha256"]), fmt.Sprint(s)
 	})
@@ -192,7 +176,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	// Deselected: no longer published nor served, but kept on disk.
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\n"), 0o600)
-	eventually(t, "hardened image unpublished", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "hardened image unpublished", 30*time.Second, func() (bool, string) {
 		s := served()
 		_, ok := s[hardened.Fields["sha256"]]
 		return !ok && len(s) == 1, fmt.Sprint(s)
@@ -229,7 +213,7 @@ func TestServeSurvivesKillDuringDownload(t *testing.T) {
 
 	addr := freeAddr(t)
 	d := startServe(t, addr, args...)
-	eventually(t, "download in progress", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "download in progress", 30*time.Second, func() (bool, string) {
 		resp, err := http.Get(d.url("/"))
 		if err != nil {
 			return false, err.Error()
@@ -244,7 +228,7 @@ func TestServeSurvivesKillDuringDownload(t *testing.T) {
 	slow.Store(false)
 	d2 := startServe(t, addr, args...)
 	url := d2.url("/images/" + plain.Fields["sha256"] + "/" + plain.Fields["filename"])
-	eventually(t, "image served after a restart", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "image served after a restart", 30*time.Second, func() (bool, string) {
 		got, code := sha256Of(t, url)
 		if code == 200 && got != plain.Fields["sha256"] {
 			t.Fatalf("served bytes with sha256 %s, want %s", got, plain.Fields["sha256"])
@@ -305,7 +289,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 		s, _ := osimage.ParseServed([]byte(cm.Data["values.yaml"]))
 		return s
 	}
-	eventually(t, "output ConfigMap", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "output ConfigMap", 30*time.Second, func() (bool, string) {
 		s := output()
 		return allAvailable(s, plain.Fields["sha256"]) && len(s) == 1 && s[plain.Fields["sha256"]].ImageKey == "ubuntu-plain", fmt.Sprint(s, d.stderr.String())
 	})
@@ -314,7 +298,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 	if _, err := k.Client.CoreV1().ConfigMaps("sylva-system").Update(ctx, info, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "output after a ConfigMap change", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "output after a ConfigMap change", 30*time.Second, func() (bool, string) {
 		s := output()
 		return allAvailable(s, plain.Fields["sha256"], hardened.Fields["sha256"]), fmt.Sprint(s)
 	})

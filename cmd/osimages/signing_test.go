@@ -15,23 +15,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-func newSigner(t *testing.T) *devregistry.Signer {
-	t.Helper()
-	s, err := devregistry.NewSigner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func signImage(t *testing.T, reg *devregistry.Registry, s *devregistry.Signer, p devregistry.Published, opts devregistry.SignOptions) {
-	t.Helper()
-	repo := strings.TrimPrefix(p.Ref[:strings.LastIndex(p.Ref, ":")], reg.Host+"/")
-	if err := reg.Sign(context.Background(), s, repo, p.ManifestDigest, opts); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // registryWithKey is the os_images_oci_registries block of one registry
 // "sylva" at url, with tag and cosign_publickey.
 func registryWithKey(url, tag, pemKey string) string {
@@ -42,10 +25,10 @@ func registryWithKey(url, tag, pemKey string) string {
 func TestCatalogSignatures(t *testing.T) {
 	names := []string{"ubuntu-signed", "ubuntu-other-key", "ubuntu-other-digest", "ubuntu-unsigned"}
 	reg, _, published := countingRegistry(t, []string{"0.7.6"}, names...)
-	ours, theirs := newSigner(t), newSigner(t)
-	signImage(t, reg, ours, published["ubuntu-signed:0.7.6"], devregistry.SignOptions{})
-	signImage(t, reg, theirs, published["ubuntu-other-key:0.7.6"], devregistry.SignOptions{})
-	signImage(t, reg, ours, published["ubuntu-other-digest:0.7.6"], devregistry.SignOptions{PayloadDigest: published["ubuntu-signed:0.7.6"].ManifestDigest})
+	ours, theirs := testenv.Signer(t), testenv.Signer(t)
+	testenv.Sign(t, reg, ours, published["ubuntu-signed:0.7.6"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, theirs, published["ubuntu-other-key:0.7.6"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, published["ubuntu-other-digest:0.7.6"], devregistry.SignOptions{PayloadDigest: published["ubuntu-signed:0.7.6"].ManifestDigest})
 
 	valuesFor := func(key string, extra string, names ...string) string {
 		var b strings.Builder
@@ -113,9 +96,9 @@ func TestSignedCatalogThenServe(t *testing.T) {
 	reg := testenv.Registry(t, devregistry.Options{})
 	published := publishServeImages(t, reg, 1<<20)
 	plain, hardened := published["ubuntu-plain"], published["ubuntu-hardened"]
-	ours := newSigner(t)
-	signImage(t, reg, ours, plain, devregistry.SignOptions{})
-	signImage(t, reg, ours, hardened, devregistry.SignOptions{})
+	ours := testenv.Signer(t)
+	testenv.Sign(t, reg, ours, plain, devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, hardened, devregistry.SignOptions{})
 
 	registries := registryWithKey("oci://"+reg.Host+"/dib", "1.0", ours.PublicKeyPEM)
 	values := writeFile(t, "values.yaml", "oci_registry_insecure: true\n"+registries+
@@ -134,14 +117,14 @@ func TestSignedCatalogThenServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signImage(t, reg, ours, moved, devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, moved, devregistry.SignOptions{})
 
 	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\n"+registries+
 		"os_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
 	output := filepath.Join(t.TempDir(), "served.yaml")
 	d := startServe(t, freeAddr(t), "--data", t.TempDir(), "--os-images", osImages, "-f", mgmt, "--output-file", output)
 	served := servedFile(output)
-	eventually(t, "hardened served, plain refused", 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, "hardened served, plain refused", 30*time.Second, func() (bool, string) {
 		s := served()
 		e, ok := s[plain.Fields["sha256"]]
 		return allAvailable(s, hardened.Fields["sha256"]) && ok && !e.Available && strings.Contains(d.stderr.String(), "download failed"), fmt.Sprint(s, d.stderr.String())

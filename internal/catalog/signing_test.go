@@ -16,24 +16,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
-func newSigner(t *testing.T) *devregistry.Signer {
-	t.Helper()
-	s, err := devregistry.NewSigner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func sign(t *testing.T, reg *devregistry.Registry, s *devregistry.Signer, p devregistry.Published, opts devregistry.SignOptions) {
-	t.Helper()
-	// p.Ref is host:port/repository:tag.
-	repo := strings.TrimPrefix(p.Ref[:strings.LastIndex(p.Ref, ":")], reg.Host+"/")
-	if err := reg.Sign(context.Background(), s, repo, p.ManifestDigest, opts); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // signedValues is dibValues with the sylva registry's cosign key, an
 // unsigned registry "plain" on the same host, and extra YAML appended.
 func signedValues(t *testing.T, reg *devregistry.Registry, key string, extra string, names ...string) values.Values {
@@ -68,13 +50,13 @@ func failuresByKey(t *testing.T, err error) map[string]Failure {
 func TestResolveVerifiesSignatures(t *testing.T) {
 	reg := testenv.Registry(t, devregistry.Options{})
 	published := publish(t, reg, 6)
-	ours, theirs := newSigner(t), newSigner(t)
-	sign(t, reg, ours, published["img-00"], devregistry.SignOptions{})
-	sign(t, reg, ours, published["img-01"], devregistry.SignOptions{Referrer: true})
-	sign(t, reg, theirs, published["img-02"], devregistry.SignOptions{})
-	sign(t, reg, ours, published["img-03"], devregistry.SignOptions{PayloadDigest: published["img-00"].ManifestDigest})
+	ours, theirs := testenv.Signer(t), testenv.Signer(t)
+	testenv.Sign(t, reg, ours, published["img-00"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, published["img-01"], devregistry.SignOptions{Referrer: true})
+	testenv.Sign(t, reg, theirs, published["img-02"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, published["img-03"], devregistry.SignOptions{PayloadDigest: published["img-00"].ManifestDigest})
 	// img-04: not signed. img-05: signed, and used below for the prefix rule.
-	sign(t, reg, ours, published["img-05"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, published["img-05"], devregistry.SignOptions{})
 	plain, err := reg.Publish(context.Background(), devregistry.DiskImage{Repository: "plain/img-plain", Tag: "0.7.6", Content: []byte("unsigned, from a registry without a key")})
 	if err != nil {
 		t.Fatal(err)
@@ -144,8 +126,8 @@ func TestResolveVerifiesSignatures(t *testing.T) {
 func TestResolveFailsClosedWithoutVerifier(t *testing.T) {
 	reg := testenv.Registry(t, devregistry.Options{})
 	published := publish(t, reg, 1)
-	s := newSigner(t)
-	sign(t, reg, s, published["img-00"], devregistry.SignOptions{})
+	s := testenv.Signer(t)
+	testenv.Sign(t, reg, s, published["img-00"], devregistry.SignOptions{})
 	plan, err := PlanFromValues(signedValues(t, reg, s.PublicKeyPEM, "", "img-00"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +168,7 @@ func TestResolveDeclaredManifestDigest(t *testing.T) {
 }
 
 func TestPlanSigning(t *testing.T) {
-	s := newSigner(t)
+	s := testenv.Signer(t)
 	key := strings.ReplaceAll(strings.TrimSpace(s.PublicKeyPEM), "\n", "\n      ")
 	withKey := strings.Replace(baseValues, "    tag: '{{ .Values.sylva_diskimagebuilder_version }}'\n",
 		"    tag: '{{ .Values.sylva_diskimagebuilder_version }}'\n    cosign_publickey: |\n      "+key+"\n", 1)
@@ -205,7 +187,7 @@ func TestPlanSigning(t *testing.T) {
 	if plan.InputsHash() == base.InputsHash() {
 		t.Error("a new cosign_publickey does not change the inputs hash")
 	}
-	other := strings.ReplaceAll(strings.TrimSpace(newSigner(t).PublicKeyPEM), "\n", "\n      ")
+	other := strings.ReplaceAll(strings.TrimSpace(testenv.Signer(t).PublicKeyPEM), "\n", "\n      ")
 	plan2, _ := PlanFromValues(mustParse(t, strings.Replace(withKey, key, other, 1)), nil)
 	if plan.InputsHash() == plan2.InputsHash() {
 		t.Error("another cosign_publickey does not change the inputs hash")

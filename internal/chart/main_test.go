@@ -195,22 +195,6 @@ func wantAllowed(t *testing.T, what string, err error) {
 	}
 }
 
-// waitFor polls cond every 200 ms until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s; last state: %s", what, timeout, last)
-}
-
 func contains(s string, subs ...string) bool {
 	for _, sub := range subs {
 		if !strings.Contains(s, sub) {

@@ -214,7 +214,7 @@ sylva_diskimagebuilder_images:
 		})
 		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
 		plain, hardened := published["ubuntu-plain"].Fields["sha256"], published["ubuntu-hardened"].Fields["sha256"]
-		waitFor(t, 90*time.Second, "the server publishes the selected image as available", func() (bool, string) {
+		testenv.Eventually(t, "the server publishes the selected image as available", 90*time.Second, func() (bool, string) {
 			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
@@ -262,7 +262,7 @@ sylva_diskimagebuilder_images:
 			[]byte(`{"data":{"values.yaml":"capm3_os_image_server_images: {}\n"}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		waitFor(t, 60*time.Second, "the copy reaches the workload-cluster namespace", func() (bool, string) {
+		testenv.Eventually(t, "the copy reaches the workload-cluster namespace", 60*time.Second, func() (bool, string) {
 			src, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
@@ -317,7 +317,7 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 		t.Fatal(err)
 	}
 	for _, name := range []string{"os-images-info", "kyverno-cloned-os-image-server-images", "osimages-status"} {
-		waitFor(t, 90*time.Second, "the controller writes wc2/"+name, func() (bool, string) {
+		testenv.Eventually(t, "the controller writes wc2/"+name, 90*time.Second, func() (bool, string) {
 			cm, err := k.Client.CoreV1().ConfigMaps("wc2").Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
@@ -378,7 +378,7 @@ func tamperAndWaitRestored(t *testing.T, k *testenv.Kube, ns, name string) {
 	if _, err := k.Client.CoreV1().ConfigMaps(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"data":{"values.yaml":"tampered: true\n"}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, ns+"/"+name+" is put back after an edit", func() (bool, string) {
+	testenv.Eventually(t, ns+"/"+name+" is put back after an edit", 60*time.Second, func() (bool, string) {
 		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()

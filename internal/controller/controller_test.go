@@ -88,21 +88,6 @@ func namespace(t *testing.T, name string, labels map[string]string) {
 	}
 }
 
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within 30s; last: %s", what, last)
-}
-
 func eventNotes(t *testing.T, ns, reason string) []string {
 	t.Helper()
 	list, err := testKube.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
@@ -153,11 +138,11 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 		put(t, ns, "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
 		put(t, ns, "served", nil, "capm3_os_image_server_images: {}\n")
 	}
-	eventually(t, "not-served reported", func() (bool, string) {
+	testenv.Eventually(t, "not-served reported", 30*time.Second, func() (bool, string) {
 		p := status("check-a").Problems()
 		return len(p) == 1 && p[0].State == fleet.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status("check-a"))
 	})
-	eventually(t, "one ImageNotServed event", func() (bool, string) {
+	testenv.Eventually(t, "one ImageNotServed event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImageNotServed")
 		return len(evs) == 1 && strings.Contains(evs[0], "image "+sum("u")+"/ubuntu is currently not served by mgmt cluster os-image-server; needed by ConfigMap check-a/values .control_plane.capm3"), fmt.Sprint(evs)
 	})
@@ -171,20 +156,20 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 
 	// Served but still downloading, then available.
 	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: false, image_key: m}\n")
-	eventually(t, "not-available reported", func() (bool, string) {
+	testenv.Eventually(t, "not-available reported", 30*time.Second, func() (bool, string) {
 		p := status("check-a").Problems()
 		return len(p) == 1 && p[0].State == fleet.StateNotAvailable, fmt.Sprint(p)
 	})
-	eventually(t, "ImageNotAvailable event", func() (bool, string) {
+	testenv.Eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImageNotAvailable")
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
 	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: true, image_key: m}\n")
-	eventually(t, "all served", func() (bool, string) {
+	testenv.Eventually(t, "all served", 30*time.Second, func() (bool, string) {
 		r := status("check-a")
 		return len(r.Images) == 1 && len(r.Problems()) == 0, fmt.Sprint(r)
 	})
-	eventually(t, "ImagesServed event", func() (bool, string) {
+	testenv.Eventually(t, "ImagesServed event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImagesServed")
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
@@ -211,7 +196,7 @@ sylva_diskimagebuilder_images:
   ubuntu: {os_images_oci_registry: sylva}
 `, reg.Host)
 	put(t, "catalog-a", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, values)
-	eventually(t, "CatalogFailed event for the missing tag", func() (bool, string) {
+	testenv.Eventually(t, "CatalogFailed event for the missing tag", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "catalog-a", "CatalogFailed")
 		return len(evs) > 0 && strings.Contains(evs[0], "ubuntu"), fmt.Sprint(evs)
 	})
@@ -224,7 +209,7 @@ sylva_diskimagebuilder_images:
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "os-images-info published", func() (bool, string) {
+	testenv.Eventually(t, "os-images-info published", 30*time.Second, func() (bool, string) {
 		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -235,7 +220,7 @@ sylva_diskimagebuilder_images:
 
 	// Bad values: reported, nothing retried, os-images-info left as is.
 	put(t, "catalog-a", "inputs", nil, "sylva_diskimagebuilder_images:\n  ubuntu: {os_images_oci_registry: nowhere}\n")
-	eventually(t, "CatalogValuesInvalid event", func() (bool, string) {
+	testenv.Eventually(t, "CatalogValuesInvalid event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "catalog-a", "CatalogValuesInvalid")
 		return len(evs) == 1 && strings.Contains(evs[0], "('nowhere') is not defined in os_images_oci_registries"), fmt.Sprint(evs)
 	})
@@ -255,10 +240,7 @@ func TestCatalogVerifiesSignatures(t *testing.T) {
 	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
 	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
 
-	signer, err := devregistry.NewSigner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	signer := testenv.Signer(t)
 	p, err := reg.Publish(context.Background(), devregistry.DiskImage{Repository: "dib/ubuntu", Tag: "1.0", Content: []byte("disk"), Fields: osimage.Image{"os": "ubuntu"}})
 	if err != nil {
 		t.Fatal(err)
@@ -274,14 +256,12 @@ os_images_oci_registries:
 sylva_diskimagebuilder_images:
   ubuntu: {os_images_oci_registry: sylva}
 `, reg.Host, key))
-	eventually(t, "unsigned artifact refused", func() (bool, string) {
+	testenv.Eventually(t, "unsigned artifact refused", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "catalog-signed", "CatalogFailed")
 		return len(evs) > 0 && strings.Contains(evs[0], "Invalid signature for oci://"+p.Ref), fmt.Sprint(evs)
 	})
-	if err := reg.Sign(context.Background(), signer, "dib/ubuntu", p.ManifestDigest, devregistry.SignOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "signed artifact published with its digest", func() (bool, string) {
+	testenv.Sign(t, reg, signer, p, devregistry.SignOptions{})
+	testenv.Eventually(t, "signed artifact published with its digest", 30*time.Second, func() (bool, string) {
 		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()

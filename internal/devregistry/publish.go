@@ -52,7 +52,9 @@ type DiskImage struct {
 // Published is what Publish pushed.
 type Published struct {
 	// Ref is the reference without scheme: host/repository:tag.
-	Ref            string
+	Ref string
+	// Repository is the path of the repository on the registry.
+	Repository     string
 	ManifestDigest digest.Digest
 	LayerDigest    digest.Digest
 	// Fields are the fields annotated on the manifest.
@@ -133,6 +135,7 @@ func (r *Registry) Publish(ctx context.Context, img DiskImage) (Published, error
 	}
 	return Published{
 		Ref:            r.Host + "/" + img.Repository + ":" + img.Tag,
+		Repository:     img.Repository,
 		ManifestDigest: manifest.Digest,
 		LayerDigest:    layerDesc.Digest,
 		Fields:         fields,

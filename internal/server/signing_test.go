@@ -88,13 +88,6 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (Wanted, dev
 	return Wanted{SHA256: img[osimage.FieldSHA256], Key: key, Image: img, SelectedBy: []string{"test"}}, p
 }
 
-func (s signedSetup) sign(t *testing.T, signer *devregistry.Signer, key string, p devregistry.Published, opts devregistry.SignOptions) {
-	t.Helper()
-	if err := s.reg.Sign(context.Background(), signer, "dib/"+key, p.ManifestDigest, opts); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // trust reads the management values' signature policy: the sylva registry
 // holds dib/ with our key.
 func (s signedSetup) trust(t *testing.T, extra string) func() (catalog.Trust, error) {
@@ -138,11 +131,11 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 		t.Fatal(err)
 	}
 	valid, validP := s.publish(t, "valid", 1)
-	s.sign(t, s.ours, "valid", validP, devregistry.SignOptions{})
+	testenv.Sign(t, s.reg, s.ours, validP, devregistry.SignOptions{})
 	otherKey, otherKeyP := s.publish(t, "other-key", 2)
-	s.sign(t, theirs, "other-key", otherKeyP, devregistry.SignOptions{})
+	testenv.Sign(t, s.reg, theirs, otherKeyP, devregistry.SignOptions{})
 	otherDigest, otherDigestP := s.publish(t, "other-digest", 3)
-	s.sign(t, s.ours, "other-digest", otherDigestP, devregistry.SignOptions{PayloadDigest: validP.ManifestDigest})
+	testenv.Sign(t, s.reg, s.ours, otherDigestP, devregistry.SignOptions{PayloadDigest: validP.ManifestDigest})
 	unsigned, unsignedP := s.publish(t, "unsigned", 4)
 	// A record that lost its registry key is still checked: its URI is
 	// under the sylva registry's url.
@@ -203,11 +196,11 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 func TestServerRefusesAMovedTag(t *testing.T) {
 	s := newSignedSetup(t)
 	w, p := s.publish(t, "moving", 1)
-	s.sign(t, s.ours, "moving", p, devregistry.SignOptions{})
+	testenv.Sign(t, s.reg, s.ours, p, devregistry.SignOptions{})
 	// After the catalog ran, the tag is moved to other content, validly
 	// signed: only the pin can tell.
 	_, moved := s.publish(t, "moving", 2)
-	s.sign(t, s.ours, "moving", moved, devregistry.SignOptions{})
+	testenv.Sign(t, s.reg, s.ours, moved, devregistry.SignOptions{})
 
 	h := s.start(t, s.trust(t, ""))
 	h.want(w)
@@ -251,7 +244,7 @@ func TestServerSkipSigningCheck(t *testing.T) {
 func TestServerFailsClosedWithoutTrust(t *testing.T) {
 	s := newSignedSetup(t)
 	w, p := s.publish(t, "image", 1)
-	s.sign(t, s.ours, "image", p, devregistry.SignOptions{})
+	testenv.Sign(t, s.reg, s.ours, p, devregistry.SignOptions{})
 	broken := func() (catalog.Trust, error) {
 		return catalog.Trust{}, fmt.Errorf("os_images_oci_registries.sylva.cosign_publickey: not a PEM public key")
 	}

@@ -32,17 +32,8 @@ func newFixture(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signer := newSigner(t)
+	signer := testenv.Signer(t)
 	return fixture{reg: reg, verifier: signature.Verifier{Client: client}, signer: signer, key: parseKey(t, signer)}
-}
-
-func newSigner(t *testing.T) *devregistry.Signer {
-	t.Helper()
-	s, err := devregistry.NewSigner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func parseKey(t *testing.T, s *devregistry.Signer) *signature.PublicKey {
@@ -93,7 +84,7 @@ func wantRefused(t *testing.T, err error, reason signature.Reason, uri string, d
 func TestVerify(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	other := newSigner(t)
+	other := testenv.Signer(t)
 
 	t.Run("valid", func(t *testing.T) {
 		uri, d := f.publish(t, "dib/valid", "1.0", 1)
@@ -226,8 +217,8 @@ func TestParsePublicKey(t *testing.T) {
 			t.Errorf("%q: accepted", bad)
 		}
 	}
-	s := newSigner(t)
-	k1, k2 := parseKey(t, s), parseKey(t, newSigner(t))
+	s := testenv.Signer(t)
+	k1, k2 := parseKey(t, s), parseKey(t, testenv.Signer(t))
 	if k1.Fingerprint() == k2.Fingerprint() || len(k1.Fingerprint()) != 16 {
 		t.Errorf("fingerprints %q %q", k1.Fingerprint(), k2.Fingerprint())
 	}

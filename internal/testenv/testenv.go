@@ -104,6 +104,43 @@ func Registry(t testing.TB, opts devregistry.Options) *devregistry.Registry {
 	return reg
 }
 
+// Signer returns a fresh cosign key pair, as `cosign generate-key-pair`
+// makes.
+func Signer(t testing.TB) *devregistry.Signer {
+	t.Helper()
+	s, err := devregistry.NewSigner()
+	if err != nil {
+		t.Fatalf("making a signing key: %v", err)
+	}
+	return s
+}
+
+// Sign signs a published artifact with s and pushes the signature beside
+// it, as `cosign sign --key` does.
+func Sign(t testing.TB, reg *devregistry.Registry, s *devregistry.Signer, p devregistry.Published, opts devregistry.SignOptions) {
+	t.Helper()
+	if err := reg.Sign(context.Background(), s, p.Repository, p.ManifestDigest, opts); err != nil {
+		t.Fatalf("signing %s: %v", p.Ref, err)
+	}
+}
+
+// Eventually polls cond until it holds, or fails the test when timeout
+// has passed, with what and the last state cond described.
+func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (ok bool, state string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last: %s", what, timeout, last)
+}
+
 // SharedDir returns the read-only shared/ folder of fixtures that sits beside
 // the checkout (or $OSIMAGES_SHARED_DIR), or skips the test, saying why: the
 // project must build and test without it.
