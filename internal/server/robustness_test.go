@@ -503,3 +503,34 @@ func TestZeroValuesAreHonoured(t *testing.T) {
 		t.Error("--gc-grace 0 kept a deselected image")
 	}
 }
+
+// TestSpaceHeldByAnotherDownloadIsWaitedFor: when the disk can hold an
+// image but not while another download holds its reservation, the image
+// waits for it, queued, and is downloaded once it ends; it never fails
+// for lack of space that another image holds.
+func TestSpaceHeldByAnotherDownloadIsWaitedFor(t *testing.T) {
+	src := newFakeSource()
+	a := src.add("a-first", bytes.Repeat([]byte("a"), 1000), true)
+	b := src.add("b-second", bytes.Repeat([]byte("b"), 1000), false)
+	h := start(t, t.TempDir(), src, func(c *Config) {
+		c.FreeSpaceMargin = 0
+		// Room for one image and its archive (2000 bytes), not two.
+		c.Store = tightStore{Store: c.Store.(*imagestore.Store), free: 3000}
+	})
+	h.want(a)
+	h.waitPhase(a.SHA256, PhaseDownloading)
+	h.want(a, b)
+	testenv.Eventually(t, "b waiting for a's space", 10*time.Second, func() (bool, string) {
+		st := h.status(b.SHA256)
+		return st.Phase == PhaseQueued && strings.Contains(st.Reason, "waiting for disk space"), fmt.Sprint(st)
+	})
+	if n := h.attempts(b.SHA256); n != 0 {
+		t.Errorf("waiting for space counted %d attempts", n)
+	}
+	src.release(a.SHA256)
+	h.waitPhase(a.SHA256, PhaseReady)
+	h.waitPhase(b.SHA256, PhaseReady)
+	if pulls := src.pulls.Load(); pulls != 2 {
+		t.Errorf("%d pulls, want 2: b is pulled once, when the space is there", pulls)
+	}
+}

@@ -139,7 +139,10 @@ type image struct {
 	nextTry  time.Time
 	// gaveWay is set when a download of the image was too slow and gave
 	// way to the queue: it is tried again after the images that did not.
-	gaveWay          bool
+	gaveWay bool
+	// waitingForSpace is set while the image waits for space reserved by
+	// downloads in progress: it is not claimed until one of them ends.
+	waitingForSpace  bool
 	selected         bool
 	deselectedAt     time.Time
 	stored           bool
@@ -384,6 +387,11 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.attempts--
 		img.received = 0
 		s.log.Info("download interrupted by shutdown; its partial file is removed", "sha256", sum, "key", w.Key)
+	case errors.As(err, new(*spaceWait)):
+		img.phase = PhaseQueued
+		img.attempts--
+		img.reason = err.Error()
+		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
 	case errors.As(cause, new(*gaveWayError)):
 		img.phase = PhaseQueued
 		img.attempts--
@@ -444,7 +452,7 @@ func (s *Server) pullInto(ctx context.Context, w Wanted, bound int64, pulled fun
 	}
 	md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
 	pulled()
-	if errors.Is(err, imagestore.ErrLimit) && w.Image[osimage.FieldSize] == "" {
+	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size (%s): declare its size, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
@@ -485,6 +493,12 @@ func (s *Server) bounds(w Wanted) (bound, need int64, err error) {
 	return bound, addSizes(bound, archive), nil
 }
 
+// declaresSize says whether w gives the size of its file (0 means unknown).
+func declaresSize(w Wanted) bool {
+	n, err := w.Image.Size(osimage.FieldSize)
+	return err == nil && n > 0
+}
+
 // addSizes adds sizes without wrapping around.
 func addSizes(a, b int64) int64 {
 	if a > math.MaxInt64-b {
@@ -493,14 +507,16 @@ func addSizes(a, b int64) int64 {
 	return a + b
 }
 
-// reserveSpace refuses a download that the disk (or --max-storage) cannot
-// hold, counting what the other downloads in progress have reserved, and
-// reserves need bytes for it. need covers the bound the store enforces on
-// the file (see bounds), so that a download never takes the space of
-// another; archive-size counts too, as a cautious margin.
+// reserveSpace reserves need bytes for the download of sum, or says why it
+// cannot. need covers the bound the store enforces on the file (see
+// bounds), so that a download never takes the space of another;
+// archive-size counts too, as a cautious margin. When the disk (or
+// --max-storage) cannot hold the image at all, the error fails it; when it
+// could but for what downloads in progress reserved, the error is a
+// *spaceWait and the image waits, without failing, until one of them ends.
 func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
 	why := "archive-size + size"
-	if w.Image[osimage.FieldSize] == "" {
+	if !declaresSize(w) {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
 	}
 	s.mu.Lock()
@@ -509,34 +525,60 @@ func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
 	for _, img := range s.images {
 		reserved = addSizes(reserved, img.reservedForSpace)
 	}
+	wait := func(msg string) error {
+		// Set under the lock that releaseSpace takes, so that a release
+		// cannot slip between this check and the wait.
+		s.images[sum].waitingForSpace = true
+		return &spaceWait{msg: msg}
+	}
 	if s.cfg.MaxStorage > 0 {
 		used := s.cfg.Store.Used()
+		if addSizes(used, need) > s.cfg.MaxStorage {
+			return fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
+		}
 		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
-			return fmt.Errorf("not enough storage: the image needs %s (%s), %s are used and %s reserved by other downloads, and --max-storage is %s; raise --max-storage or deselect images",
-				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage))
+			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
 		}
 	}
-	free, err := s.cfg.Store.Available()
+	avail, err := s.cfg.Store.Available()
 	if err != nil {
 		return fmt.Errorf("checking free disk space: %w", err)
 	}
-	if free > math.MaxInt64 {
-		free = math.MaxInt64
+	free := int64(min(avail, math.MaxInt64))
+	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
+		return fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
 	}
-	if int64(free) < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
-		return fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, other downloads reserved %s, and %s are free; grow the data volume or deselect images",
-			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(reserved), bytesIEC(int64(free)))
+	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
+		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
 	}
 	s.images[sum].reservedForSpace = need
 	return nil
 }
 
+// spaceWait says that an image waits for the space that downloads in
+// progress reserved.
+type spaceWait struct{ msg string }
+
+func (e *spaceWait) Error() string { return e.msg }
+
+// releaseSpace gives back what the download of sum reserved; the images
+// waiting for space try again.
 func (s *Server) releaseSpace(sum string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if img, ok := s.images[sum]; ok {
-		img.reservedForSpace = 0
+	img, ok := s.images[sum]
+	if !ok || img.reservedForSpace == 0 {
+		return
 	}
+	img.reservedForSpace = 0
+	for _, other := range s.images {
+		other.waitingForSpace = false
+	}
+	s.signal(s.kick)
 }
 
 func (s *Server) backoff(attempts int) time.Duration {

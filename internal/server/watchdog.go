@@ -100,7 +100,7 @@ func (s *Server) watch(ctx context.Context, sum string, cancel context.CancelCau
 
 // dueLocked says whether img needs a download now.
 func (s *Server) dueLocked(img *image, now time.Time) bool {
-	if !img.selected || img.stored {
+	if !img.selected || img.stored || img.waitingForSpace {
 		return false
 	}
 	return img.phase == PhaseQueued || img.phase == PhaseFailed && !now.Before(img.nextTry)
