@@ -107,13 +107,17 @@ func (s *Server) dueLocked(img *image, now time.Time) bool {
 }
 
 // waitingLocked says whether an image other than sum, that never gave way,
-// waits for a download slot.
+// waits for a download slot while every slot is taken.
 func (s *Server) waitingLocked(sum string) bool {
 	now := s.cfg.Now()
+	busy, waiting := 0, false
 	for other, img := range s.images {
-		if other != sum && !img.gaveWay && s.dueLocked(img, now) {
-			return true
+		switch {
+		case img.phase == PhaseDownloading || img.phase == PhaseVerifying:
+			busy++
+		case other != sum && !img.gaveWay && s.dueLocked(img, now):
+			waiting = true
 		}
 	}
-	return false
+	return waiting && busy >= s.cfg.Concurrency
 }
