@@ -534,3 +534,18 @@ func TestSpaceHeldByAnotherDownloadIsWaitedFor(t *testing.T) {
 		t.Errorf("%d pulls, want 2: b is pulled once, when the space is there", pulls)
 	}
 }
+
+// TestHTTPServerTimeouts: the server serve runs closes idle keep-alive
+// connections and bounds the wait for request headers.
+func TestHTTPServerTimeouts(t *testing.T) {
+	store, err := imagestore.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	s := New(Config{Store: store, Pull: newFakeSource().pull})
+	hs := s.HTTPServer()
+	if hs.IdleTimeout <= 0 || hs.ReadHeaderTimeout <= 0 || hs.ConnContext == nil || hs.Handler == nil {
+		t.Errorf("HTTPServer: idle %v, read header %v", hs.IdleTimeout, hs.ReadHeaderTimeout)
+	}
+}
