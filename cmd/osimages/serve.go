@@ -48,7 +48,15 @@ type serveOptions struct {
 	registryConfig  string
 	poll            time.Duration
 	keepReferenced  bool
+	stallTimeout    time.Duration
+	minRate         string
+	maxImageSize    string
 }
+
+// shutdownGrace is how long HTTP responses in flight get to finish after
+// SIGTERM or SIGINT before their connections are closed; downloads from
+// registries stop at once.
+const shutdownGrace = 5 * time.Second
 
 func newServeCommand() *cobra.Command {
 	o := serveOptions{}
@@ -83,10 +91,13 @@ on the same address.`,
 	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "management cluster values; repeat to merge several, later wins")
 	f.StringVar(&o.outputFile, "output-file", "", "write the served-images document to this file")
 	f.StringVar(&o.outputCM, "output-configmap", "", "apply the served-images ConfigMap, NS/NAME (Sylva: "+osimage.ServedConfigMapNamespace+"/"+osimage.ServedConfigMapName+")")
-	f.IntVar(&o.concurrency, "concurrency", 2, "downloads at once")
-	f.DurationVar(&o.gcGrace, "gc-grace", time.Hour, "how long a deselected image stays on disk before it is deleted")
+	f.IntVar(&o.concurrency, "concurrency", server.DefaultConcurrency, "downloads at once")
+	f.DurationVar(&o.gcGrace, "gc-grace", server.DefaultGCGrace, "how long a deselected image stays on disk before it is deleted (0: at the next collection)")
 	f.StringVar(&o.maxStorage, "max-storage", "", "bound on the bytes of stored images and downloads, as a quantity such as 200Gi (default: the disk)")
-	f.StringVar(&o.freeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what a download needs")
+	f.StringVar(&o.freeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what downloads reserve (0: none)")
+	f.StringVar(&o.maxImageSize, "max-image-size", "64Gi", "largest image file: the bound of an image that declares no size (reserved on disk for its download), and the most an image may declare")
+	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "a download that receives no byte for this long (manifest included) is cut and retried with backoff; it is also the window of --min-rate")
+	f.StringVar(&o.minRate, "min-rate", "64Ki", "bytes per second below which a download, measured over --stall-timeout, gives way to images waiting for a slot (0: never)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often input files are checked for changes")
@@ -107,17 +118,13 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return inputError(errors.New("--tls-cert and --tls-key go together"))
 	}
-	maxStorage, err := quantity("--max-storage", o.maxStorage)
-	if err != nil {
-		return inputError(err)
-	}
-	margin, err := quantity("--free-space-margin", o.freeSpaceMargin)
+	limits, err := o.limits()
 	if err != nil {
 		return inputError(err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 
-	store, err := imagestore.Open(o.data)
+	store, err := imagestore.Open(o.data, imagestore.WithLogger(log))
 	if err != nil {
 		return inputError(fmt.Errorf("--data %s: %w", o.data, err))
 	}
@@ -149,7 +156,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 		}
 	}
 
-	secure, insecure, err := newPullers(o.caFile, o.registryConfig, o.concurrency)
+	secure, insecure, err := newPullers(o.caFile, o.registryConfig, o.concurrency, o.stallTimeout)
 	if err != nil {
 		return inputError(err)
 	}
@@ -181,10 +188,8 @@ func runServe(ctx context.Context, o serveOptions) error {
 		return catalog.Trust{}, errors.New("the management values are not read yet")
 	}
 	metrics := server.NewMetrics()
-	cfg := server.Config{
-		Store: store, Pull: server.PullWith(choose, currentTrust), Publisher: publisher, Concurrency: o.concurrency,
-		GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin, Logger: log, Metrics: metrics,
-	}
+	cfg := limits
+	cfg.Store, cfg.Pull, cfg.Publisher, cfg.Logger, cfg.Metrics = store, server.PullWith(choose, currentTrust), publisher, log, metrics
 	if refs != nil {
 		cfg.References = refs
 	}
@@ -194,7 +199,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return inputError(fmt.Errorf("--listen %s: %w", o.listen, err))
 	}
-	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, ConnContext: server.ConnContext}
+	httpServer := srv.HTTPServer()
 	log.Info("serving", "address", ln.Addr().String(), "tls", o.tlsCert != "", "data", o.data)
 
 	hup := make(chan os.Signal, 1)
@@ -242,11 +247,64 @@ func runServe(ctx context.Context, o serveOptions) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		log.Info("shutting down", "grace", shutdownGrace.String())
+		shutdown, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
-		return httpServer.Shutdown(shutdown)
+		if err := httpServer.Shutdown(shutdown); err != nil {
+			// Responses still in flight (a client in the middle of an
+			// image) are cut: the process must end.
+			httpServer.Close()
+		}
+		return nil
 	})
 	return g.Wait()
+}
+
+// limits checks the flags that bound the server's work and returns them as
+// a Config. Every value is used as given, zero included where it means
+// something, or refused: none is replaced by a default behind the
+// operator's back.
+func (o serveOptions) limits() (server.Config, error) {
+	var errs []error
+	if o.concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency %d: at least one download must run at a time", o.concurrency))
+	}
+	if o.gcGrace < 0 {
+		errs = append(errs, fmt.Errorf("--gc-grace %s is negative: give 0 to delete deselected images at the next collection", o.gcGrace))
+	}
+	if o.poll <= 0 {
+		errs = append(errs, fmt.Errorf("--poll %s: the input files must be checked at a positive interval, such as 2s", o.poll))
+	}
+	if o.stallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stall-timeout %s: give a positive duration, such as 60s", o.stallTimeout))
+	}
+	maxStorage, err := quantity("--max-storage", o.maxStorage)
+	if err == nil && o.maxStorage != "" && maxStorage <= 0 {
+		err = fmt.Errorf("--max-storage %q: give a positive quantity such as 500Gi, or leave it out for no bound but the disk", o.maxStorage)
+	}
+	errs = append(errs, err)
+	margin, err := quantity("--free-space-margin", o.freeSpaceMargin)
+	if err == nil && margin < 0 {
+		err = fmt.Errorf("--free-space-margin %q is negative: give 0 for no margin", o.freeSpaceMargin)
+	}
+	errs = append(errs, err)
+	maxImage, err := quantity("--max-image-size", o.maxImageSize)
+	if err == nil && maxImage <= 0 {
+		err = fmt.Errorf("--max-image-size %q: give a positive quantity such as 64Gi", o.maxImageSize)
+	}
+	errs = append(errs, err)
+	minRate, err := quantity("--min-rate", o.minRate)
+	if err == nil && minRate < 0 {
+		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.minRate)
+	}
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return server.Config{}, err
+	}
+	return server.Config{
+		Concurrency: o.concurrency, GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
+		MaxImageSize: maxImage, StallTimeout: o.stallTimeout, MinRate: minRate,
+	}, nil
 }
 
 // trustState is the signature policy read from the values last applied, or
@@ -268,14 +326,16 @@ func quantity(flag, s string) (int64, error) {
 }
 
 // newPullers returns a puller for registries verified with TLS and one for
-// oci_registry_insecure, which can change with the values.
-func newPullers(caFile, registryConfig string, conns int) (secure, insecure *pull.Puller, err error) {
+// oci_registry_insecure, which can change with the values. A connection
+// that stalls is resumed (a new request at the same offset) after half the
+// stall timeout; the server cuts the download at the full one.
+func newPullers(caFile, registryConfig string, conns int, stall time.Duration) (secure, insecure *pull.Puller, err error) {
 	for _, insecureTLS := range []bool{false, true} {
 		client, err := oci.NewClient(oci.Options{Insecure: insecureTLS, CAFile: caFile, RegistryConfig: registryConfig, MaxConnsPerHost: conns})
 		if err != nil {
 			return nil, nil, err
 		}
-		p := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
+		p := &pull.Puller{OCI: client, HTTP: client.HTTPClient(), IdleTimeout: stall / 2, ManifestTimeout: stall}
 		if insecureTLS {
 			insecure = p
 		} else {

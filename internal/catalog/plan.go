@@ -206,6 +206,11 @@ func validateDeclared(path string, fields osimage.Image) error {
 			}
 		}
 	}
+	for _, f := range []string{osimage.FieldSize, osimage.FieldArchiveSize} {
+		if _, err := fields.Size(f); err != nil {
+			errs = append(errs, fmt.Errorf("%s.%w", path, err))
+		}
+	}
 	if uri := fields[osimage.FieldURI]; uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
 		errs = append(errs, fmt.Errorf("%s.uri: %q must start with oci://, http:// or https://", path, uri))
 	}

@@ -132,6 +132,17 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 	if manifestDigest != "" {
 		img[osimage.FieldManifestDigest] = manifestDigest
 	}
+	// The server refuses a malformed size (osimage.ParseSize); so does the
+	// catalog, rather than publish an image that can never be served.
+	for _, f := range []string{osimage.FieldSize, osimage.FieldArchiveSize} {
+		if _, err := img.Size(f); err != nil {
+			where := "annotation " + osimage.AnnotationPrefix
+			if _, declared := src.Declared[f]; declared {
+				where = "os_images." + src.Key + "."
+			}
+			return nil, fmt.Errorf("%s%w", where, err)
+		}
+	}
 	if src.IsOCI() && img[osimage.FieldSHA256] == "" {
 		return nil, errNoSHA256
 	}

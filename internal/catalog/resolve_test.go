@@ -300,3 +300,37 @@ os_images:
 		t.Errorf("HTTP image is published as declared: %v", got)
 	}
 }
+
+// TestCatalogRefusesMalformedSizes: size and archive-size are decimal
+// integers of bytes, in annotations (a resolve failure naming the image
+// and the annotation) and in os_images (an input error naming the field).
+func TestCatalogRefusesMalformedSizes(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	for i, value := range []string{"lots", "2.097152e6", "0x200000", "-5", "99999999999999999999"} {
+		name := fmt.Sprintf("bad-size-%d", i)
+		if _, err := reg.Publish(context.Background(), devregistry.DiskImage{
+			Repository: dibRepo + name, Tag: "0.7.6", Content: devregistry.DiskContent(4<<10, uint64(i)),
+			Fields: osimage.Image{osimage.FieldSize: value},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := resolveValues(t, dibValues(t, reg, true, name), oci.Options{})
+		var report *ResolveError
+		if !errors.As(err, &report) || len(report.Failures) != 1 || report.Failures[0].Key != name ||
+			!strings.Contains(report.Failures[0].Cause, fmt.Sprintf("annotation sylvaproject.org/diskimage/size %q is", value)) {
+			t.Errorf("size %q: %v; want a failure of %s naming the annotation", value, err, name)
+		}
+	}
+
+	_, err := PlanFromValues(mustParse(t, `
+os_images:
+  web-image:
+    uri: https://files.example.org/web.raw
+    size: lots
+    archive-size: "-1"
+`), nil)
+	if err == nil || !strings.Contains(err.Error(), `os_images.web-image.size "lots" is not a decimal integer`) ||
+		!strings.Contains(err.Error(), `os_images.web-image.archive-size "-1" is negative`) {
+		t.Errorf("declared sizes: %v", err)
+	}
+}

@@ -242,7 +242,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust c
 		return nil, "", nil, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: server.ConnContext}
+	httpServer := srv.HTTPServer()
 	done := make(chan struct{}, 2)
 	go func() { _ = httpServer.Serve(ln); done <- struct{}{} }()
 	go func() { _ = srv.Run(runCtx); done <- struct{}{} }()

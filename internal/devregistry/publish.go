@@ -47,6 +47,13 @@ type DiskImage struct {
 	// made beforehand (by gzip -1, say) to push as the layer. Empty means
 	// Publish compresses ContentFile itself.
 	LayerFile string
+	// Layer, when set, is pushed as the layer as it is, in place of one
+	// made from Content (which still gives the computed fields): a gzip
+	// bomb (GzipBomb), say, with Gzip set.
+	Layer []byte
+	// LayerSize, when set, is the layer size the manifest announces in
+	// place of the true one: a lying manifest.
+	LayerSize int64
 }
 
 // Published is what Publish pushed.
@@ -80,7 +87,9 @@ func (r *Registry) Publish(ctx context.Context, img DiskImage) (Published, error
 	} else {
 		fields = DiskImageFields(img.Content, img.Repository, img.Gzip)
 		data := img.Content
-		if img.Gzip {
+		if img.Layer != nil {
+			data = img.Layer
+		} else if img.Gzip {
 			var buf bytes.Buffer
 			zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
 			if _, err := zw.Write(img.Content); err != nil {
@@ -110,6 +119,10 @@ func (r *Registry) Publish(ctx context.Context, img DiskImage) (Published, error
 	}
 	if err := repo.Push(ctx, layerDesc, layer); err != nil {
 		return Published{}, fmt.Errorf("pushing layer of %s: %w", img.Repository, err)
+	}
+	if img.LayerSize != 0 {
+		// The registry checks only that the blob exists.
+		layerDesc.Size = img.LayerSize
 	}
 
 	// A fixed creation time keeps the manifest digest a function of the

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -42,6 +43,12 @@ const (
 // ErrNotFound is returned (wrapped) for a sha256 with no committed entry.
 var ErrNotFound = fs.ErrNotExist
 
+// ErrTampered is returned (wrapped) by Open when the committed image file
+// is no longer what was committed: replaced by a symlink or another kind of
+// file, or of another size. The entry is dropped (and logged) at once; the
+// image must be downloaded again.
+var ErrTampered = errors.New("the stored image was tampered with")
+
 // Entry is a committed, verified image.
 type Entry struct {
 	SHA256     string    `json:"sha256"`
@@ -55,6 +62,7 @@ type Entry struct {
 type Store struct {
 	dir, images, tmp string
 	lock             *os.File
+	log              *slog.Logger
 
 	mu      sync.RWMutex
 	entries map[string]Entry
@@ -69,7 +77,11 @@ type Store struct {
 // Only one Store may have dir open at a time, in this process or another,
 // since Open cleans dir/tmp: a second Open fails until the first is Closed
 // (or its process exits).
-func Open(dir string) (*Store, error) {
+//
+// Every entry dropped, here or later by Store.Open, is logged with the
+// reason, at warning level: an image that was verified once only goes
+// away loudly.
+func Open(dir string, opts ...Option) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("image store: no data directory given")
 	}
@@ -82,6 +94,10 @@ func Open(dir string) (*Store, error) {
 		images:  filepath.Join(abs, imagesDir),
 		tmp:     filepath.Join(abs, tmpDir),
 		entries: map[string]Entry{},
+		log:     slog.Default(),
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	for _, d := range []string{s.dir, s.images, s.tmp} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -145,11 +161,13 @@ func (s *Store) scan() error {
 		var invalid *invalidEntry
 		if errors.As(err, &invalid) {
 			// Not a committed entry: a half-made directory (written by hand,
-			// or by a crashed older layout). Remove it so that a download can
-			// commit there.
+			// or by a crashed older layout), or a committed one tampered
+			// with. Remove it so that a download can commit there.
 			if err := os.RemoveAll(filepath.Join(s.images, name)); err != nil {
 				return fmt.Errorf("image store: removing the invalid entry %s (%v): %w", filepath.Join(s.images, name), invalid, err)
 			}
+			s.log.Warn("stored image dropped: it is not what the store committed (tampered with, or written by hand); it will be downloaded again if selected",
+				"sha256", name, "path", filepath.Join(s.images, name), "reason", invalid.reason)
 			continue
 		}
 		if err != nil {
@@ -210,10 +228,24 @@ func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	if !fi.Mode().IsRegular() || fi.Size() != e.Size {
-		return Entry{}, invalidf("image file is not a regular file of %d bytes", e.Size)
+	if reason := notCommitted(fi, e); reason != "" {
+		return Entry{}, invalidf("%s", reason)
 	}
 	return e, nil
+}
+
+// notCommitted says how fi, the image file of e, differs from what a Commit
+// makes, or "".
+func notCommitted(fi fs.FileInfo, e Entry) string {
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Sprintf("image file %s is a symlink", e.Filename)
+	case !fi.Mode().IsRegular():
+		return fmt.Sprintf("image file %s is not a regular file (%s)", e.Filename, fi.Mode().Type())
+	case fi.Size() != e.Size:
+		return fmt.Sprintf("image file %s has %d bytes, not the %d committed", e.Filename, fi.Size(), e.Size)
+	}
+	return ""
 }
 
 // List returns the committed entries, ordered by sha256.
@@ -237,7 +269,10 @@ func (s *Store) Get(sha256 string) (Entry, bool) {
 }
 
 // Open opens the verified image file of sha256, for http.ServeContent. The
-// file stays readable after a Delete, until the caller closes it.
+// file stays readable after a Delete, until the caller closes it. An image
+// file found replaced (a symlink, another kind of file, another size) is
+// never opened: its entry is dropped and logged, and the error wraps
+// ErrTampered.
 func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 	sha256 = strings.ToLower(sha256)
 	if err := ValidateSHA256(sha256); err != nil {
@@ -247,15 +282,47 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 	if !ok {
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
 	}
-	f, err := openNoFollow(filepath.Join(s.images, sha256, e.Filename))
+	dir := filepath.Join(s.images, sha256)
+	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+		return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("%s is not a directory (%s)", dir, fi.Mode().Type()))
+	}
+	path := filepath.Join(dir, e.Filename)
+	f, err := openNoFollow(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			// Deleted between Get and open.
-			return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
+			if _, still := s.Get(sha256); !still {
+				// Deleted between Get and open.
+				return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
+			}
+			return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("image file %s is gone", e.Filename))
+		}
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return nil, Entry{}, s.dropTampered(e, notCommitted(fi, e))
 		}
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, err)
 	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, err)
+	}
+	if reason := notCommitted(fi, e); reason != "" {
+		f.Close()
+		return nil, Entry{}, s.dropTampered(e, reason)
+	}
 	return f, e, nil
+}
+
+// dropTampered removes the entry e, found changed since its commit, and
+// logs it.
+func (s *Store) dropTampered(e Entry, reason string) error {
+	s.log.Warn("stored image dropped: it was tampered with after it was verified; it will be downloaded again if selected",
+		"sha256", e.SHA256, "path", filepath.Join(s.images, e.SHA256), "reason", reason)
+	err := fmt.Errorf("image %s: %w: %s", e.SHA256, ErrTampered, reason)
+	if derr := s.Delete(e.SHA256); derr != nil && !errors.Is(derr, ErrNotFound) {
+		return fmt.Errorf("%w; removing it: %v", err, derr)
+	}
+	return err
 }
 
 // Delete removes the committed entry of sha256. Readers that have the file
@@ -405,4 +472,16 @@ func syncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithLogger logs what the store drops to log (default slog.Default()).
+func WithLogger(log *slog.Logger) Option {
+	return func(s *Store) {
+		if log != nil {
+			s.log = log
+		}
+	}
 }

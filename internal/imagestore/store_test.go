@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -377,4 +378,131 @@ func TestOpenRefusesUnusableDirectory(t *testing.T) {
 	if _, err := Open(""); err == nil {
 		t.Fatal("Open(\"\") succeeded")
 	}
+}
+
+func TestWriterLimit(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	content := []byte("0123456789abcdef")
+	w, err := s.Create(shaOf(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	w.SetLimit(12)
+	if _, err := w.Write(content[:10]); err != nil {
+		t.Fatal(err)
+	}
+	n, err := w.Write(content[10:])
+	if !errors.Is(err, ErrLimit) || n != 0 || w.Size() != 10 {
+		t.Fatalf("write past the limit: %d, %v; size %d", n, err, w.Size())
+	}
+	if err := w.Commit(Entry{Filename: "x.raw"}); !errors.Is(err, ErrLimit) {
+		t.Errorf("Commit after a refused write = %v, want ErrLimit", err)
+	}
+	// Reset starts over, under the same bound.
+	w2, _ := s.Create(shaOf(content))
+	w2.SetLimit(int64(len(content)))
+	if _, err := w2.Write(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Commit(Entry{Filename: "x.raw"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logBuffer is a logger whose lines a test reads.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func TestTamperedImagesAreDroppedLoudly(t *testing.T) {
+	other := filepath.Join(t.TempDir(), "other")
+	for _, tc := range []struct {
+		name   string
+		tamper func(t *testing.T, path string, content []byte)
+		reason string
+	}{
+		{"symlink", func(t *testing.T, path string, content []byte) {
+			// The same bytes elsewhere: only the kind of file tells.
+			os.WriteFile(other, content, 0o644)
+			os.Remove(path)
+			if err := os.Symlink(other, path); err != nil {
+				t.Fatal(err)
+			}
+		}, "symlink"},
+		{"truncated", func(t *testing.T, path string, content []byte) {
+			if err := os.Truncate(path, int64(len(content)/2)); err != nil {
+				t.Fatal(err)
+			}
+		}, "not the"},
+		{"directory", func(t *testing.T, path string, _ []byte) {
+			os.Remove(path)
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+	} {
+		for _, when := range []string{"at start", "while serving"} {
+			t.Run(tc.name+" "+when, func(t *testing.T) {
+				dir := t.TempDir()
+				logs := &logBuffer{}
+				log := slog.New(slog.NewJSONHandler(logs, nil))
+				s, err := Open(dir, WithLogger(log))
+				if err != nil {
+					t.Fatal(err)
+				}
+				content := devregistry.DiskContent(64<<10, 9)
+				e := put(t, s, content, "img.raw")
+				path := filepath.Join(dir, "images", e.SHA256, "img.raw")
+				if when == "at start" {
+					s.Close()
+					tc.tamper(t, path, content)
+					if s, err = Open(dir, WithLogger(log)); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					tc.tamper(t, path, content)
+					f, _, err := s.Open(e.SHA256)
+					if !errors.Is(err, ErrTampered) || f != nil || !strings.Contains(err.Error(), tc.reason) {
+						t.Fatalf("Open = %v, want ErrTampered saying %q", err, tc.reason)
+					}
+				}
+				defer s.Close()
+				if _, ok := s.Get(e.SHA256); ok {
+					t.Error("the tampered entry is still listed")
+				}
+				if _, err := os.Lstat(filepath.Dir(path)); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the tampered entry is still on disk: %v", err)
+				}
+				line := grepLine(logs.String(), e.SHA256)
+				if !strings.Contains(line, "stored image dropped") || !strings.Contains(line, tc.reason) || !strings.Contains(line, `"level":"WARN"`) {
+					t.Errorf("log %q: want a warning naming the image and the reason %q", logs.String(), tc.reason)
+				}
+				// The same image commits again.
+				put(t, s, content, "img.raw")
+			})
+		}
+	}
+}
+
+func grepLine(s, sub string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
 }

@@ -27,6 +27,10 @@ const (
 
 var zeroBlock [holeBlock]byte
 
+// ErrLimit is returned (wrapped) by a Write that would take the image past
+// the limit set with Writer.SetLimit.
+var ErrLimit = errors.New("the image is larger than the bound set for it")
+
 // Writer writes one image into the store. It is not safe for concurrent use.
 // It implements io.Writer; Reset starts over, Commit publishes, Abort
 // discards.
@@ -38,6 +42,7 @@ type Writer struct {
 
 	off        int64 // bytes written (holes included)
 	writtenOut int64 // offset up to which writeback was started
+	limit      int64 // most bytes the image may have; 0 means no bound
 	done       bool
 	err        error
 }
@@ -49,6 +54,11 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	if w.done {
 		return 0, errors.New("image store: write after Commit or Abort")
+	}
+	if w.limit > 0 && int64(len(p)) > w.limit-w.off {
+		// Nothing of p is written: the file never passes the bound.
+		w.err = fmt.Errorf("image %s: %w: more than %d bytes", w.sha256, ErrLimit, w.limit)
+		return 0, w.err
 	}
 	n := len(p)
 	for len(p) > 0 {
@@ -85,6 +95,12 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// SetLimit bounds the image to n bytes (n > 0): a Write that would pass
+// the bound fails with ErrLimit and writes nothing, so that a decompression
+// bomb, or a size that lies, can never take more disk space than was
+// reserved for the image.
+func (w *Writer) SetLimit(n int64) { w.limit = max(n, 0) }
 
 // Size is the number of bytes written so far.
 func (w *Writer) Size() int64 { return w.off }

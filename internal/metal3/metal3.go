@@ -51,21 +51,25 @@ func ImageOf(obj *unstructured.Unstructured) (Image, bool) {
 
 var (
 	sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	// servedPath is where osimages (contract §5) serves an image.
+	// servedPath is where osimages (contract §5) serves an image, and its
+	// checksum files beside it.
 	servedPath = regexp.MustCompile(`/images/([0-9a-f]{64})/[^/]+$`)
 )
 
 // SHA256 is the sha256 of the image referenced, when it can be told: the
 // checksum itself when it is a sha256, or the sha256 in an osimages URL
-// (/images/<sha256>/<filename>). An image given by hand with another
-// checksum type and another URL has none.
+// (/images/<sha256>/<filename>) given as the image URL or as the checksum
+// (/images/<sha256>/<filename>.sha256sum, which Ironic fetches). An image
+// given by hand with another checksum type and other URLs has none.
 func (i Image) SHA256() (string, bool) {
 	if (i.ChecksumType == "sha256" || i.ChecksumType == "") && sha256Hex.MatchString(strings.ToLower(i.Checksum)) {
 		return strings.ToLower(i.Checksum), true
 	}
-	if u, err := url.Parse(i.URL); err == nil {
-		if m := servedPath.FindStringSubmatch(u.Path); m != nil {
-			return m[1], true
+	for _, ref := range []string{i.URL, i.Checksum} {
+		if u, err := url.Parse(ref); err == nil {
+			if m := servedPath.FindStringSubmatch(u.Path); m != nil {
+				return m[1], true
+			}
 		}
 	}
 	return "", false

@@ -19,6 +19,10 @@ func TestImageSHA256(t *testing.T) {
 		{Image{URL: "https://h/x.raw", Checksum: strings.Repeat("a", 32), ChecksumType: "md5"}, ""},
 		{Image{URL: "https://h/images/" + sha + "/a/b.raw"}, ""},
 		{Image{URL: "https://h/x.raw", Checksum: "https://h/x.raw.sha256sum", ChecksumType: "sha256"}, ""},
+		// A template whose image URL points elsewhere (a cache, a mirror)
+		// but whose checksum is fetched from osimages still needs the image.
+		{Image{URL: "https://mirror/x.raw", Checksum: "http://osimages:8080/images/" + sha + "/ubuntu.raw.sha256sum", ChecksumType: "sha256"}, sha},
+		{Image{URL: "https://mirror/x.raw", Checksum: "http://osimages:8080/images/" + sha + "/ubuntu.raw.md5sum", ChecksumType: "md5"}, sha},
 	}
 	for _, tc := range cases {
 		got, ok := tc.img.SHA256()

@@ -133,6 +133,11 @@ type Puller struct {
 	// IdleTimeout cuts and resumes a request that brings no byte for that
 	// long. Default 60s.
 	IdleTimeout time.Duration
+	// ManifestTimeout bounds the resolution of an OCI source: the manifest
+	// fetch, retries included, and the CheckManifest call (a signature
+	// check). A registry that sends the manifest's headers and then stalls
+	// fails the pull after that long. Default 60s.
+	ManifestTimeout time.Duration
 	// RangeChunk is the length asked when resuming a download of unknown
 	// length. Default 8 MiB.
 	RangeChunk int64
@@ -148,6 +153,9 @@ func (p *Puller) bufferSize() int            { return def(p.BufferSize, 256<<10)
 func (p *Puller) buffers() int               { return max(def(p.Buffers, 16), 2) }
 func (p *Puller) rangeChunk() int64          { return def(p.RangeChunk, 8<<20) }
 func (p *Puller) idleTimeout() time.Duration { return def(p.IdleTimeout, 60*time.Second) }
+func (p *Puller) manifestTimeout() time.Duration {
+	return def(p.ManifestTimeout, 60*time.Second)
+}
 
 func (p *Puller) backoff(failures int) time.Duration {
 	d, limit := def(p.Backoff, 500*time.Millisecond), def(p.MaxBackoff, 30*time.Second)
@@ -308,8 +316,13 @@ func (p *Puller) resolveOCI(ctx context.Context, src Source) (object, error) {
 	if err != nil {
 		return object{}, err
 	}
+	ctx, cancel := context.WithTimeoutCause(ctx, p.manifestTimeout(), fmt.Errorf("no manifest within %s", p.manifestTimeout()))
+	defer cancel()
 	m, err := p.OCI.FetchManifest(ctx, src.URI)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
 		return object{}, fmt.Errorf("fetching the manifest: %w", err)
 	}
 	if src.ManifestDigest != "" && m.Descriptor.Digest.String() != src.ManifestDigest {

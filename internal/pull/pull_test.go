@@ -152,42 +152,15 @@ func TestPullHTTPSources(t *testing.T) {
 	})
 }
 
-// corruptBlob flips one byte in the body of GETs of the blob set in target.
-func corruptBlob(target *atomic.Value) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			d, _ := target.Load().(string)
-			if isBlobGet(r, d) {
-				w = &flipWriter{ResponseWriter: w, at: 1000}
-			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
-
-type flipWriter struct {
-	http.ResponseWriter
-	at, off int64
-}
-
-func (f *flipWriter) Write(p []byte) (int, error) {
-	if f.off <= f.at && f.at < f.off+int64(len(p)) {
-		p = bytes.Clone(p)
-		p[f.at-f.off] ^= 0x55
-	}
-	f.off += int64(len(p))
-	return f.ResponseWriter.Write(p)
-}
-
 func TestPullRefusesCorruptedLayer(t *testing.T) {
 	for _, gz := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gz=%v", gz), func(t *testing.T) {
 			t.Parallel()
-			var target atomic.Value
-			reg := registryWith(t, corruptBlob(&target))
+			faults := &devregistry.Faults{}
+			reg := registryWith(t, faults.Middleware)
 			content := devregistry.DiskContent(2<<20, 21)
 			src, pub := publish(t, reg, "dib/corrupted", content, gz, nil)
-			target.Store(pub.LayerDigest.String())
+			faults.Set("dib/corrupted", devregistry.Blobs, devregistry.Corrupt(1000))
 			store := openStore(t)
 
 			_, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)

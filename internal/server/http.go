@@ -1,14 +1,17 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -42,7 +45,32 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Metrics != nil {
 		h = s.cfg.Metrics.instrument(h)
 	}
-	return h
+	return s.sendDeadline(h)
+}
+
+// HTTPServer is an http.Server for Handler, with the timeouts a server
+// facing many clients needs: a client gets 30 s to send its request
+// headers, a keep-alive connection is closed after 2 minutes idle, and a
+// response that cannot be written for SendTimeout is cut (see Handler).
+func (s *Server) HTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ConnContext:       ConnContext,
+	}
+}
+
+// sendDeadline gives every response a write deadline of SendTimeout, so
+// that a client that stops reading cannot hold a connection and a
+// goroutine for ever. A large response extends it as it goes (see
+// progressWriter): what is bounded is the time without progress, not the
+// time of the download.
+func (s *Server) sendDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.SendTimeout))
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
@@ -88,6 +116,13 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	}
 
 	f, entry, err := s.cfg.Store.Open(sum)
+	if errors.Is(err, imagestore.ErrTampered) {
+		// The store dropped (and logged) it: download it again.
+		s.forgetStored(sum)
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+		http.Error(w, fmt.Sprintf("image %s is being downloaded again", sum), http.StatusServiceUnavailable)
+		return
+	}
 	if err != nil {
 		s.log.Error("opening a stored image failed", "sha256", sum, "error", err)
 		http.Error(w, "image unavailable", http.StatusInternalServerError)
@@ -96,10 +131,43 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	w.Header().Set("ETag", `"`+sum+`"`)
 	w.Header().Set("Content-Type", "application/octet-stream")
+	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
+		// Go's ServeContent answers bytes=-0 with a 206 whose
+		// Content-Range is invalid; a suffix of 0 bytes is unsatisfiable.
+		w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(entry.Size, 10))
+		http.Error(w, "requested range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
+		return
+	} else if rng != r.Header.Get("Range") {
+		r.Header.Set("Range", rng)
+	}
 	// http.ServeContent answers HEAD exactly as GET (with Content-Length),
 	// Range and conditional requests, and sends an *os.File with sendfile.
 	defer corked(r)()
-	http.ServeContent(piecewise{w}, r, entry.Filename, entry.VerifiedAt, f)
+	http.ServeContent(&progressWriter{ResponseWriter: w, timeout: s.cfg.SendTimeout}, r, entry.Filename, entry.VerifiedAt, f)
+}
+
+// withoutEmptySuffixes removes the suffix ranges of length 0 ("-0") from a
+// Range header of bytes; ok is false when nothing else was asked. Other
+// headers are returned as they are, for ServeContent to judge.
+func withoutEmptySuffixes(h string) (string, bool) {
+	specs, found := strings.CutPrefix(h, "bytes=")
+	if !found {
+		return h, true
+	}
+	var kept []string
+	for _, spec := range strings.Split(specs, ",") {
+		spec = strings.TrimSpace(spec)
+		if suffix, ok := strings.CutPrefix(spec, "-"); ok {
+			if n, err := strconv.ParseInt(suffix, 10, 64); err == nil && n == 0 {
+				continue
+			}
+		}
+		kept = append(kept, spec)
+	}
+	if len(kept) == 0 {
+		return "", false
+	}
+	return "bytes=" + strings.Join(kept, ","), true
 }
 
 // isImagePath says whether a request path is an image download, for the

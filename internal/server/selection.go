@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -40,9 +39,10 @@ type Wanted struct {
 // Filename is the name the image is served under.
 func (w Wanted) Filename() string { return w.Image[osimage.FieldFilename] }
 
-// Int64Field reads a size field, 0 when absent or malformed.
+// Int64Field reads a size field, 0 when absent or malformed; a download
+// refuses malformed sizes before it asks for them (Server.bounds).
 func (w Wanted) Int64Field(field string) int64 {
-	n, _ := strconv.ParseInt(w.Image[field], 10, 64)
+	n, _ := w.Image.Size(field)
 	return n
 }
 

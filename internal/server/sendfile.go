@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"time"
 )
 
 // sendPiece is how much of a file one sendfile call is given. With the
@@ -36,18 +37,37 @@ func corked(r *http.Request) func() {
 	return func() { _ = setCork(tcp, false) }
 }
 
-// piecewise splits the file http.ServeContent hands to ReadFrom into
-// sendPiece pieces, each still sent with sendfile by the writer below.
-type piecewise struct{ http.ResponseWriter }
+// progressWriter splits the file http.ServeContent hands to ReadFrom into
+// sendPiece pieces, each still sent with sendfile by the writer below, and
+// gives each piece (or each Write, where there is no sendfile) a write
+// deadline of timeout from its start: a client reading at any pace above
+// sendPiece per timeout gets the whole file, one that stops reading is cut
+// after timeout.
+type progressWriter struct {
+	http.ResponseWriter
+	timeout time.Duration
+}
 
-func (w piecewise) ReadFrom(r io.Reader) (int64, error) {
+func (w *progressWriter) extend() {
+	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.timeout))
+}
+
+func (w *progressWriter) Write(p []byte) (int, error) {
+	w.extend()
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *progressWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *progressWriter) ReadFrom(r io.Reader) (int64, error) {
 	rf, ok := w.ResponseWriter.(io.ReaderFrom)
 	lr, limited := r.(*io.LimitedReader)
 	if !ok || !limited {
-		return io.Copy(struct{ io.Writer }{w.ResponseWriter}, r)
+		return io.Copy(struct{ io.Writer }{w}, r)
 	}
 	var total int64
 	for lr.N > 0 {
+		w.extend()
 		n, err := rf.ReadFrom(&io.LimitedReader{R: lr.R, N: min(lr.N, sendPiece)})
 		total += n
 		lr.N -= n

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -71,17 +72,40 @@ type Config struct {
 	// References, when set, keeps deselected images that are still
 	// referenced (reference-safe garbage collection).
 	References References
-	// Concurrency bounds the downloads at once (default 2).
+	// Concurrency bounds the downloads at once (0 means
+	// DefaultConcurrency).
 	Concurrency int
-	// GCGrace is how long a deselected image stays on disk (default 1h),
-	// so that a selection flapping back does not download it again.
+	// GCGrace is how long a deselected image stays on disk, so that a
+	// selection flapping back does not download it again. 0 collects it at
+	// the next pass (DefaultGCGrace is what serve uses).
 	GCGrace time.Duration
 	// FreeSpaceMargin is kept free on the data filesystem besides what a
-	// download needs (default 1 GiB).
+	// download reserves; 0 keeps no margin (DefaultFreeSpaceMargin is what
+	// serve uses).
 	FreeSpaceMargin int64
-	// MaxStorage, when set, bounds the bytes of stored images plus those of
-	// downloads in progress.
+	// MaxStorage, when set, bounds the bytes of stored images plus those
+	// reserved by downloads in progress.
 	MaxStorage int64
+	// MaxImageSize bounds the file of an image that declares no size, and
+	// refuses one that declares more (0 means DefaultMaxImageSize). The
+	// bound is what a download reserves on disk, and what the store lets it
+	// write: a decompression bomb stops there.
+	MaxImageSize int64
+	// StallTimeout cuts a download that receives no byte for that long,
+	// from its start (manifest, signature) to its last network byte; it
+	// fails and is retried with backoff (0 means DefaultStallTimeout).
+	StallTimeout time.Duration
+	// MinRate, in bytes per second: a download that received fewer than
+	// MinRate × StallTimeout bytes over the last StallTimeout gives way to
+	// an image waiting for a slot: it goes back to the queue behind the
+	// images that have not given way, without counting as a failure. 0
+	// never gives way.
+	MinRate int64
+	// SendTimeout is how long one write of a response may block: a client
+	// that stops reading is cut after that long, one that reads at any
+	// pace above 2 MiB per SendTimeout gets the whole image (0 means
+	// DefaultSendTimeout).
+	SendTimeout time.Duration
 	// RetryBase and RetryMax shape the backoff of failed downloads
 	// (default 10s doubling up to 10m).
 	RetryBase, RetryMax time.Duration
@@ -91,20 +115,43 @@ type Config struct {
 	Now func() time.Time
 }
 
+// Defaults of Config, and of serve's flags.
+const (
+	DefaultConcurrency     = 2
+	DefaultGCGrace         = time.Hour
+	DefaultFreeSpaceMargin = 1 << 30
+	DefaultMaxImageSize    = 64 << 30
+	DefaultStallTimeout    = 60 * time.Second
+	DefaultMinRate         = 64 << 10
+	DefaultSendTimeout     = 2 * time.Minute
+)
+
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
 	Wanted
-	phase            Phase
-	received, total  int64
-	reason           string
-	attempts         int
-	nextTry          time.Time
+	phase           Phase
+	received, total int64
+	// lastByte is when the download in progress last received a byte (or
+	// started), on the monotonic clock.
+	lastByte time.Time
+	reason   string
+	attempts int
+	nextTry  time.Time
+	// gaveWay is set when a download of the image was too slow and gave
+	// way to the queue: it is tried again after the images that did not.
+	gaveWay bool
+	// waitingForSpace is set while the image waits for space reserved by
+	// downloads in progress: it is not claimed until one of them ends.
+	waitingForSpace  bool
 	selected         bool
 	deselectedAt     time.Time
 	stored           bool
 	entry            imagestore.Entry
 	cancel           context.CancelFunc
 	reservedForSpace int64
+	// keptBy is what "image kept" was last logged for, so that it is
+	// logged once per change, not at every collection.
+	keptBy string
 }
 
 // Server selects, downloads, serves and publishes images.
@@ -123,15 +170,28 @@ type Server struct {
 
 // New builds a server over cfg.Store, whose verified images are known (and
 // served again once selected) without downloading them.
+//
+// A zero Config field takes its default only where zero would mean nothing
+// (Concurrency, MaxImageSize, StallTimeout, SendTimeout, the retry shape);
+// GCGrace, FreeSpaceMargin and MinRate are used as given, 0 included.
+// Negative values are the caller's to refuse (serve's flags are); here
+// they count as 0.
 func New(cfg Config) *Server {
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 2
+		cfg.Concurrency = DefaultConcurrency
 	}
-	if cfg.GCGrace <= 0 {
-		cfg.GCGrace = time.Hour
+	cfg.GCGrace = max(cfg.GCGrace, 0)
+	cfg.FreeSpaceMargin = max(cfg.FreeSpaceMargin, 0)
+	cfg.MaxStorage = max(cfg.MaxStorage, 0)
+	cfg.MinRate = max(cfg.MinRate, 0)
+	if cfg.MaxImageSize <= 0 {
+		cfg.MaxImageSize = DefaultMaxImageSize
 	}
-	if cfg.FreeSpaceMargin <= 0 {
-		cfg.FreeSpaceMargin = 1 << 30
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = DefaultSendTimeout
 	}
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = 10 * time.Second
@@ -191,6 +251,7 @@ func (s *Server) SetDesired(wanted map[string]Wanted, selectErr error) {
 		img.Wanted = w
 		img.selected = true
 		img.deselectedAt = time.Time{}
+		img.keptBy = ""
 		if img.phase == PhaseFailed {
 			// New inputs may well fix what failed: try again now.
 			img.nextTry = time.Time{}
@@ -237,7 +298,10 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) worker(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
+	// A download ended by the shutdown puts its image back in the queue:
+	// ctx is checked before the next one is claimed, or the worker would
+	// claim it again at once, for ever.
+	for ctx.Err() == nil {
 		if sum, ok := s.next(); ok {
 			s.download(ctx, sum)
 			continue
@@ -251,18 +315,18 @@ func (s *Server) worker(ctx context.Context) {
 	}
 }
 
-// next claims the first image, in key order, that needs a download now.
+// next claims the image that needs a download now: the first in key order
+// of those that never gave way, else the first of those that did.
 func (s *Server) next() (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
 	var best *image
 	for _, img := range s.images {
-		if !img.selected || img.stored {
+		if !s.dueLocked(img, now) {
 			continue
 		}
-		due := img.phase == PhaseQueued || img.phase == PhaseFailed && !now.Before(img.nextTry)
-		if due && (best == nil || img.Key < best.Key) {
+		if best == nil || !img.gaveWay && best.gaveWay || img.gaveWay == best.gaveWay && img.Key < best.Key {
 			best = img
 		}
 	}
@@ -271,6 +335,7 @@ func (s *Server) next() (string, bool) {
 	}
 	best.phase = PhaseDownloading
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
+	best.lastByte = time.Now()
 	best.reason = ""
 	best.attempts++
 	// Another worker may be kicked for the rest of the queue.
@@ -282,19 +347,25 @@ func (s *Server) download(ctx context.Context, sum string) {
 	s.mu.Lock()
 	img := s.images[sum]
 	w := img.Wanted
-	dctx, cancel := context.WithCancel(ctx)
-	img.cancel = cancel
+	dctx, cancel := context.WithCancelCause(ctx)
+	img.cancel = func() { cancel(errDeselected) }
 	s.mu.Unlock()
-	defer cancel()
+	defer cancel(nil)
 	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.attempts)
 	s.signal(s.changed)
 
-	err := s.reserveSpace(sum, w)
+	bound, need, err := s.bounds(w)
+	if err == nil {
+		err = s.reserveSpace(sum, w, bound, need)
+	}
 	var entry imagestore.Entry
 	if err == nil {
-		entry, err = s.pullInto(dctx, w)
+		stop := s.watch(dctx, sum, cancel)
+		entry, err = s.pullInto(dctx, w, bound, stop)
+		stop()
 	}
-	defer s.releaseSpace(sum)
+	s.releaseSpace(sum)
+	cause := context.Cause(dctx)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -305,13 +376,33 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.stored = true
 		img.entry = entry
 		img.attempts = 0
+		img.gaveWay = false
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size)
 	case !img.selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
 		delete(s.images, sum)
 	case ctx.Err() != nil:
+		// Shutdown: not a failed attempt. The worker stops after this.
 		img.phase = PhaseQueued
+		img.attempts--
+		img.received = 0
+		s.log.Info("download interrupted by shutdown; its partial file is removed", "sha256", sum, "key", w.Key)
+	case errors.As(err, new(*spaceWait)):
+		img.phase = PhaseQueued
+		img.attempts--
+		img.reason = err.Error()
+		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
+	case errors.As(cause, new(*gaveWayError)):
+		img.phase = PhaseQueued
+		img.attempts--
+		img.gaveWay = true
+		img.received = 0
+		img.reason = cause.Error()
+		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", cause.Error())
 	default:
+		if errors.As(cause, new(*stallError)) {
+			err = fmt.Errorf("%w; the attempt ended with: %v", cause, err)
+		}
 		img.phase = PhaseFailed
 		img.reason = err.Error()
 		img.nextTry = s.cfg.Now().Add(s.backoff(img.attempts))
@@ -321,20 +412,27 @@ func (s *Server) download(ctx context.Context, sum string) {
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.attempts, "retryAt", img.nextTry.Format(time.RFC3339), "error", err)
 	}
 	s.signal(s.changed)
-	s.signal(s.kick)
+	if ctx.Err() == nil {
+		s.signal(s.kick)
+	}
 }
 
-// pullInto downloads w into a new temporary file of the store and commits
-// it once verified; anything short of that leaves nothing behind.
-func (s *Server) pullInto(ctx context.Context, w Wanted) (imagestore.Entry, error) {
+// pullInto downloads w into a new temporary file of the store, bounded to
+// bound bytes, and commits it once verified; anything short of that leaves
+// nothing behind. pulled is called once the network part is over.
+func (s *Server) pullInto(ctx context.Context, w Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
 	dst, err := s.cfg.Store.Create(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
 	}
+	dst.SetLimit(bound)
 	var last int64
 	progress := func(received, total int64) {
 		s.mu.Lock()
 		img := s.images[w.SHA256]
+		if received > img.received {
+			img.lastByte = time.Now()
+		}
 		img.received = received
 		if total > 0 {
 			img.total = total
@@ -353,6 +451,10 @@ func (s *Server) pullInto(ctx context.Context, w Wanted) (imagestore.Entry, erro
 		defer s.cfg.Metrics.inFlight.Dec()
 	}
 	md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
+	pulled()
+	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
+		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size (%s): declare its size, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
+	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
@@ -367,42 +469,116 @@ func (s *Server) pullInto(ctx context.Context, w Wanted) (imagestore.Entry, erro
 	return entry, nil
 }
 
-// reserveSpace refuses a download that the disk (or --max-storage) cannot
-// hold, counting what the other downloads in progress have reserved: the
-// archive may be kept while the image is written, so both count.
-func (s *Server) reserveSpace(sum string, w Wanted) error {
-	need := w.Int64Field(osimage.FieldArchiveSize) + w.Int64Field(osimage.FieldSize)
+// bounds reads w's sizes and returns the most bytes its file may have (its
+// declared size, or MaxImageSize when it declares none) and what its
+// download reserves on disk (that bound plus archive-size). Malformed sizes
+// and a size above MaxImageSize are refused.
+func (s *Server) bounds(w Wanted) (bound, need int64, err error) {
+	size, err := w.Image.Size(osimage.FieldSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	archive, err := w.Image.Size(osimage.FieldArchiveSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	if size > s.cfg.MaxImageSize {
+		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
+			w.Key, bytesIEC(size), size, bytesIEC(s.cfg.MaxImageSize))
+	}
+	bound = size
+	if bound == 0 {
+		bound = s.cfg.MaxImageSize
+	}
+	return bound, addSizes(bound, archive), nil
+}
+
+// declaresSize says whether w gives the size of its file (0 means unknown).
+func declaresSize(w Wanted) bool {
+	n, err := w.Image.Size(osimage.FieldSize)
+	return err == nil && n > 0
+}
+
+// addSizes adds sizes without wrapping around.
+func addSizes(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// reserveSpace reserves need bytes for the download of sum, or says why it
+// cannot. need covers the bound the store enforces on the file (see
+// bounds), so that a download never takes the space of another;
+// archive-size counts too, as a cautious margin. When the disk (or
+// --max-storage) cannot hold the image at all, the error fails it; when it
+// could but for what downloads in progress reserved, the error is a
+// *spaceWait and the image waits, without failing, until one of them ends.
+func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
+	why := "archive-size + size"
+	if !declaresSize(w) {
+		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reserved int64
 	for _, img := range s.images {
-		reserved += img.reservedForSpace
+		reserved = addSizes(reserved, img.reservedForSpace)
+	}
+	wait := func(msg string) error {
+		// Set under the lock that releaseSpace takes, so that a release
+		// cannot slip between this check and the wait.
+		s.images[sum].waitingForSpace = true
+		return &spaceWait{msg: msg}
 	}
 	if s.cfg.MaxStorage > 0 {
 		used := s.cfg.Store.Used()
-		if used+reserved+need > s.cfg.MaxStorage {
-			return fmt.Errorf("not enough storage: the image needs %s (archive-size + size), %s are used and %s reserved by other downloads, and --max-storage is %s; raise --max-storage or deselect images",
-				bytesIEC(need), bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage))
+		if addSizes(used, need) > s.cfg.MaxStorage {
+			return fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
+		}
+		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
+			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
 		}
 	}
-	free, err := s.cfg.Store.Available()
+	avail, err := s.cfg.Store.Available()
 	if err != nil {
 		return fmt.Errorf("checking free disk space: %w", err)
 	}
-	if int64(free) < need+reserved+s.cfg.FreeSpaceMargin {
-		return fmt.Errorf("not enough free disk space: the image needs %s (archive-size + size) plus a margin of %s, other downloads reserved %s, and %s are free; grow the data volume or deselect images",
-			bytesIEC(need), bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(reserved), bytesIEC(int64(free)))
+	free := int64(min(avail, math.MaxInt64))
+	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
+		return fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
+	}
+	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
+		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
 	}
 	s.images[sum].reservedForSpace = need
 	return nil
 }
 
+// spaceWait says that an image waits for the space that downloads in
+// progress reserved.
+type spaceWait struct{ msg string }
+
+func (e *spaceWait) Error() string { return e.msg }
+
+// releaseSpace gives back what the download of sum reserved; the images
+// waiting for space try again.
 func (s *Server) releaseSpace(sum string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if img, ok := s.images[sum]; ok {
-		img.reservedForSpace = 0
+	img, ok := s.images[sum]
+	if !ok || img.reservedForSpace == 0 {
+		return
 	}
+	img.reservedForSpace = 0
+	for _, other := range s.images {
+		other.waitingForSpace = false
+	}
+	s.signal(s.kick)
 }
 
 func (s *Server) backoff(attempts int) time.Duration {
@@ -506,11 +682,18 @@ func (s *Server) CollectGarbage() {
 			return
 		}
 		victims = slices.DeleteFunc(victims, func(sum string) bool {
-			by := refs.ReferencedBy(sum)
-			if len(by) > 0 {
-				s.log.Info("image kept: still referenced by "+strings.Join(by, ", "), "sha256", sum)
+			by := strings.Join(refs.ReferencedBy(sum), ", ")
+			s.mu.Lock()
+			img, ok := s.images[sum]
+			changed := ok && img.keptBy != by
+			if changed {
+				img.keptBy = by
 			}
-			return len(by) > 0
+			s.mu.Unlock()
+			if changed && by != "" {
+				s.log.Info("image kept: still referenced by "+by, "sha256", sum)
+			}
+			return by != ""
 		})
 	}
 	for _, sum := range victims {
@@ -628,4 +811,25 @@ func bytesIEC(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// forgetStored notes that the stored file of sum is gone (the store found
+// it tampered with and dropped it): a selected image is queued again.
+func (s *Server) forgetStored(sum string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	img, ok := s.images[sum]
+	if !ok || !img.stored {
+		return
+	}
+	img.stored = false
+	img.entry = imagestore.Entry{}
+	if !img.selected {
+		delete(s.images, sum)
+		return
+	}
+	img.phase = PhaseQueued
+	img.reason = "the stored file was tampered with and dropped; downloading it again"
+	s.signal(s.kick)
+	s.signal(s.changed)
 }

@@ -465,7 +465,7 @@ func TestStorageLimits(t *testing.T) {
 	small := src.add("small", []byte("small"), false)
 	huge := src.add("huge", []byte("huge"), false)
 	huge.Image["size"] = fmt.Sprint(int64(1) << 50)
-	h := start(t, t.TempDir(), src, nil)
+	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 60 })
 	h.want(small, huge)
 	h.waitPhase(huge.SHA256, PhaseFailed)
 	h.waitPhase(small.SHA256, PhaseReady)

@@ -1,0 +1,63 @@
+package osimage
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ParseSize reads the value of a size field (size, archive-size): a number
+// of bytes written as a decimal integer, digits only. An empty value is 0,
+// which means unknown. Signs, spaces, exponents, hexadecimal, fractions and
+// values past the largest int64 are refused, so that a size can never wrap
+// around in a sum or slip past a bound.
+func ParseSize(value string) (int64, error) {
+	if value == "" {
+		return 0, nil
+	}
+	var n int64
+	for i := 0; i < len(value); i++ {
+		c := value[i]
+		if c < '0' || c > '9' {
+			if c == '-' && i == 0 {
+				return 0, errors.New("is negative: a size is a number of bytes")
+			}
+			return 0, errors.New("is not a decimal integer: write the number of bytes in digits only, such as \"22000000000\"")
+		}
+		d := int64(c - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, fmt.Errorf("is larger than %d bytes, the largest size there can be", int64(math.MaxInt64))
+		}
+		n = n*10 + d
+	}
+	return n, nil
+}
+
+// Size is the value of the size field of i (FieldSize or
+// FieldArchiveSize), 0 when absent or empty. Its error names the field and
+// the value; callers add which image it is.
+func (i Image) Size(field string) (int64, error) {
+	v := i[field]
+	n, err := ParseSize(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q %w", field, truncateValue(v), err)
+	}
+	return n, nil
+}
+
+// ValidateSizes says why a size field of i is malformed, or nil.
+func (i Image) ValidateSizes() error {
+	for _, f := range []string{FieldSize, FieldArchiveSize} {
+		if _, err := i.Size(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func truncateValue(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
