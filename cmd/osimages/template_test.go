@@ -18,7 +18,7 @@ import (
 func TestCatalogRefusesHostileTemplates(t *testing.T) {
 	list := "list: [" + strings.Repeat("0, ", 99) + "0]\n"
 	for name, doc := range map[string]string{
-		"nested range": list + "os_images_oci_registries:\n  evil:\n    url: 'oci://r/{{" + strings.Repeat("range .Values.list}}{{", 8) + "end}}" + strings.Repeat("{{end}}", 7) + "'\n    tag: '1'\n",
+		"nested range":   list + "os_images_oci_registries:\n  evil:\n    url: 'oci://r/{{" + strings.Repeat("range .Values.list}}{{", 8) + "end}}" + strings.Repeat("{{end}}", 7) + "'\n    tag: '1'\n",
 		"self reference": "a: '" + strings.Repeat("{{ .Values.a }}", 10) + "'\nos_images_oci_registries:\n  evil:\n    url: 'oci://r/{{ .Values.a }}'\n    tag: '1'\n",
 	} {
 		t.Run(name, func(t *testing.T) {
