@@ -85,7 +85,7 @@ type Registry struct {
 }
 
 const (
-	catalogFieldOwner = "osimages-catalog"
+	catalogFieldOwner  = "osimages-catalog"
 	eventActionCatalog = "Catalog"
 	// CatalogStatusKey is the catalog's key in osimages-status.
 	CatalogStatusKey = "catalog.yaml"
