@@ -26,6 +26,9 @@ var errStale = errors.New("the cache was behind the apiserver")
 // reasonStatusNameTaken is the event of a user's own osimages-status.
 const reasonStatusNameTaken = "StatusNameTaken"
 
+// statusKeys are the keys of osimages-status, each with its writer.
+var statusKeys = map[string]bool{fleet.StatusKey: true, CatalogStatusKey: true}
+
 // writeStatusKey sets one key of osimages-status (the check's status.yaml,
 // the catalog's catalog.yaml) and leaves the others to their writer. The
 // write is conditional on the resourceVersion read, creation on absence.
@@ -46,13 +49,24 @@ func writeStatusKey(ctx context.Context, w client.Client, owner string, previous
 		return fmt.Errorf("ConfigMap %s/%s: %w (no label %s); it is left as it is: rename or delete it so that osimages can report here",
 			namespace, fleet.StatusConfigMapName, errNotOurs, fleet.StatusLabel)
 	}
-	if v, ok := previous.Data[key]; ok && v == doc {
+	stray := false
+	for k := range previous.Data {
+		stray = stray || !statusKeys[k]
+	}
+	if v, ok := previous.Data[key]; ok && v == doc && !stray && len(previous.BinaryData) == 0 {
 		return nil
 	}
 	updated := previous.DeepCopy()
 	if updated.Data == nil {
 		updated.Data = map[string]string{}
 	}
+	// The object is ours: what its writers did not put there goes.
+	for k := range updated.Data {
+		if !statusKeys[k] {
+			delete(updated.Data, k)
+		}
+	}
+	updated.BinaryData = nil
 	updated.Data[key] = doc
 	return staleOr(w.Update(ctx, updated, client.FieldOwner(owner)))
 }
