@@ -125,6 +125,7 @@ var (
 	errInputsChanged = errors.New("its inputs changed")
 	errInputsGone    = errors.New("its inputs are gone")
 	errStopping      = errors.New("the controller is stopping")
+	errUpToDate      = errors.New("os-images-info is already up to date")
 )
 
 // cataloger publishes os-images-info in every namespace holding catalog
@@ -247,7 +248,7 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		current = nil
 	}
 	if catalog.UpToDate(current, hash) {
-		c.cancelRun(name, hash, errInputsChanged)
+		c.cancelRun(name, "", errUpToDate)
 		c.mu.Lock()
 		delete(c.refused, name)
 		c.mu.Unlock()
