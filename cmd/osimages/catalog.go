@@ -79,8 +79,11 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 	if err != nil {
 		return inputError(err)
 	}
-	plan, err := catalog.PlanFromValues(vals, filter)
+	plan, err := catalog.PlanFromValuesContext(ctx, vals, filter)
 	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
 		return inputError(err)
 	}
 	hash := plan.InputsHash()
@@ -121,6 +124,11 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 	if plan.SkipSigningCheck && len(plan.KeyedRegistries) > 0 {
 		fmt.Fprintf(stderr, "%s is true: cosign signatures are NOT checked (registries with a cosign_publickey: %s)\n",
 			catalog.SkipPath, strings.Join(plan.KeyedRegistries, ", "))
+	} else if unchecked := plan.Unchecked(); len(unchecked) > 0 && len(plan.KeyedRegistries) > 0 && !plan.RequireSignatures {
+		// Say which images go unchecked, rather than let "signatures are
+		// checked" be read as "every image is checked".
+		fmt.Fprintf(stderr, "no cosign_publickey applies to %d OCI images, published without a signature check: %s (%s: true refuses them)\n",
+			len(unchecked), strings.Join(unchecked, ", "), catalog.RequirePath)
 	}
 	resolved, err := catalog.Resolve(ctx, plan, client, catalog.ResolveOptions{
 		Concurrency: o.concurrency, Timeout: o.timeout,

@@ -25,6 +25,8 @@ type controllerOptions struct {
 	caFile, registryConfig    string
 	catalogConcurrency        int
 	catalogTimeout            time.Duration
+	catalogRunTimeout         time.Duration
+	maxInputSize              string
 }
 
 func newControllerCommand() *cobra.Command {
@@ -39,7 +41,9 @@ part switched on or off by a flag:
                osimages.sylva-project.org/catalog-values (sylva-units values
                under values.yaml; several merge in name order), resolve the
                catalog and publish os-images-info beside it, as
-               'osimages catalog --apply' does;
+               'osimages catalog --apply' does; each namespace's run has a
+               budget (--catalog-run-timeout) and a fair share of the
+               registry requests, and its state is in osimages-status;
   --propagate  copy the served set into every workload-cluster namespace,
                as 'osimages propagate' does (--config, --adopt);
   --check      in every workload-cluster namespace, find the images the
@@ -75,6 +79,8 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	addRegistryFlags(f, &o.caFile, &o.registryConfig)
 	f.IntVar(&o.catalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
 	f.DurationVar(&o.catalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")
+	f.DurationVar(&o.catalogRunTimeout, "catalog-run-timeout", 5*time.Minute, "catalog: time allowed to one namespace's run; a run past it is stopped, reported and retried with backoff")
+	f.StringVar(&o.maxInputSize, "max-input-size", "512Ki", "data a namespace's catalog-values ConfigMaps, and its cluster-values ConfigMaps, may hold; a ConfigMap over it is refused with an event, not held in memory")
 	return cmd
 }
 
@@ -85,6 +91,16 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 	if o.resync <= 0 {
 		return inputError(fmt.Errorf("--resync %s: must be positive", o.resync))
 	}
+	if o.catalogTimeout <= 0 || o.catalogRunTimeout <= 0 {
+		return inputError(fmt.Errorf("--catalog-timeout %s and --catalog-run-timeout %s: must be positive", o.catalogTimeout, o.catalogRunTimeout))
+	}
+	maxInput, err := quantity("--max-input-size", o.maxInputSize)
+	if err != nil {
+		return inputError(err)
+	}
+	if maxInput <= 0 || maxInput > 1<<30 {
+		return inputError(fmt.Errorf("--max-input-size %s: must be between 1 and 1Gi", o.maxInputSize))
+	}
 	if !o.catalog && !o.propagate && !o.check {
 		return inputError(fmt.Errorf("--catalog, --propagate and --check are all false: nothing to run"))
 	}
@@ -93,8 +109,9 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 		return inputError(err)
 	}
 	opts := controller.Options{
-		Workers: o.workers,
-		Resync:  o.resync,
+		Workers:      o.workers,
+		Resync:       o.resync,
+		MaxInputSize: int(maxInput),
 		ManagerOptions: kube.ManagerOptions{
 			LeaderElection:          o.leaderElect,
 			LeaderElectionNamespace: o.leaderNamespace,
@@ -121,7 +138,7 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 		opts.Check = &controller.CheckOptions{Namespaces: sel, ServedCopy: o.servedCopy, Resync: o.resync}
 	}
 	if o.catalog {
-		c := &controller.CatalogOptions{Concurrency: o.catalogConcurrency, Timeout: o.catalogTimeout}
+		c := &controller.CatalogOptions{Concurrency: o.catalogConcurrency, Timeout: o.catalogTimeout, RunTimeout: o.catalogRunTimeout}
 		for _, insecure := range []bool{false, true} {
 			client, err := oci.NewClient(oci.Options{Insecure: insecure, CAFile: o.caFile, RegistryConfig: o.registryConfig, MaxConnsPerHost: o.catalogConcurrency})
 			if err != nil {

@@ -219,8 +219,18 @@ func runServe(ctx context.Context, o serveOptions) error {
 				log.Error("signature policy unreadable", "error", trustErr)
 			case t.Skip && t.Keys() > 0:
 				log.Warn(catalog.SkipPath+" is true: cosign signatures are NOT checked", "registriesWithKey", t.Keys())
-			case t.Keys() > 0:
-				log.Info("cosign signatures are checked before each download", "registriesWithKey", t.Keys())
+			case t.Keys() > 0 || t.Require:
+				// Name the scope of the check: an OCI image under no keyed
+				// registry is not checked unless signatures are required.
+				var keyed []string
+				for _, k := range t.Registries {
+					keyed = append(keyed, k.Registry+"="+k.URL)
+				}
+				others := "pulled unchecked (" + catalog.RequirePath + ": true refuses them)"
+				if t.Require {
+					others = "refused (" + catalog.RequirePath + ")"
+				}
+				log.Info("cosign signatures are checked before the download of images under these registries", "registries", keyed, "otherOCIImages", others)
 			}
 			wanted, err := server.Select(vals, cat)
 			if err != nil {

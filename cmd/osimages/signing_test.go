@@ -148,7 +148,7 @@ func TestSignedCatalogThenServe(t *testing.T) {
 	if metrics := get("/metrics"); !strings.Contains(metrics, "osimages_verification_failures_total 1") {
 		t.Errorf("metrics: %s", metrics)
 	}
-	if !strings.Contains(d.stderr.String(), "cosign signatures are checked before each download") {
+	if !strings.Contains(d.stderr.String(), "cosign signatures are checked before the download of images under these registries") {
 		t.Errorf("log does not say signatures are checked:\n%s", d.stderr.String())
 	}
 }

@@ -5,6 +5,7 @@
 package catalog
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -45,6 +46,9 @@ type Plan struct {
 	Insecure bool `json:"insecure"`
 	// SkipSigningCheck is security.os_images.skip_signing_check.
 	SkipSigningCheck bool `json:"skipSigningCheck,omitempty"`
+	// RequireSignatures is security.os_images.require_signatures: an OCI
+	// image without SigningKeys is refused.
+	RequireSignatures bool `json:"requireSignatures,omitempty"`
 	// KeyedRegistries names the registries that have a cosign_publickey,
 	// checked or not, for the log line that says the check is off.
 	KeyedRegistries []string `json:"-"`
@@ -66,11 +70,30 @@ func (p Plan) InputsHash() string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// PlanFromValues lists the images of sylva_diskimagebuilder_images and
-// os_images (contract §2). A filter, when given, keeps the images whose key
-// or registry key it fully matches. Every fault of the values is reported,
-// each with its values path.
+// Unchecked lists the keys of the OCI images that no signing key applies
+// to: they are published unchecked, or refused under RequireSignatures.
+func (p Plan) Unchecked() []string {
+	var out []string
+	for _, s := range p.Sources {
+		if s.IsOCI() && len(s.SigningKeys) == 0 {
+			out = append(out, s.Key)
+		}
+	}
+	return out
+}
+
+// PlanFromValues is PlanFromValuesContext without a deadline: the bounds
+// of template expansion alone hold it.
 func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
+	return PlanFromValuesContext(context.Background(), v, filter)
+}
+
+// PlanFromValuesContext lists the images of sylva_diskimagebuilder_images
+// and os_images (contract §2). A filter, when given, keeps the images
+// whose key or registry key it fully matches. Every fault of the values is
+// reported, each with its values path, in an *InputError; when ctx ends
+// first, its error is returned instead.
+func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.Regexp) (Plan, error) {
 	var errs []error
 	fail := func(err error) { errs = append(errs, err) }
 
@@ -78,15 +101,15 @@ func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
 	if err != nil {
 		fail(err)
 	}
-	registries, err := registriesFromValues(v, true)
+	registries, err := registriesFromValues(values.NewRenderer(ctx, v), v, true)
 	if err != nil {
 		fail(err)
 	}
-	skip, err := skipSigningCheck(v)
+	skip, require, err := signaturePolicy(v)
 	if err != nil {
 		fail(err)
 	}
-	trust := trustOf(registries, skip)
+	trust := trustOf(registries, skip, require)
 
 	sources := map[string]Source{}
 	dib, err := values.Map(v, "sylva_diskimagebuilder_images", "sylva_diskimagebuilder_images")
@@ -165,11 +188,14 @@ func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
 		}
 		sources[key] = src
 	}
+	if err := ctx.Err(); err != nil {
+		return Plan{}, context.Cause(ctx)
+	}
 	if len(errs) > 0 {
 		return Plan{}, &InputError{Errs: errs}
 	}
 
-	plan := Plan{Insecure: insecure, SkipSigningCheck: skip}
+	plan := Plan{Insecure: insecure, SkipSigningCheck: skip, RequireSignatures: require}
 	for _, k := range trust.Registries {
 		plan.KeyedRegistries = append(plan.KeyedRegistries, k.Registry)
 	}
@@ -233,9 +259,10 @@ type registry struct {
 	cosignKey string
 }
 
-// registriesFromValues reads os_images_oci_registries. needTag is false for
-// the image server, which only needs each registry's url and key.
-func registriesFromValues(v values.Values, needTag bool) (map[string]registry, error) {
+// registriesFromValues reads os_images_oci_registries, rendering url and
+// tag with r (within its bounds). needTag is false for the image server,
+// which only needs each registry's url and key.
+func registriesFromValues(r *values.Renderer, v values.Values, needTag bool) (map[string]registry, error) {
 	raw, err := values.Map(v, "os_images_oci_registries", "os_images_oci_registries")
 	if err != nil {
 		return nil, err
@@ -249,33 +276,33 @@ func registriesFromValues(v values.Values, needTag bool) (map[string]registry, e
 			errs = append(errs, err)
 			continue
 		}
-		var r registry
+		var reg registry
 		var e1, e2, e3, e4 error
-		r.enabled, e1 = values.Bool(entry, "enabled", path+".enabled", true)
-		r.url, e2 = renderField(v, entry, "url", path)
+		reg.enabled, e1 = values.Bool(entry, "enabled", path+".enabled", true)
+		reg.url, e2 = renderField(r, entry, "url", path)
 		if needTag {
-			r.tag, e3 = renderField(v, entry, "tag", path)
+			reg.tag, e3 = renderField(r, entry, "tag", path)
 		}
-		r.cosignKey, e4 = cosignKey(entry, path)
+		reg.cosignKey, e4 = cosignKey(entry, path)
 		if err := errors.Join(e1, e2, e3, e4); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if r.enabled && !strings.HasPrefix(r.url, "oci://") {
-			errs = append(errs, fmt.Errorf("%s.url: %q must start with oci://", path, r.url))
+		if reg.enabled && !strings.HasPrefix(reg.url, "oci://") {
+			errs = append(errs, fmt.Errorf("%s.url: %q must start with oci://", path, reg.url))
 			continue
 		}
-		out[key] = r
+		out[key] = reg
 	}
 	return out, errors.Join(errs...)
 }
 
-func renderField(all, entry values.Values, field, path string) (string, error) {
+func renderField(r *values.Renderer, entry values.Values, field, path string) (string, error) {
 	s, err := values.String(entry, field, path+"."+field)
 	if err != nil {
 		return "", err
 	}
-	s, err = values.Render(s, all, path+"."+field)
+	s, err = r.Render(s, path+"."+field)
 	if err != nil {
 		return "", err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry/remote/errcode"
@@ -63,6 +64,11 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 	g.SetLimit(opts.Concurrency)
 	for i, src := range plan.Sources {
 		g.Go(func() error {
+			if plan.RequireSignatures && src.IsOCI() && len(src.SigningKeys) == 0 {
+				// Refused before any request: no key could verify it.
+				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: UnsignedError(src.URI).Error()}
+				return nil
+			}
 			img, err := resolveOne(gctx, src, fetcher, opts.Signatures, opts.Timeout)
 			if err != nil {
 				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: describe(err, opts.Timeout)}
@@ -73,8 +79,14 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 		})
 	}
 	_ = g.Wait()
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if ctx.Err() != nil {
+		done := 0
+		for i := range plan.Sources {
+			if images[i] != nil || failures[i] != nil {
+				done++
+			}
+		}
+		return nil, fmt.Errorf("stopped with %d of %d images resolved: %w", done, len(plan.Sources), context.Cause(ctx))
 	}
 
 	out := make(osimage.Catalog, len(images))
@@ -104,6 +116,9 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 			return nil, err
 		}
 		manifestDigest = m.Descriptor.Digest.String()
+		if err := checkShape(m); err != nil {
+			return nil, err
+		}
 		if pin := src.Declared[osimage.FieldManifestDigest]; pin != "" && pin != manifestDigest {
 			return nil, fmt.Errorf("manifest digest mismatch: os_images.%s.%s pins %s, but the tag now resolves to %s; update the pin or the tag",
 				src.Key, osimage.FieldManifestDigest, pin, manifestDigest)
@@ -172,6 +187,23 @@ func verifySignatures(ctx context.Context, src Source, d digest.Digest, sigs Sig
 	}
 	return nil
 }
+
+// checkShape refuses what the image server would refuse at download time
+// anyway: an index (one tag for several platforms) and a manifest with
+// other than the one layer that holds the image file.
+func checkShape(m oci.Manifest) error {
+	for _, mt := range []string{m.Descriptor.MediaType, m.MediaType} {
+		if mt == ocispec.MediaTypeImageIndex || mt == mediaTypeDockerManifestList {
+			return fmt.Errorf("not an OS image artifact: %s is an index (%s), not an image manifest; point the URI at the artifact's own tag or digest", m.Descriptor.Digest, mt)
+		}
+	}
+	if n := len(m.Layers); n != 1 {
+		return fmt.Errorf("not an OS image artifact: manifest %s has %d layers, an OS image artifact has exactly one (the image file)", m.Descriptor.Digest, n)
+	}
+	return nil
+}
+
+const mediaTypeDockerManifestList = "application/vnd.docker.distribution.manifest.list.v2+json"
 
 var errNoSHA256 = errors.New("no sha256 annotation: the manifest has no " + osimage.AnnotationPrefix + "sha256, and os_images declares none (was it published by diskimage-builder?)")
 

@@ -2,19 +2,24 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/fleet"
@@ -27,9 +32,48 @@ type CatalogOptions struct {
 	// Secure resolves manifests and verifies signatures; Insecure is used
 	// when the values set oci_registry_insecure.
 	Secure, Insecure Registry
-	// Concurrency and Timeout are those of catalog.Resolve.
+	// Concurrency is the number of manifests one namespace fetches at once
+	// (default 8); Timeout bounds one image, retries included (default
+	// 60s).
 	Concurrency int
 	Timeout     time.Duration
+	// RunTimeout is the budget of one namespace's run (default 5m): a run
+	// still going after it is stopped, reported, and retried with backoff.
+	RunTimeout time.Duration
+	// Slots bounds the registry requests of all namespaces at once
+	// (default Options.Workers × Concurrency), shared fairly (fairSlots).
+	Slots int
+	// RetryBase and RetryMax bound the backoff after a failed run (default
+	// 10s doubling to 10m). A change of the inputs retries at once.
+	RetryBase, RetryMax time.Duration
+	// MaxInputSize bounds the data of a namespace's catalog-values
+	// ConfigMaps (DefaultMaxInputSize when 0).
+	MaxInputSize int
+}
+
+func (o CatalogOptions) withDefaults(workers int) CatalogOptions {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.RunTimeout <= 0 {
+		o.RunTimeout = 5 * time.Minute
+	}
+	if o.Slots <= 0 {
+		o.Slots = max(workers, 1) * o.Concurrency
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 10 * time.Second
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = 10 * time.Minute
+	}
+	if o.MaxInputSize <= 0 {
+		o.MaxInputSize = DefaultMaxInputSize
+	}
+	return o
 }
 
 // Registry is how the catalog reads one kind of registry.
@@ -40,11 +84,57 @@ type Registry struct {
 	Signatures catalog.SignatureVerifier
 }
 
-const catalogFieldOwner = "osimages-catalog"
+const (
+	catalogFieldOwner  = "osimages-catalog"
+	eventActionCatalog = "Catalog"
+	// CatalogStatusKey is the catalog's key in osimages-status.
+	CatalogStatusKey = "catalog.yaml"
+	// planTimeout bounds reading a namespace's values into a plan; the
+	// bounds of template expansion keep it far below.
+	planTimeout = 10 * time.Second
+)
+
+// The states of a namespace's catalog, in osimages-status and the
+// osimages_catalog_state metric.
+const (
+	CatalogRunning   = "running"
+	CatalogPublished = "published"
+	CatalogFailed    = "failed"
+	CatalogTimedOut  = "timed-out"
+	CatalogRefused   = "refused"
+)
+
+// CatalogStatus is the catalog part of osimages-status (key catalog.yaml).
+type CatalogStatus struct {
+	State      string `json:"state"`
+	InputsHash string `json:"inputsHash,omitempty"`
+	// Since is when the state began (RFC 3339): a run "running" for long
+	// is stuck on its registries.
+	Since   string `json:"since"`
+	Images  int    `json:"images,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+func (s CatalogStatus) same(o CatalogStatus) bool {
+	return s.State == o.State && s.InputsHash == o.InputsHash && s.Message == o.Message && s.Images == o.Images
+}
+
+// The causes that end a run early.
+var (
+	errRunBudget     = errors.New("the run passed its time budget")
+	errInputsChanged = errors.New("its inputs changed")
+	errInputsGone    = errors.New("its inputs are gone")
+	errStopping      = errors.New("the controller is stopping")
+	errUpToDate      = errors.New("os-images-info is already up to date")
+)
 
 // cataloger publishes os-images-info in every namespace holding catalog
-// inputs: the same resolution as `osimages catalog --apply`, driven by
-// the labelled ConfigMaps instead of files.
+// inputs: the same resolution as `osimages catalog --apply`, driven by the
+// labelled ConfigMaps instead of files. The registry work of a namespace
+// is a run in the background, so that a reconcile only reads, plans and
+// writes: a namespace whose registry never answers holds no worker, and
+// its run has a time budget, a deadline per image, its share of the
+// registry slots, and is cancelled as soon as its inputs change or go.
 type cataloger struct {
 	opts     CatalogOptions
 	reader   client.Reader
@@ -52,6 +142,54 @@ type cataloger struct {
 	recorder events.EventRecorder
 	metrics  *metrics
 	log      logr.Logger
+	slots    *fairSlots
+	now      func() time.Time
+	// wake requeues a namespace whose run ended.
+	wake chan event.GenericEvent
+
+	mu   sync.Mutex
+	runs map[string]*catalogRun
+	// refused holds the last refusal of each namespace's inputs, so that
+	// it is announced once.
+	refused map[string]string
+	stopped bool
+	base    context.Context
+	stop    context.CancelCauseFunc
+	wg      sync.WaitGroup
+}
+
+// catalogRun is the resolution of one namespace's plan.
+type catalogRun struct {
+	hash    string
+	cancel  context.CancelCauseFunc
+	started time.Time
+	// attempt counts the failed runs of this hash before this one.
+	attempt int
+	// Set when the run ends (under cataloger.mu).
+	done     bool
+	result   osimage.Catalog
+	err      error
+	retryAt  time.Time
+	reported bool
+}
+
+func newCataloger(opts CatalogOptions, workers int) *cataloger {
+	opts = opts.withDefaults(workers)
+	c := &cataloger{opts: opts, now: time.Now, wake: make(chan event.GenericEvent, 1024), runs: map[string]*catalogRun{}, refused: map[string]string{}}
+	c.base, c.stop = context.WithCancelCause(context.Background())
+	return c
+}
+
+// Start waits for the manager to stop, then stops every run: it makes the
+// cataloger a manager.Runnable, elected with the controllers.
+func (c *cataloger) Start(ctx context.Context) error {
+	<-ctx.Done()
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	c.stop(errStopping)
+	c.wg.Wait()
+	return nil
 }
 
 func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -61,13 +199,24 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		return reconcile.Result{}, err
 	}
 	if len(cms.Items) == 0 {
-		return reconcile.Result{}, nil // os-images-info is left as it is: it may be Sylva's
+		// os-images-info is left as it is: it may be Sylva's.
+		c.cancelRun(name, "", errInputsGone)
+		c.mu.Lock()
+		delete(c.refused, name)
+		c.mu.Unlock()
+		c.metrics.forgetCatalog(name)
+		return reconcile.Result{}, nil
 	}
 	// Several ConfigMaps merge in name order, later wins, like -f files.
 	slices.SortFunc(cms.Items, func(a, b corev1.ConfigMap) int { return strings.Compare(a.Name, b.Name) })
+	input := &cms.Items[0]
+	inputs, err := checkInputSizes(cms.Items, fleet.CatalogValuesLabel, c.opts.MaxInputSize)
+	if err != nil {
+		return c.refuse(ctx, input, "CatalogInputTooLarge", err)
+	}
 	var vals values.Values
 	var sources []string
-	for _, cm := range cms.Items {
+	for _, cm := range inputs {
 		source := "ConfigMap " + name + "/" + cm.Name
 		sources = append(sources, source)
 		v, err := values.Parse([]byte(cm.Data[osimage.ValuesKey]))
@@ -75,13 +224,18 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 			err = fmt.Errorf("no data key %s", osimage.ValuesKey)
 		}
 		if err != nil {
-			return c.invalid(&cms.Items[0], fmt.Errorf("%s: %w", source, err))
+			return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", source, err))
 		}
 		vals = values.Merge(vals, v)
 	}
-	plan, err := catalog.PlanFromValues(vals, nil)
+	pctx, cancel := context.WithTimeoutCause(ctx, planTimeout, fmt.Errorf("reading the values took more than %s", planTimeout))
+	plan, err := catalog.PlanFromValuesContext(pctx, vals, nil)
+	cancel()
 	if err != nil {
-		return c.invalid(&cms.Items[0], fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		if ctx.Err() != nil {
+			return reconcile.Result{}, err
+		}
+		return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()
 
@@ -94,25 +248,136 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		current = nil
 	}
 	if catalog.UpToDate(current, hash) {
-		return reconcile.Result{}, nil
+		c.cancelRun(name, "", errUpToDate)
+		c.mu.Lock()
+		delete(c.refused, name)
+		c.mu.Unlock()
+		c.metrics.catalogState(name, CatalogPublished)
+		return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: countImages(current)})
 	}
+	return c.advance(ctx, input, plan, hash, current)
+}
 
+// advance moves the namespace's run for hash one step: start it, wait for
+// it, publish its result, or report its failure and retry it after a
+// backoff.
+func (c *cataloger) advance(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap) (reconcile.Result, error) {
+	name := input.Namespace
+	c.cancelRun(name, hash, errInputsChanged)
+	c.mu.Lock()
+	delete(c.refused, name)
+	r := c.runs[name]
+	switch {
+	case r == nil:
+		r = c.start(name, plan, hash, 0)
+		c.mu.Unlock()
+		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images", len(plan.Sources))})
+	case !r.done:
+		c.mu.Unlock()
+		return reconcile.Result{}, nil // its end wakes the namespace
+	case r.err == nil:
+		result := r.result
+		c.mu.Unlock()
+		return c.publish(ctx, input, plan, hash, current, r, result)
+	case !r.reported:
+		r.reported = true
+		wait := c.backoff(r.attempt)
+		r.retryAt = c.now().Add(wait)
+		err := r.err
+		c.mu.Unlock()
+		res, statusErr := c.failed(ctx, input, hash, err, wait)
+		if statusErr == nil && res.RequeueAfter == 0 {
+			res.RequeueAfter = wait
+		}
+		return res, statusErr
+	case c.now().Before(r.retryAt):
+		wait := r.retryAt.Sub(c.now())
+		c.mu.Unlock()
+		return reconcile.Result{RequeueAfter: wait}, nil
+	default:
+		c.start(name, plan, hash, r.attempt+1)
+		c.mu.Unlock()
+		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images (attempt %d)", len(plan.Sources), r.attempt+2)})
+	}
+}
+
+// start begins a run (called locked).
+func (c *cataloger) start(namespace string, plan catalog.Plan, hash string, attempt int) *catalogRun {
+	ctx, cancel := context.WithCancelCause(c.base)
+	r := &catalogRun{hash: hash, cancel: cancel, started: c.now(), attempt: attempt}
+	c.runs[namespace] = r
+	if c.stopped {
+		cancel(errStopping)
+		r.done, r.err = true, errStopping
+		return r
+	}
 	reg := c.opts.Secure
 	if plan.Insecure {
 		reg = c.opts.Insecure
 	}
 	if plan.SkipSigningCheck && len(plan.KeyedRegistries) > 0 {
-		c.log.Info(catalog.SkipPath+" is true: cosign signatures are NOT checked", "namespace", name, "keyedRegistries", plan.KeyedRegistries)
+		c.log.Info(catalog.SkipPath+" is true: cosign signatures are NOT checked", "namespace", namespace, "keyedRegistries", plan.KeyedRegistries)
 	}
-	resolved, err := catalog.Resolve(ctx, plan, reg.Manifests, catalog.ResolveOptions{
-		Concurrency: c.opts.Concurrency, Timeout: c.opts.Timeout, Signatures: reg.Signatures,
-	})
-	if err != nil {
-		c.metrics.catalogRun(name, false)
-		c.event(&cms.Items[0], corev1.EventTypeWarning, "CatalogFailed", "os-images-info not updated: %v", err)
-		// The registry may come back: retry with the controller's backoff.
-		return reconcile.Result{}, fmt.Errorf("resolving the catalog of namespace %s: %w", name, err)
+	opts := catalog.ResolveOptions{Concurrency: c.opts.Concurrency, Timeout: c.opts.Timeout}
+	if reg.Signatures != nil {
+		opts.Signatures = slotVerifier{slots: c.slots, namespace: namespace, inner: reg.Signatures}
 	}
+	fetcher := slotFetcher{slots: c.slots, namespace: namespace, inner: reg.Manifests}
+	c.metrics.catalogState(namespace, CatalogRunning)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		rctx, stop := context.WithTimeoutCause(ctx, c.opts.RunTimeout, errRunBudget)
+		resolved, err := catalog.Resolve(rctx, plan, fetcher, opts)
+		stop()
+		cause := context.Cause(ctx)
+		c.mu.Lock()
+		r.done, r.result, r.err = true, resolved, err
+		c.mu.Unlock()
+		cancel(nil)
+		if cause != nil {
+			return // cancelled: the run is no longer wanted
+		}
+		select {
+		case c.wake <- event.GenericEvent{Object: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}}:
+		case <-c.base.Done():
+		}
+	}()
+	return r
+}
+
+// cancelRun stops the namespace's run unless it resolves keep.
+func (c *cataloger) cancelRun(namespace, keep string, why error) {
+	c.mu.Lock()
+	r := c.runs[namespace]
+	if r == nil || r.hash == keep {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.runs, namespace)
+	running := !r.done
+	c.mu.Unlock()
+	r.cancel(why)
+	if running {
+		c.metrics.catalogRun(namespace, "cancelled")
+		c.log.Info("catalog run cancelled", "namespace", namespace, "reason", why.Error(), "after", c.now().Sub(r.started).Round(time.Millisecond).String())
+	}
+}
+
+func (c *cataloger) backoff(attempt int) time.Duration {
+	d := c.opts.RetryBase
+	for range attempt {
+		d *= 2
+		if d >= c.opts.RetryMax {
+			return c.opts.RetryMax
+		}
+	}
+	return d
+}
+
+// publish writes os-images-info from a run's result.
+func (c *cataloger) publish(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap, r *catalogRun, resolved osimage.Catalog) (reconcile.Result, error) {
+	name := input.Namespace
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -132,26 +397,135 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		maps.Copy(updated.Annotations, cm.Annotations)
 		err = c.writer.Update(ctx, updated, client.FieldOwner(catalogFieldOwner))
 	}
-	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s: %w", key, err)
+	if err := staleOr(err); errors.Is(err, errStale) {
+		c.log.V(1).Info("os-images-info not written, deciding again", "namespace", name, "reason", err.Error())
+		return reconcile.Result{RequeueAfter: requeueStale}, nil
+	} else if err != nil {
+		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, osimage.InfoConfigMapName, err)
 	}
-	c.metrics.catalogRun(name, true)
-	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash)
-	c.event(&cms.Items[0], corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
+	c.mu.Lock()
+	if c.runs[name] == r {
+		delete(c.runs, name)
+	}
+	c.mu.Unlock()
+	c.metrics.catalogRun(name, "published")
+	c.metrics.catalogState(name, CatalogPublished)
+	// Say what was checked, never more.
+	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash,
+		"signaturesVerified", len(plan.Sources)-len(plan.Unchecked())-countHTTP(plan), "ociImagesWithoutKey", plan.Unchecked())
+	c.event(input, corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
+	return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: len(resolved)})
+}
+
+func countHTTP(p catalog.Plan) int {
+	n := 0
+	for _, s := range p.Sources {
+		if !s.IsOCI() {
+			n++
+		}
+	}
+	return n
+}
+
+// failed reports a run that did not publish: in the log, an event, the
+// status and the metrics.
+func (c *cataloger) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
+	name := input.Namespace
+	state, reason, result := CatalogFailed, "CatalogFailed", "failed"
+	msg := fmt.Sprintf("os-images-info not updated: %v; retried in %s", err, retry.Round(time.Second))
+	if errors.Is(err, errRunBudget) {
+		state, reason, result = CatalogTimedOut, "CatalogTimedOut", "timeout"
+		msg = fmt.Sprintf("os-images-info not updated: the run was stopped after its budget of %s (--catalog-run-timeout): %v; are its registries answering? Retried in %s",
+			c.opts.RunTimeout, err, retry.Round(time.Second))
+	}
+	c.metrics.catalogRun(name, result)
+	c.metrics.catalogState(name, state)
+	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", state, "retryIn", retry.Round(time.Second).String())
+	c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
+	return c.setStatus(ctx, input, CatalogStatus{State: state, InputsHash: hash, Message: msg})
+}
+
+// refuse reports inputs that no retry can fix; the next change of the
+// ConfigMaps triggers a new attempt. A run of older inputs is stopped.
+func (c *cataloger) refuse(ctx context.Context, input *corev1.ConfigMap, reason string, err error) (reconcile.Result, error) {
+	name := input.Namespace
+	c.cancelRun(name, "", errInputsChanged)
+	msg := err.Error()
+	c.mu.Lock()
+	known := c.refused[name] == msg
+	c.refused[name] = msg
+	c.mu.Unlock()
+	if !known {
+		// Once per new refusal, not per reconcile.
+		c.metrics.catalogRun(name, "refused")
+		c.log.Info("catalog inputs refused; fix them, os-images-info is left as it is", "namespace", name, "reason", reason, "error", msg)
+		c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
+	}
+	c.metrics.catalogState(name, CatalogRefused)
+	return c.setStatus(ctx, input, CatalogStatus{State: CatalogRefused, Message: msg})
+}
+
+// setStatus writes the catalog's state into osimages-status when it
+// changed. A user's own osimages-status is never written: an event says
+// so instead.
+func (c *cataloger) setStatus(ctx context.Context, input *corev1.ConfigMap, s CatalogStatus) (reconcile.Result, error) {
+	name := input.Namespace
+	previous := &corev1.ConfigMap{}
+	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: fleet.StatusConfigMapName}, previous); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		previous = nil
+	}
+	if previous != nil {
+		var old CatalogStatus
+		if doc, ok := previous.Data[CatalogStatusKey]; ok && yaml.Unmarshal([]byte(doc), &old) == nil && old.same(s) {
+			return reconcile.Result{}, nil
+		}
+	}
+	s.Since = c.now().UTC().Format(time.RFC3339)
+	doc, err := yaml.Marshal(s)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	err = writeStatusKey(ctx, c.writer, catalogFieldOwner, previous, name, CatalogStatusKey, string(doc))
+	switch {
+	case errors.Is(err, errStale):
+		c.log.V(1).Info("catalog status not written, deciding again", "namespace", name, "reason", err.Error())
+		return reconcile.Result{RequeueAfter: requeueStale}, nil
+	case errors.Is(err, errNotOurs):
+		c.event(previous, corev1.EventTypeWarning, reasonStatusNameTaken, "%v", err)
+		return reconcile.Result{}, nil
+	case err != nil:
+		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
+	}
 	return reconcile.Result{}, nil
 }
 
-// invalid reports values that no retry can fix: the next change of the
-// ConfigMaps triggers a new attempt.
-func (c *cataloger) invalid(input *corev1.ConfigMap, err error) (reconcile.Result, error) {
-	c.metrics.catalogRun(input.Namespace, false)
-	c.log.Error(err, "catalog inputs are wrong; fix them, os-images-info is left as it is", "namespace", input.Namespace)
-	c.event(input, corev1.EventTypeWarning, "CatalogValuesInvalid", "%v", err)
-	return reconcile.Result{}, nil
+func countImages(cm *corev1.ConfigMap) int {
+	cat, err := osimage.ParseInfo([]byte(cm.Data[osimage.ValuesKey]))
+	if err != nil {
+		return 0
+	}
+	return len(cat)
 }
 
-// event regards the (first) catalog-values ConfigMap: it is what the
-// operator edits, and it lives in the namespace concerned.
-func (c *cataloger) event(input *corev1.ConfigMap, kind, reason, format string, args ...any) {
-	c.recorder.Eventf(input, nil, kind, reason, "Catalog", format, args...)
+// event regards the given ConfigMap (the first catalog-values one: what
+// the operator edits, in the namespace concerned).
+func (c *cataloger) event(regarding *corev1.ConfigMap, kind, reason, format string, args ...any) {
+	c.recorder.Eventf(regarding, nil, kind, reason, eventActionCatalog, format, args...)
+}
+
+// runningSince lists the start of every run in progress, for the
+// osimages_catalog_run_seconds metric.
+func (c *cataloger) runningSince() map[string]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]time.Time{}
+	for ns, r := range c.runs {
+		if !r.done {
+			out[ns] = r.started
+		}
+	}
+	return out
 }

@@ -2,8 +2,8 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
@@ -33,6 +34,9 @@ type CheckOptions struct {
 	ServedCopy string
 	// Resync is how often each namespace is checked without an event.
 	Resync time.Duration
+	// MaxInputSize bounds the data of the cluster-values ConfigMaps of a
+	// namespace (DefaultMaxInputSize when 0).
+	MaxInputSize int
 }
 
 // Default names of the check.
@@ -91,10 +95,19 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 			objects = append(objects, &list.Items[i])
 		}
 	}
-	gathered := fleet.Gather(name, c.opts.ServedCopy, cms.Items, objects)
+	// Cluster values over the size limit are refused, not parsed.
+	clusters, sizeErr := checkInputSizes(cms.Items, fleet.ClusterValuesLabel, c.opts.MaxInputSize)
+	readable := cms.Items[:0:0]
+	for _, cm := range cms.Items {
+		if inputKind(&cm) != fleet.ClusterValuesLabel {
+			readable = append(readable, cm)
+		}
+	}
+	readable = append(readable, clusters...)
+	gathered := fleet.Gather(name, c.opts.ServedCopy, readable, objects)
 	previous := gathered.Status
 	needs, err := fleet.Needs(gathered.Inputs)
-	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, err)
+	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, errors.Join(sizeErr, err))
 	c.metrics.report(report)
 
 	cm, err := report.ConfigMap()
@@ -105,34 +118,25 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if previous != nil {
 		before, _ = fleet.ParseStatus(previous.Data[fleet.StatusKey])
 	}
-	if err := c.write(ctx, previous, cm); err != nil {
+	err = writeStatusKey(ctx, c.writer, checkFieldOwner, previous, name, fleet.StatusKey, cm.Data[fleet.StatusKey])
+	switch {
+	case errors.Is(err, errStale):
+		log.FromContext(ctx).V(1).Info("status not written, deciding again", "reason", err.Error())
+		return reconcile.Result{RequeueAfter: requeueStale}, nil
+	case errors.Is(err, errNotOurs):
+		c.recorder.Eventf(previous, ns, corev1.EventTypeWarning, reasonStatusNameTaken, eventActionCheck, "%v", err)
+		c.log.Info("osimages-status not written: not ours", "namespace", name)
+		return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
+	case err != nil:
 		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
 	}
 	c.announce(cm, ns, before, previous != nil, report)
 	return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 }
 
-// write creates or updates the status ConfigMap, and leaves it alone when
-// its content is already right, so that a resync costs no write.
-func (c *checker) write(ctx context.Context, previous, want *corev1.ConfigMap) error {
-	if previous == nil {
-		err := c.writer.Create(ctx, want, client.FieldOwner(checkFieldOwner))
-		if apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("%w (the cache was behind; retrying)", err)
-		}
-		return err
-	}
-	if _, labelled := previous.Labels[fleet.StatusLabel]; labelled && maps.Equal(previous.Data, want.Data) {
-		return nil
-	}
-	updated := previous.DeepCopy()
-	updated.Data = want.Data
-	if updated.Labels == nil {
-		updated.Labels = map[string]string{}
-	}
-	updated.Labels[fleet.StatusLabel] = ""
-	return c.writer.Update(ctx, updated, client.FieldOwner(checkFieldOwner))
-}
+// requeueStale is how soon a write refused on a stale cache is decided
+// again; the watch event that brings the cache up to date requeues too.
+const requeueStale = time.Second
 
 // announce emits an event for each problem that is new since the last
 // check, and one when every problem is gone: a warning before render

@@ -43,11 +43,15 @@ func sum(s string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// startManager runs the controller in-process until the test ends.
-func startManager(t testing.TB, o Options) {
+// startManager runs the controller in-process until the test ends, and
+// returns the registry of its metrics.
+func startManager(t testing.TB, o Options) *prometheus.Registry {
 	t.Helper()
-	o.Registerer = prometheus.NewRegistry()
-	o.ManagerOptions.Logger = logr.Discard()
+	reg := prometheus.NewRegistry()
+	o.Registerer = reg
+	if o.ManagerOptions.Logger.GetSink() == nil {
+		o.ManagerOptions.Logger = logr.Discard()
+	}
 	mgr, err := NewManager(testKube.Config, o)
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +65,7 @@ func startManager(t testing.TB, o Options) {
 			t.Errorf("manager: %v", err)
 		}
 	})
+	return reg
 }
 
 func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
@@ -187,7 +192,7 @@ func TestCatalogPublishesAndRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
-	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
+	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second, RetryBase: 200 * time.Millisecond}})
 
 	values := fmt.Sprintf(`oci_registry_insecure: true
 os_images_oci_registries:
@@ -238,7 +243,7 @@ func TestCatalogVerifiesSignatures(t *testing.T) {
 		t.Fatal(err)
 	}
 	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
-	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
+	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second, RetryBase: 200 * time.Millisecond}})
 
 	signer := testenv.Signer(t)
 	p, err := reg.Publish(context.Background(), devregistry.DiskImage{Repository: "dib/ubuntu", Tag: "1.0", Content: []byte("disk"), Fields: osimage.Image{"os": "ubuntu"}})

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -55,6 +56,10 @@ type Options struct {
 	Workers int
 	// Resync is how often the informers replay every object.
 	Resync time.Duration
+	// MaxInputSize bounds the data of one namespace's catalog-values
+	// ConfigMaps, and of its cluster-values ConfigMaps (default
+	// DefaultMaxInputSize). A ConfigMap over it is not held in memory.
+	MaxInputSize int
 
 	// ManagerOptions: leader election (Lease DefaultLeaderElectionID by
 	// default), endpoints and log.
@@ -77,7 +82,13 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.Registerer == nil {
 		o.Registerer = ctrlmetrics.Registry
 	}
+	if o.MaxInputSize <= 0 {
+		o.MaxInputSize = DefaultMaxInputSize
+	}
 	if o.Check != nil {
+		if o.Check.MaxInputSize <= 0 {
+			o.Check.MaxInputSize = o.MaxInputSize
+		}
 		if o.Check.ServedCopy == "" {
 			o.Check.ServedCopy = DefaultServedCopy
 		}
@@ -96,17 +107,21 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.Check != nil {
 		servedCopy = o.Check.ServedCopy
 	}
-	keep := func(cm *corev1.ConfigMap) bool {
-		_, catalogValues := cm.Labels[fleet.CatalogValuesLabel]
-		_, clusterValues := cm.Labels[fleet.ClusterValuesLabel]
-		switch {
-		case catalogValues, clusterValues, propagate.Relevant(rules, cm.Namespace, cm.Name):
-			return true
+	written := func(cm *corev1.ConfigMap) bool {
+		return propagate.Relevant(rules, cm.Namespace, cm.Name) || cm.Name == osimage.InfoConfigMapName ||
+			cm.Name == fleet.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy)
+	}
+	keep := func(cm *corev1.ConfigMap) bool { return inputKind(cm) != "" || written(cm) }
+	limit := limitInputs(o.MaxInputSize, written)
+	slim := propagate.SlimConfigMaps(keep)
+	transform := func(obj any) (any, error) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			limit(cm)
 		}
-		return cm.Name == osimage.InfoConfigMapName || cm.Name == fleet.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy)
+		return slim(obj)
 	}
 	byObject := map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}: {Transform: propagate.SlimConfigMaps(keep), UnsafeDisableDeepCopy: ptr.To(true)},
+		&corev1.ConfigMap{}: {Transform: transform, UnsafeDisableDeepCopy: ptr.To(true)},
 		&corev1.Namespace{}: {Transform: propagate.SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
 	}
 
@@ -160,8 +175,18 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 	}
 	if o.Catalog != nil {
-		c := &cataloger{opts: *o.Catalog, reader: mgr.GetCache(), writer: mgr.GetClient(), recorder: recorder, metrics: m,
-			log: mgr.GetLogger().WithValues("controller", "catalog")}
+		co := *o.Catalog
+		if co.MaxInputSize <= 0 {
+			co.MaxInputSize = o.MaxInputSize
+		}
+		c := newCataloger(co, o.Workers)
+		c.reader, c.writer, c.recorder, c.metrics = mgr.GetCache(), mgr.GetClient(), recorder, m
+		c.log = mgr.GetLogger().WithValues("controller", "catalog")
+		c.slots = newFairSlots(c.opts.Slots, func(ns string) { m.preemptions.WithLabelValues(ns).Inc() })
+		m.running = c.runningSince
+		if err := mgr.Add(c); err != nil {
+			return nil, err
+		}
 		onlyInputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
 			if _, ok := obj.GetLabels()[fleet.CatalogValuesLabel]; ok || obj.GetName() == osimage.InfoConfigMapName {
 				return toNamespace(ctx, obj)
@@ -170,6 +195,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 		err := builder.ControllerManagedBy(mgr).Named("catalog").WithOptions(options).
 			Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(onlyInputs)).
+			WatchesRawSource(source.Channel(c.wake, handler.EnqueueRequestsFromMapFunc(toNamespace))).
 			Complete(c)
 		if err != nil {
 			return nil, fmt.Errorf("creating the catalog controller: %w", err)

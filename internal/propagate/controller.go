@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -109,8 +110,12 @@ func (c *reconciler) Reconcile(ctx context.Context, k Key) (reconcile.Result, er
 		case StateInSync:
 			c.metrics.synced(r.Name, c.now())
 		case StateConflict:
-			log.Info("target name taken", "reason", d.Reason)
-			c.recorder.Eventf(o.Copy, o.Namespace, corev1.EventTypeWarning, "TargetNameTaken", "Propagate", "rule %s: %s", r.Name, d.Reason)
+			reason := "TargetNameTaken"
+			if !r.Selector.Matches(labels.Set(o.Namespace.Labels)) || (o.Copy.Immutable != nil && *o.Copy.Immutable) {
+				reason = "OwnershipUnproven" // a delete held back
+			}
+			log.Info("not writing an object osimages cannot prove it owns", "reason", d.Reason)
+			c.recorder.Eventf(o.Copy, o.Namespace, corev1.EventTypeWarning, reason, "Propagate", "rule %s: %s", r.Name, d.Reason)
 		}
 		return reconcile.Result{}, nil
 	}

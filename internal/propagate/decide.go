@@ -9,6 +9,7 @@ package propagate
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -36,6 +37,13 @@ const (
 	// AnnotationStaleSince is set, to the RFC 3339 time the source was
 	// found missing, on copies kept while their source is gone.
 	AnnotationStaleSince = "propagate.osimages.sylva-project.org/stale-since"
+	// AnnotationOwnerProof proves that osimages made a copy: an HMAC of the
+	// rule, namespace and name of the copy keyed with the UID of the live
+	// source (OwnerProof). Labels, and this annotation, can be copied by
+	// hand, but the proof of one namespace does not hold in another, and
+	// a tenant cannot compute it without reading the source in its own
+	// namespace. A copy is deleted only when it carries the proof (Owned).
+	AnnotationOwnerProof = "propagate.osimages.sylva-project.org/owner-proof"
 )
 
 // Action is the write a Decision asks for.
@@ -110,6 +118,9 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 		// Only this rule's copies go: a copy left by a rule since removed
 		// from the config stays where it is.
 		if cp != nil && cp.Labels[LabelRule] == r.Name {
+			if !Owned(r, o.Source, cp) {
+				return Decision{Action: ActionNone, State: StateConflict, Reason: unproven(r, o.Source, cp)}
+			}
 			return Decision{Action: ActionDelete, State: StateOutOfSync, Object: cp, Reason: "namespace no longer matches the rule's selector"}
 		}
 		return Decision{Action: ActionNone, State: StateAbsent, Reason: "namespace does not match the rule's selector"}
@@ -145,6 +156,9 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 		if inSync(r, o.Source, cp) {
 			return Decision{Action: ActionNone, State: StateInSync, Reason: "copy in sync"}
 		}
+		if !Owned(r, o.Source, cp) {
+			return Decision{Action: ActionNone, State: StateConflict, Reason: unproven(r, o.Source, cp) + " (it is immutable, so it cannot be updated)"}
+		}
 		return Decision{Action: ActionDelete, State: StateOutOfSync, Object: cp, Reason: "copy is immutable and differs from the source; recreating it"}
 	}
 	if inSync(r, o.Source, cp) {
@@ -157,6 +171,41 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 		reason = "source is back"
 	}
 	return Decision{Action: ActionUpdate, State: StateOutOfSync, Object: updatedCopy(r, o.Source, cp), Reason: reason}
+}
+
+// Owned says whether cp is provably a copy osimages made for r from src:
+// it carries r's labels and the UID of the live source. Only such a copy
+// is ever deleted.
+func Owned(r Rule, src, cp *corev1.ConfigMap) bool {
+	if src == nil || cp == nil || src.UID == "" {
+		return false
+	}
+	for k, v := range ownLabels(r) {
+		if cp.Labels[k] != v {
+			return false
+		}
+	}
+	return hmac.Equal([]byte(cp.Annotations[AnnotationOwnerProof]), []byte(OwnerProof(r, src, cp.Namespace)))
+}
+
+// OwnerProof is the value of AnnotationOwnerProof on the copy of r in
+// namespace made from src ("" when src has no UID yet).
+func OwnerProof(r Rule, src *corev1.ConfigMap, namespace string) string {
+	if src == nil || src.UID == "" {
+		return ""
+	}
+	mac := hmac.New(sha256.New, []byte(src.UID))
+	mac.Write([]byte(r.Name + "\x00" + namespace + "\x00" + r.Target))
+	return "hmac-sha256:" + hex.EncodeToString(mac.Sum(nil))
+}
+
+func unproven(r Rule, src, cp *corev1.ConfigMap) string {
+	why := fmt.Sprintf("its annotation %s is not the proof made from source %s for this namespace", AnnotationOwnerProof, r.Source)
+	if src == nil {
+		why = fmt.Sprintf("source %s is missing, so the proof cannot be checked", r.Source)
+	}
+	return fmt.Sprintf("ConfigMap %s/%s carries rule %s's labels, but nothing proves osimages made it (%s); not deleting it: delete it by hand if it is a stale copy",
+		cp.Namespace, cp.Name, r.Name, why)
 }
 
 // SourceHash identifies the data of a ConfigMap: equal data, equal hash,
@@ -195,7 +244,7 @@ func newCopy(r Rule, src *corev1.ConfigMap, namespace string) *corev1.ConfigMap 
 			Name:        r.Target,
 			Namespace:   namespace,
 			Labels:      ownLabels(r),
-			Annotations: map[string]string{AnnotationSourceHash: SourceHash(src)},
+			Annotations: map[string]string{AnnotationSourceHash: SourceHash(src), AnnotationOwnerProof: OwnerProof(r, src, namespace)},
 		},
 		Data:       maps.Clone(src.Data),
 		BinaryData: cloneBinary(src.BinaryData),
@@ -215,6 +264,7 @@ func updatedCopy(r Rule, src, cp *corev1.ConfigMap) *corev1.ConfigMap {
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[AnnotationSourceHash] = SourceHash(src)
+	out.Annotations[AnnotationOwnerProof] = OwnerProof(r, src, cp.Namespace)
 	delete(out.Annotations, AnnotationStaleSince)
 	out.Data = maps.Clone(src.Data)
 	out.BinaryData = cloneBinary(src.BinaryData)
@@ -227,7 +277,7 @@ func inSync(r Rule, src, cp *corev1.ConfigMap) bool {
 			return false
 		}
 	}
-	if cp.Annotations[AnnotationStaleSince] != "" || cp.Annotations[AnnotationSourceHash] != SourceHash(src) {
+	if cp.Annotations[AnnotationStaleSince] != "" || cp.Annotations[AnnotationSourceHash] != SourceHash(src) || cp.Annotations[AnnotationOwnerProof] != OwnerProof(r, src, cp.Namespace) {
 		return false
 	}
 	return maps.Equal(cp.Data, src.Data) && maps.EqualFunc(cp.BinaryData, src.BinaryData, bytes.Equal)

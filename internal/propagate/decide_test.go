@@ -31,7 +31,7 @@ func namespace(name string, lbls map[string]string) *corev1.Namespace {
 
 func source(data string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "sylva-system", Name: "served", Labels: map[string]string{"helm": "x"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "sylva-system", Name: "served", Labels: map[string]string{"helm": "x"}, UID: "source-uid"},
 		Data:       map[string]string{"values.yaml": data},
 	}
 }
@@ -203,8 +203,35 @@ func TestDecide(t *testing.T) {
 		{name: "source still missing, copy already stale: nothing", obs: Observed{Namespace: wc, Copy: staleCopy}, action: ActionNone, state: StateStale},
 		{name: "source missing, object not ours, --adopt: not adopted without data",
 			obs: Observed{Namespace: wc, Copy: unmanaged}, adopt: true, action: ActionNone, state: StateConflict},
-		{name: "source missing, namespace lost the label: copy deleted",
-			obs: Observed{Namespace: plain, Copy: edit(ourCopy("other", "v1"), func(*corev1.ConfigMap) {})}, action: ActionDelete, state: StateOutOfSync},
+		// Without the source, nothing proves the copy is ours: kept.
+		{name: "source missing, namespace lost the label: copy kept",
+			obs: Observed{Namespace: plain, Copy: ourCopy("other", "v1")}, action: ActionNone, state: StateConflict},
+		// Labels copied by hand prove nothing.
+		{name: "labels copied by hand, unselected namespace: not deleted",
+			obs: Observed{Namespace: plain, Source: source("v1"), Copy: edit(ourCopy("other", "mine"), func(cm *corev1.ConfigMap) {
+				delete(cm.Annotations, AnnotationOwnerProof)
+			})}, action: ActionNone, state: StateConflict},
+		{name: "the proof of another namespace's copy, copied by hand: not deleted",
+			obs: Observed{Namespace: plain, Source: source("v1"), Copy: edit(ourCopy("other", "v1"), func(cm *corev1.ConfigMap) {
+				cm.Annotations[AnnotationOwnerProof] = ourCopy("wc1", "v1").Annotations[AnnotationOwnerProof]
+			})}, action: ActionNone, state: StateConflict},
+		{name: "a copy of another source (recreated since): not deleted",
+			obs:    Observed{Namespace: plain, Source: edit(source("v1"), func(cm *corev1.ConfigMap) { cm.UID = "new-uid" }), Copy: ourCopy("other", "v1")},
+			action: ActionNone, state: StateConflict},
+		{name: "labels copied by hand, immutable: not deleted",
+			obs: Observed{Namespace: wc, Source: source("v2"), Copy: edit(ourCopy("wc1", "v1"), func(cm *corev1.ConfigMap) {
+				cm.Immutable = ptr.To(true)
+				delete(cm.Annotations, AnnotationOwnerProof)
+			})}, action: ActionNone, state: StateConflict},
+		{name: "copy of an older osimages (no source uid), selected: updated with it",
+			obs: Observed{Namespace: wc, Source: source("v1"), Copy: edit(ourCopy("wc1", "v1"), func(cm *corev1.ConfigMap) {
+				delete(cm.Annotations, AnnotationOwnerProof)
+			})}, action: ActionUpdate, state: StateOutOfSync,
+			check: func(t *testing.T, obj *corev1.ConfigMap) {
+				if obj.Annotations[AnnotationOwnerProof] != OwnerProof(rule, source("v1"), "wc1") || !strings.HasPrefix(obj.Annotations[AnnotationOwnerProof], "hmac-sha256:") {
+					t.Errorf("annotations %v", obj.Annotations)
+				}
+			}},
 		{name: "source back: stale copy follows it again",
 			obs:    Observed{Namespace: wc, Source: source("v3"), Copy: staleCopy},
 			action: ActionUpdate, state: StateOutOfSync,

@@ -156,7 +156,10 @@ func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context
 	if err != nil {
 		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
 	}
-	keys := t.KeysFor(w.Image[osimage.FieldRegistryKey], uri)
+	keys, err := t.KeysRequired(w.Image[osimage.FieldRegistryKey], uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w (nothing was downloaded)", err)
+	}
 	if len(keys) == 0 {
 		return nil, nil
 	}

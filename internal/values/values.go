@@ -4,11 +4,9 @@
 package values
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"strings"
-	"text/template"
 
 	"sigs.k8s.io/yaml"
 )
@@ -126,29 +124,4 @@ func describe(v any) string {
 	default:
 		return fmt.Sprintf("%v", t)
 	}
-}
-
-// maxTemplateDepth bounds the rounds of reference resolution, so that a
-// value that refers to itself fails instead of looping.
-const maxTemplateDepth = 10
-
-// Render resolves the {{ .Values.x }} references in s against v, the way
-// Sylva's templated values are resolved. A reference may yield a string that
-// holds more references; they are resolved too. path names s in errors.
-func Render(s string, v Values, path string) (string, error) {
-	for range maxTemplateDepth {
-		if !strings.Contains(s, "{{") {
-			return s, nil
-		}
-		t, err := template.New(path).Option("missingkey=error").Parse(s)
-		if err != nil {
-			return "", fmt.Errorf("%s: bad template %q: %w", path, s, err)
-		}
-		var buf bytes.Buffer
-		if err := t.Execute(&buf, map[string]any{"Values": v}); err != nil {
-			return "", fmt.Errorf("%s: cannot resolve %q: %w", path, s, err)
-		}
-		s = buf.String()
-	}
-	return "", fmt.Errorf("%s: references nest deeper than %d levels (a value refers to itself?)", path, maxTemplateDepth)
 }
