@@ -96,6 +96,10 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	if catalog.UpToDate(current, hash) {
 		return reconcile.Result{}, nil
 	}
+	allowEmpty := slices.ContainsFunc(cms.Items, func(cm corev1.ConfigMap) bool { return cm.Annotations[catalog.AllowEmptyAnnotation] == "true" })
+	if err := catalog.CheckEmptying(current, len(plan.Sources), allowEmpty); err != nil {
+		return c.invalid(&cms.Items[0], err)
+	}
 
 	reg := c.opts.Secure
 	if plan.Insecure {
@@ -115,7 +119,8 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	}
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
-		return reconcile.Result{}, err
+		// Too large for a ConfigMap: only new values can fix it.
+		return c.invalid(&cms.Items[0], err)
 	}
 	if current == nil {
 		err = c.writer.Create(ctx, cm, client.FieldOwner(catalogFieldOwner))
