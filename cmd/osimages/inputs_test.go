@@ -295,6 +295,39 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 	}
 }
 
+// TestServeWaitsForTheOSImagesConfigMap: a watched os-images-info that does
+// not exist yet (the catalog is about to create it) is waited for, not
+// ready and reported meanwhile, instead of an exit: it is no broken input.
+func TestServeWaitsForTheOSImagesConfigMap(t *testing.T) {
+	k := apiserver(t)
+	ctx := context.Background()
+	const ns = "inputs-wait"
+	if _, err := k.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	osImages := writeFile(t, "os-images.yaml", "os_images:\n  unreachable: {uri: 'http://127.0.0.1:1/x.raw', sha256: '"+sum("x")+"', filename: x.raw, image-format: raw, os: ubuntu, hardened: 'false'}\n")
+	doc, _ := os.ReadFile(osImages)
+	d := startServe(t, freeAddr(t), "--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", writeFile(t, "mgmt.yaml", additionalOnly),
+		"--os-images-configmap", ns+"/os-images-info", "--output-configmap", ns+"/served")
+	testenv.Eventually(t, "not ready, and saying why", 30*time.Second, func() (bool, string) {
+		code, _ := get(d.url("/readyz"))
+		_, page := get(d.url("/metrics"))
+		return code == 503 && metricOf(page, "osimages_inputs_refused", `reason="unreadable"`) == 1, fmt.Sprint(code, grepLines(page, "osimages_inputs"), d.stderr.String())
+	})
+	if _, page := get(d.url("/")); !strings.Contains(page, "ConfigMap "+ns+"/os-images-info not found") {
+		t.Errorf("the status page does not say what is missing:\n%s", page)
+	}
+	info := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "os-images-info", Namespace: ns}, Data: map[string]string{"values.yaml": string(doc)}}
+	if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, info, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "ready and published once it exists", 30*time.Second, func() (bool, string) {
+		code, _ := get(d.url("/readyz"))
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "served", metav1.GetOptions{})
+		return code == 200 && err == nil && strings.Contains(cm.Data["values.yaml"], sum("x")), fmt.Sprint(code, err, d.stderr.String())
+	})
+}
+
 // TestServeExitsOnUnusableInputsAtStart: with no last good inputs to keep,
 // serve exits 2 with the reason (it used to run for ever, serving nothing).
 // Emptying the published set on purpose takes --allow-empty.

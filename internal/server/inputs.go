@@ -123,6 +123,9 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	return Loaded{Catalog: cat, Values: vals}, h.Sum(nil), nil
 }
 
+// errAbsent is a watched ConfigMap that does not exist (yet).
+var errAbsent = errors.New("not found")
+
 // readOSImages returns the os_images document and names where it was
 // read. A ConfigMap without any data is an empty document: the chart
 // creates os-images-info so, before the catalog fills it.
@@ -138,7 +141,7 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 		return nil, source, err
 	}
 	if cm == nil {
-		return nil, source, fmt.Errorf("%s not found", source)
+		return nil, source, fmt.Errorf("%s %w", source, errAbsent)
 	}
 	doc, ok := cm.Data[osimage.ValuesKey]
 	if !ok && len(cm.Data)+len(cm.BinaryData) > 0 {
@@ -152,8 +155,10 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 // ConfigMap. Inputs that cannot be read, that hold a near-miss of a key, or
 // that apply refuses (it returns an error, such as Server.Admit's) are
 // logged once and reported, and the last good ones stay in force: a broken
-// edit never empties the served set. At start there are no last good
-// inputs to keep: Watch returns the reason at once.
+// edit never empties the served set. Before the first good inputs there
+// is nothing to keep: Watch returns the reason at once, except for a
+// watched ConfigMap that does not exist yet (the catalog may be about to
+// create it), which is waited for, reported as refused meanwhile.
 func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func(Loaded) error) error {
 	log := in.Logger
 	if log == nil {
@@ -195,13 +200,17 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 		}
 		if err != nil {
 			r := refused(err)
-			if good == nil {
+			if good == nil && !errors.Is(err, errAbsent) {
 				report(r)
 				return r
 			}
 			if r.Error() != said {
 				bad, said = fp, r.Error()
-				log.Error("inputs refused; the last good ones stay in force", "reason", why, "refusal", string(r.Reason), "error", r.Error())
+				if good == nil {
+					log.Warn("waiting for the os_images ConfigMap to be created; nothing is served until then", "error", r.Error())
+				} else {
+					log.Error("inputs refused; the last good ones stay in force", "reason", why, "refusal", string(r.Reason), "error", r.Error())
+				}
 				report(r)
 			}
 			return nil
