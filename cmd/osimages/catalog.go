@@ -26,6 +26,7 @@ type catalogOptions struct {
 	filter         string
 	apply          bool
 	force          bool
+	allowEmpty     bool
 	kubeconfig     string
 	caFile         string
 	registryConfig string
@@ -46,6 +47,12 @@ with a cosign_publickey is published only when its cosign signature
 verifies (unless security.os_images.skip_signing_check is true); the
 manifest digest resolved is recorded as oci-manifest-digest.
 
+A key that osimages reads but that the values lack, while they hold a
+look-alike of it (os_image, cosign_public_key), is a values error with a
+"did you mean" hint. With --apply, an os-images-info that lists images is
+not replaced by an empty one unless --allow-empty is given. A catalog that
+a ConfigMap cannot hold (1 MiB) is refused before anything is written.
+
 Exit codes: 0 done, 1 some image could not be resolved (all are listed, and
 nothing is printed or applied), 2 the values are wrong.`,
 		Args: cobra.NoArgs,
@@ -59,6 +66,7 @@ nothing is printed or applied), 2 the values are wrong.`,
 	f.StringVar(&o.filter, "filter", "", "resolve only the images whose key or registry key fully matches this regular expression")
 	f.BoolVar(&o.apply, "apply", false, "write the ConfigMap to the cluster with server-side apply instead of printing it")
 	f.BoolVar(&o.force, "force", false, "with --apply, resolve and write even when the inputs are unchanged")
+	f.BoolVar(&o.allowEmpty, "allow-empty", false, "with --apply, replace an os-images-info that lists images with an empty one (refused otherwise)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
 	addRegistryFlags(f, &o.caFile, &o.registryConfig)
 	f.IntVar(&o.concurrency, "concurrency", 8, "manifests fetched at once")
@@ -103,6 +111,11 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 			fmt.Fprintf(stderr, "ConfigMap %s is up to date (inputs %s); nothing to do (--force resolves again)\n", key, hash)
 			return nil
 		}
+		// Every source resolves to one image or the run fails: an empty
+		// plan is an empty catalog, refused before any registry request.
+		if err := catalog.CheckEmptying(current, len(plan.Sources), o.allowEmpty); err != nil {
+			return inputError(err)
+		}
 		apply = func(cm *corev1.ConfigMap) error {
 			if _, err := kube.ApplyConfigMap(ctx, client, cm); err != nil {
 				return err
@@ -142,8 +155,15 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 		return err
 	}
 	cm, err := catalog.ConfigMap(o.namespace, resolved, hash)
+	var tooLarge *osimage.SizeError
+	if errors.As(err, &tooLarge) {
+		return inputError(err)
+	}
 	if err != nil {
 		return err
+	}
+	if len(resolved) == 0 {
+		fmt.Fprintf(stderr, "warning: the values declare no image (os_images, sylva_diskimagebuilder_images%s): os-images-info is empty\n", filterNote(o.filter))
 	}
 	if apply != nil {
 		return failureErrorOrNil(apply(cm))
@@ -161,4 +181,11 @@ func failureErrorOrNil(err error) error {
 		return nil
 	}
 	return failureError(err)
+}
+
+func filterNote(filter string) string {
+	if filter == "" {
+		return ""
+	}
+	return fmt.Sprintf(", --filter %q", filter)
 }

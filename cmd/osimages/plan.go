@@ -102,9 +102,10 @@ func runPlan(ctx context.Context, o planOptions, stdout, stderr io.Writer) error
 	if selErr != nil {
 		fmt.Fprintf(stderr, "warning: the proposed values select with problems (the image server would serve the rest):\n%v\n", selErr)
 	}
-	proposed := osimage.ServedSet{}
+	proposed := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}}
 	for sha, w := range wanted {
-		proposed[sha] = osimage.ServedImage{Available: true, ImageKey: w.Key}
+		proposed.Set[sha] = osimage.ServedImage{Available: true, ImageKey: w.Key}
+		proposed.Filenames[sha] = w.ServedAs()
 	}
 
 	var current osimage.ServedSet

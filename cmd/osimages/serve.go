@@ -51,6 +51,7 @@ type serveOptions struct {
 	stallTimeout    time.Duration
 	minRate         string
 	maxImageSize    string
+	allowEmpty      bool
 }
 
 // shutdownGrace is how long HTTP responses in flight get to finish after
@@ -75,8 +76,13 @@ downloaded), stored by sha256, and served at /images/<sha256>/<filename>, with
 
 What is served is published as capm3_os_image_server_images (contract §6) to a
 file or a ConfigMap, whenever it changes. Inputs are re-read when a file changes,
-the ConfigMap changes, or on SIGHUP. /, /healthz, /readyz and /metrics are served
-on the same address.`,
+the ConfigMap changes, or on SIGHUP. Inputs that cannot be read, that lack a
+key the server reads while holding a look-alike of it (os_image for
+os_images), or that would empty a served set that is not empty (unless
+--allow-empty) are refused: the last good ones stay in force, and the status
+page and osimages_inputs_refused say so. At start there are none: serve
+exits 2 with the reason. /, /healthz, /readyz and /metrics are served on the
+same address.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runServe(cmd.Context(), o)
@@ -101,6 +107,7 @@ on the same address.`,
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often input files are checked for changes")
+	f.BoolVar(&o.allowEmpty, "allow-empty", false, "accept inputs that select no image while images are served, to empty the served set on purpose (refused otherwise, and the last good inputs stay in force)")
 	f.BoolVar(&o.keepReferenced, "keep-referenced", true, "never delete, and keep serving, a deselected image that a Metal3MachineTemplate or Metal3Machine still references (needs list/watch on them cluster-wide)")
 	addRegistryFlags(f, &o.caFile, &o.registryConfig)
 	_ = cmd.MarkFlagRequired("data")
@@ -190,10 +197,12 @@ func runServe(ctx context.Context, o serveOptions) error {
 	metrics := server.NewMetrics()
 	cfg := limits
 	cfg.Store, cfg.Pull, cfg.Publisher, cfg.Logger, cfg.Metrics = store, server.PullWith(choose, currentTrust), publisher, log, metrics
+	cfg.AllowEmpty = o.allowEmpty
 	if refs != nil {
 		cfg.References = refs
 	}
 	srv := server.New(cfg)
+	inputs.Report = srv.ReportInputs
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -208,7 +217,12 @@ func runServe(ctx context.Context, o serveOptions) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return inputs.Watch(gctx, hup, func(cat osimage.Catalog, vals values.Values) {
+		err := inputs.Watch(gctx, hup, func(in server.Loaded) error {
+			cat, vals := in.Catalog, in.Values
+			wanted, selErr := server.Select(vals, cat)
+			if err := srv.Admit(gctx, wanted); err != nil {
+				return err
+			}
 			insecure, _ := values.Bool(vals, "oci_registry_insecure", "oci_registry_insecure", false)
 			useInsecure.Store(insecure)
 			t, trustErr := catalog.TrustFromValues(vals)
@@ -232,12 +246,18 @@ func runServe(ctx context.Context, o serveOptions) error {
 				}
 				log.Info("cosign signatures are checked before the download of images under these registries", "registries", keyed, "otherOCIImages", others)
 			}
-			wanted, err := server.Select(vals, cat)
-			if err != nil {
-				log.Error("selection problems (the other images are still served)", "error", err)
+			if selErr != nil {
+				log.Error("selection problems (the other images are still served)", "error", selErr)
 			}
-			srv.SetDesired(wanted, errors.Join(err, trustErr))
+			srv.SetDesired(wanted, errors.Join(selErr, trustErr))
+			return nil
 		})
+		var refused *server.RefusedError
+		if errors.As(err, &refused) {
+			// At start: there are no last good inputs to serve from.
+			return inputError(err)
+		}
+		return err
 	})
 	g.Go(func() error { return srv.Run(gctx) })
 	if refs != nil {

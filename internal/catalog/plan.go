@@ -96,6 +96,8 @@ func PlanFromValues(v values.Values, filter *regexp.Regexp) (Plan, error) {
 func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.Regexp) (Plan, error) {
 	var errs []error
 	fail := func(err error) { errs = append(errs, err) }
+	// A look-alike of a key read here would silently drop its value.
+	errs = append(errs, ValuesNearMisses(v)...)
 
 	insecure, err := values.Bool(v, "oci_registry_insecure", "oci_registry_insecure", false)
 	if err != nil {

@@ -255,6 +255,10 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		c.metrics.catalogState(name, CatalogPublished)
 		return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: countImages(current)})
 	}
+	allowEmpty := slices.ContainsFunc(inputs, func(cm corev1.ConfigMap) bool { return cm.Annotations[catalog.AllowEmptyAnnotation] == "true" })
+	if err := catalog.CheckEmptying(current, len(plan.Sources), allowEmpty); err != nil {
+		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
+	}
 	return c.advance(ctx, input, plan, hash, current)
 }
 
@@ -380,7 +384,8 @@ func (c *cataloger) publish(ctx context.Context, input *corev1.ConfigMap, plan c
 	name := input.Namespace
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
-		return reconcile.Result{}, err
+		// Too large for a ConfigMap: only new values can fix it.
+		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
 	}
 	if current == nil {
 		err = c.writer.Create(ctx, cm, client.FieldOwner(catalogFieldOwner))

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,10 +24,12 @@ const (
 
 // ImageStatus is one needed image and its state.
 type ImageStatus struct {
-	SHA256   string   `json:"sha256"`
-	ImageKey string   `json:"imageKey,omitempty"`
-	State    State    `json:"state"`
-	NeededBy []string `json:"neededBy"`
+	SHA256   string `json:"sha256"`
+	ImageKey string `json:"imageKey,omitempty"`
+	// Filenames are those its URLs ask for (/images/<sha256>/<filename>).
+	Filenames []string `json:"filenames,omitempty"`
+	State     State    `json:"state"`
+	NeededBy  []string `json:"neededBy"`
 	// Message is render's error for this image, when it is not served.
 	Message string `json:"message,omitempty"`
 }
@@ -44,21 +47,30 @@ type Report struct {
 	Errors []string `json:"errors,omitempty"`
 }
 
-// Check compares what a namespace needs with the served set it holds.
-func Check(namespace, servedSetName string, needs []Need, served osimage.ServedSet, servedFound bool, needErr error) Report {
+// Check compares what a namespace needs with the served set it holds. An
+// image of the set that is not served under a filename its URLs ask for
+// is not served: that URL answers 404, whatever the set says. When the
+// copy carries no filenames (a server that does not publish them), only
+// the sha256 is compared.
+func Check(namespace, servedSetName string, needs []Need, served osimage.ServedOutput, servedFound bool, needErr error) Report {
 	r := Report{Namespace: namespace, ServedSet: servedSetName, ServedSetFound: servedFound, Images: group(needs)}
 	for i := range r.Images {
 		img := &r.Images[i]
-		entry, ok := served[img.SHA256]
+		entry, ok := served.Set[img.SHA256]
+		missing := unservedFilenames(served.Filenames, *img)
 		switch {
 		case !ok:
 			img.State = StateNotServed
+		case len(missing) > 0:
+			img.State = StateNotServed
+			img.Message = filenameMessage(img.SHA256, img.ImageKey, missing, served.Filenames[img.SHA256])
+			continue
 		case !entry.Available:
 			img.State = StateNotAvailable
 		default:
 			img.State = StateServed
 		}
-		if err := capm3.CheckServed(served, img.SHA256, img.ImageKey); err != nil {
+		if err := capm3.CheckServed(served.Set, img.SHA256, img.ImageKey); err != nil {
 			img.Message = err.Error()
 		}
 	}
@@ -68,6 +80,25 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedS
 		}
 	}
 	return r
+}
+
+// unservedFilenames returns the filenames img asks for that the image
+// server is known not to serve it under.
+func unservedFilenames(files osimage.ServedFilenames, img ImageStatus) []string {
+	var out []string
+	for _, name := range img.Filenames {
+		if served, known := files.Serves(img.SHA256, name); known && !served {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// filenameMessage keeps render's words (contract §9) and says which URL
+// would answer 404 and why.
+func filenameMessage(sha, key string, missing, servedAs []string) string {
+	return fmt.Sprintf("image %s/%s is currently not served by mgmt cluster os-image-server under the filename %s: /images/%s/%s would answer 404 (the management os_images names this sha256 only as %s); give the image that filename in a key of the management os_images, or the management filename in the cluster's catalog",
+		sha, key, strings.Join(missing, ", "), sha, missing[0], strings.Join(servedAs, ", "))
 }
 
 // Problems returns the images that are needed and not served or not

@@ -112,7 +112,7 @@ func TestCheckStates(t *testing.T) {
 		{SHA256: sum("c"), ImageKey: "c", By: "w"},
 	}
 	served := osimage.ServedSet{sum("a"): {Available: true, ImageKey: "m"}, sum("b"): {Available: false, ImageKey: "m2"}}
-	r := Check("wc1", "copy", needs, served, true, errors.New("broken level"))
+	r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served}, true, errors.New("broken level"))
 	states := map[string]State{}
 	for _, img := range r.Images {
 		states[img.ImageKey] = img.State
@@ -155,7 +155,7 @@ func TestCheckStates(t *testing.T) {
 func TestPlanVerdicts(t *testing.T) {
 	a, b, c := sum("a"), sum("b"), sum("c")
 	current := osimage.ServedSet{a: {Available: true}, b: {Available: true}}
-	proposed := osimage.ServedSet{a: {Available: false}, c: {}}
+	proposed := osimage.ServedOutput{Set: osimage.ServedSet{a: {Available: false}, c: {}}}
 	cases := []struct {
 		name  string
 		needs []string
@@ -205,7 +205,7 @@ func TestGather(t *testing.T) {
 	if len(g.Clusters) != 1 || g.Clusters[0].Source != "ConfigMap wc1/z-cluster" {
 		t.Errorf("clusters: %+v", g.Clusters)
 	}
-	if len(g.Catalog) != 2 || !g.ServedFound || !g.Served[sum("plain")].Available {
+	if len(g.Catalog) != 2 || !g.ServedFound || !g.Served.Set[sum("plain")].Available {
 		t.Errorf("catalog %v, served %v %v", g.Catalog, g.Served, g.ServedFound)
 	}
 	if g.Unreadable == nil || !strings.Contains(g.Unreadable.Error(), "ConfigMap wc1/broken") {

@@ -17,9 +17,10 @@ import (
 // its ConfigMaps and Metal3 objects.
 type Namespace struct {
 	Inputs
-	// Served is the namespace's copy of the served set; ServedFound is
-	// false when there is none.
-	Served      osimage.ServedSet
+	// Served is the namespace's copy of the served set, with the filenames
+	// of its images when the copy carries them; ServedFound is false when
+	// there is none.
+	Served      osimage.ServedOutput
 	ServedFound bool
 	// Status is the current osimages-status ConfigMap, nil when absent.
 	Status *corev1.ConfigMap
@@ -46,7 +47,12 @@ func Gather(namespace, servedCopy string, cms []corev1.ConfigMap, objects []*uns
 				errs = append(errs, fmt.Errorf("%s: %w", source, err))
 				break
 			}
-			out.Served, out.ServedFound = s, true
+			out.Served, out.ServedFound = osimage.ServedOutput{Set: s}, true
+			if files, ok := cm.Data[osimage.ServedFilenamesKey]; ok {
+				if out.Served.Filenames, err = osimage.ParseServedFilenames([]byte(files)); err != nil {
+					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.ServedFilenamesKey, err))
+				}
+			}
 		case osimage.InfoConfigMapName:
 			cat, err := osimage.ParseInfo(doc)
 			if err != nil {

@@ -25,6 +25,9 @@ type Need struct {
 	SHA256 string
 	// ImageKey is the image's key in the cluster's own catalog, when known.
 	ImageKey string
+	// Filename is the filename its URL asks for (/images/<sha256>/<filename>),
+	// "" when the URL is not the image server's.
+	Filename string
 	// By says who needs it: a Metal3 object, or a level of a cluster's
 	// values.
 	By string
@@ -77,8 +80,12 @@ func Needs(in Inputs) ([]Need, error) {
 		if !ok {
 			continue // an image given by hand, not served by osimages
 		}
+		var filename string
+		if urlSHA, name, ok := img.ServedFile(); ok && urlSHA == sha {
+			filename = name
+		}
 		ref := metal3.Ref{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName()}
-		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), By: ref.String()})
+		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String()})
 	}
 	for _, c := range in.Clusters {
 		cat := in.Catalog
@@ -103,7 +110,8 @@ func Needs(in Inputs) ([]Need, error) {
 				errs = append(errs, fmt.Errorf("%s: %s: os_images.%s has no sha256, so it cannot be served for capm3", c.Source, p.Level, p.ImageKey))
 				continue
 			}
-			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, By: c.Source + " " + p.Level})
+			// render serves it at /images/<sha256>/<its filename in (A)>.
+			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: cat[p.ImageKey][osimage.FieldFilename], By: c.Source + " " + p.Level})
 		}
 	}
 	return needs, errors.Join(errs...)
@@ -136,10 +144,14 @@ func group(needs []Need) []ImageStatus {
 		if !slices.Contains(st.NeededBy, n.By) {
 			st.NeededBy = append(st.NeededBy, n.By)
 		}
+		if n.Filename != "" && !slices.Contains(st.Filenames, n.Filename) {
+			st.Filenames = append(st.Filenames, n.Filename)
+		}
 	}
 	out := make([]ImageStatus, 0, len(by))
 	for _, st := range by {
 		slices.Sort(st.NeededBy)
+		slices.Sort(st.Filenames)
 		out = append(out, *st)
 	}
 	slices.SortFunc(out, func(a, b ImageStatus) int {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -37,15 +38,21 @@ type ClusterPlan struct {
 
 // Plan compares what a namespace needs under the current and the proposed
 // served sets. Selection decides the served set; availability comes later
-// from the download, so an image the proposal selects counts as served.
-func Plan(namespace string, needs []Need, current, proposed osimage.ServedSet, needErr error) ClusterPlan {
+// from the download, so an image the proposal selects counts as served,
+// but only under the filenames the proposal serves it under: another
+// filename would answer 404.
+func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed osimage.ServedOutput, needErr error) ClusterPlan {
 	p := ClusterPlan{Namespace: namespace, Verdict: Unchanged}
 	for _, img := range group(needs) {
 		name := img.SHA256 + "/" + img.ImageKey
 		_, now := current[img.SHA256]
-		_, then := proposed[img.SHA256]
+		_, then := proposed.Set[img.SHA256]
+		missing := unservedFilenames(proposed.Filenames, img)
 		line := PlanLine{Image: name, By: img.NeededBy}
 		switch {
+		case then && len(missing) > 0:
+			line.Verdict, line.Detail = WouldFail, fmt.Sprintf("%s not served under the filename %s (/images/%s/%s would answer 404; the proposed management os_images names it only as %s)",
+				name, strings.Join(missing, ", "), img.SHA256, missing[0], strings.Join(proposed.Filenames[img.SHA256], ", "))
 		case !then && now:
 			line.Verdict, line.Detail = WouldFail, fmt.Sprintf("%s no longer served", name)
 		case !then:

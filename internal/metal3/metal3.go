@@ -53,7 +53,7 @@ var (
 	sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	// servedPath is where osimages (contract §5) serves an image, and its
 	// checksum files beside it.
-	servedPath = regexp.MustCompile(`/images/([0-9a-f]{64})/[^/]+$`)
+	servedPath = regexp.MustCompile(`/images/([0-9a-f]{64})/([^/]+)$`)
 )
 
 // SHA256 is the sha256 of the image referenced, when it can be told: the
@@ -73,6 +73,21 @@ func (i Image) SHA256() (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// ServedFile is the sha256 and the filename of an osimages URL
+// (/images/<sha256>/<filename>), and false for another URL: the file that
+// Ironic will ask the image server for.
+func (i Image) ServedFile() (sha, filename string, ok bool) {
+	u, err := url.Parse(i.URL)
+	if err != nil {
+		return "", "", false
+	}
+	m := servedPath.FindStringSubmatch(u.Path)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
 }
 
 // Ref names an object that references an image, as NS/NAME with its kind.

@@ -84,29 +84,32 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	var checksum string
-	switch file {
-	case info.filename:
-	case info.filename + ".sha256sum":
-		checksum = sum
-	case info.filename + ".md5sum":
-		checksum = info.md5
-	default:
+	// Every filename the catalog gives the image is served, from the one
+	// stored file.
+	name, suffix, ok := servedFile(info.filenames, file)
+	if !ok {
 		http.NotFound(w, r)
 		return
+	}
+	var checksum string
+	switch suffix {
+	case ".sha256sum":
+		checksum = sum
+	case ".md5sum":
+		checksum = info.md5
 	}
 	if !info.stored || info.phase != PhaseReady {
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
 		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.phase), http.StatusServiceUnavailable)
 		return
 	}
-	if file != info.filename {
+	if suffix != "" {
 		if checksum == "" {
 			http.NotFound(w, r) // an md5 the image never declared
 			return
 		}
-		// The basename, as Ironic expects of a checksum file.
-		body := checksum + "  " + info.filename + "\n"
+		// The basename requested, as Ironic expects of a checksum file.
+		body := checksum + "  " + name + "\n"
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		if r.Method != http.MethodHead {

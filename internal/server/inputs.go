@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,46 +36,137 @@ type Inputs struct {
 	// Poll is how often files are checked for changes (default 2s).
 	Poll   time.Duration
 	Logger *slog.Logger
+	// Report, when set, is told the fate of each new reading of the
+	// inputs: nil once it is in force, the *RefusedError otherwise
+	// (Server.ReportInputs shows it on the status page and in metrics).
+	Report func(refused error)
 }
 
-// Load reads the inputs once.
-func (in Inputs) Load(ctx context.Context) (osimage.Catalog, values.Values, []byte, error) {
-	var doc []byte
-	var err error
-	if in.OSImagesConfigMap != nil {
-		doc, err = kube.ConfigMapValues(ctx, in.Client, *in.OSImagesConfigMap, osimage.ValuesKey)
-	} else {
-		doc, err = osimage.ReadValuesDocument(in.OSImagesFile)
+// Loaded is one reading of the inputs.
+type Loaded struct {
+	Catalog osimage.Catalog
+	Values  values.Values
+}
+
+// Refusal says why inputs were refused.
+type Refusal string
+
+// The reasons inputs are refused, as the metrics label them.
+const (
+	// RefusalUnreadable: a file or the ConfigMap cannot be read or parsed.
+	RefusalUnreadable Refusal = "unreadable"
+	// RefusalNearMiss: a key osimages reads is absent and a look-alike of
+	// it present (os_image for os_images).
+	RefusalNearMiss Refusal = "near-miss"
+	// RefusalEmpty: the inputs select no image while images are served.
+	RefusalEmpty Refusal = "empty"
+	// RefusalTooLarge: the served set would not fit in a ConfigMap.
+	RefusalTooLarge Refusal = "too-large"
+)
+
+var allRefusals = []Refusal{RefusalUnreadable, RefusalNearMiss, RefusalEmpty, RefusalTooLarge}
+
+// RefusedError is inputs that are not put in force: the last good ones
+// stay, and nothing that is served changes.
+type RefusedError struct {
+	Reason Refusal
+	Err    error
+}
+
+func (e *RefusedError) Error() string { return e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// refused wraps err as a RefusedError; an error that is not one already is
+// a reading that failed.
+func refused(err error) *RefusedError {
+	var r *RefusedError
+	if errors.As(err, &r) {
+		return r
 	}
+	return &RefusedError{Reason: RefusalUnreadable, Err: err}
+}
+
+// Load reads the inputs once. It refuses, like a document that does not
+// parse, one that lacks a key the server reads while it holds a look-alike
+// of it (values.NearMiss). The fingerprint tells a real change from a touch
+// of a file.
+func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
+	doc, source, err := in.readOSImages(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return Loaded{}, nil, err
+	}
+	top, err := values.Parse(doc)
+	if err != nil {
+		return Loaded{}, nil, fmt.Errorf("%s: parsing os_images document: %w", source, err)
+	}
+	if errs := values.NearMisses(top, "", "os_images"); len(errs) > 0 {
+		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("%s: %w", source, errors.Join(errs...))}
 	}
 	cat, err := osimage.ParseInfo(doc)
 	if err != nil {
-		return nil, nil, nil, err
+		return Loaded{}, nil, fmt.Errorf("%s: %w", source, err)
 	}
 	vals, err := values.LoadFiles(in.ValueFiles...)
 	if err != nil {
-		return nil, nil, nil, err
+		return Loaded{}, nil, err
 	}
-	// The fingerprint tells a real change from a touch of a file; it is
-	// taken from what was parsed, so it can never disagree with it.
+	if errs := ValuesNearMisses(vals); len(errs) > 0 {
+		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("values %s: %w", strings.Join(in.ValueFiles, ", "), errors.Join(errs...))}
+	}
+	// The fingerprint is taken from what was parsed, so it can never
+	// disagree with it.
 	h := sha256.New()
 	h.Write(doc)
 	if err := json.NewEncoder(h).Encode(vals); err != nil {
-		return nil, nil, nil, err
+		return Loaded{}, nil, err
 	}
-	return cat, vals, h.Sum(nil), nil
+	return Loaded{Catalog: cat, Values: vals}, h.Sum(nil), nil
+}
+
+// errAbsent is a watched ConfigMap that does not exist (yet).
+var errAbsent = errors.New("not found")
+
+// readOSImages returns the os_images document and names where it was
+// read. A ConfigMap without any data is an empty document: the chart
+// creates os-images-info so, before the catalog fills it.
+func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
+	if in.OSImagesConfigMap == nil {
+		doc, err := osimage.ReadValuesDocument(in.OSImagesFile)
+		return doc, in.OSImagesFile, err
+	}
+	key := *in.OSImagesConfigMap
+	source := "ConfigMap " + key.String()
+	cm, err := kube.GetConfigMap(ctx, in.Client, key)
+	if err != nil {
+		return nil, source, err
+	}
+	if cm == nil {
+		return nil, source, fmt.Errorf("%s %w", source, errAbsent)
+	}
+	doc, ok := cm.Data[osimage.ValuesKey]
+	if !ok && len(cm.Data)+len(cm.BinaryData) > 0 {
+		return nil, source, fmt.Errorf("%s has no data key %q", source, osimage.ValuesKey)
+	}
+	return []byte(doc), source, nil
 }
 
 // Watch calls apply with the inputs now and whenever they change: a file
 // whose content changed, a trigger (SIGHUP), or an event of the watched
-// ConfigMap. Inputs that fail to load are logged and the last good ones
-// stay in force: a broken edit must never empty the served set.
-func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func(osimage.Catalog, values.Values)) error {
+// ConfigMap. Inputs that cannot be read, that hold a near-miss of a key, or
+// that apply refuses (it returns an error, such as Server.Admit's) are
+// logged once and reported, and the last good ones stay in force: a broken
+// edit never empties the served set. Before the first good inputs there
+// is nothing to keep: Watch returns the reason at once, except for a
+// watched ConfigMap that does not exist yet (the catalog may be about to
+// create it), which is waited for, reported as refused meanwhile.
+func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func(Loaded) error) error {
 	log := in.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	report := in.Report
+	if report == nil {
+		report = func(error) {}
 	}
 	poll := in.Poll
 	if poll <= 0 {
@@ -85,21 +178,51 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 			return err
 		}
 	}
-	var last []byte
-	reload := func(why string) {
-		cat, vals, fp, err := in.Load(ctx)
+	// good is the fingerprint of the inputs in force; bad that of the last
+	// inputs refused, and said the message of that refusal, so that a
+	// refusal is logged and counted once, not at every poll.
+	var good, bad []byte
+	var said string
+	reload := func(why string) error {
+		l, fp, err := in.Load(ctx)
+		switch {
+		case err == nil && bytes.Equal(fp, good):
+			if said != "" {
+				log.Info("inputs back to the ones in force", "reason", why)
+				bad, said = nil, ""
+				report(nil)
+			}
+			return nil
+		case err == nil && bytes.Equal(fp, bad):
+			return nil
+		case err == nil:
+			err = apply(l)
+		}
 		if err != nil {
-			log.Error("reading the inputs failed; keeping the last good ones", "reason", why, "error", err)
-			return
+			r := refused(err)
+			if good == nil && !errors.Is(err, errAbsent) {
+				report(r)
+				return r
+			}
+			if r.Error() != said {
+				bad, said = fp, r.Error()
+				if good == nil {
+					log.Warn("waiting for the os_images ConfigMap to be created; nothing is served until then", "error", r.Error())
+				} else {
+					log.Error("inputs refused; the last good ones stay in force", "reason", why, "refusal", string(r.Reason), "error", r.Error())
+				}
+				report(r)
+			}
+			return nil
 		}
-		if bytes.Equal(fp, last) {
-			return
-		}
-		last = fp
-		log.Info("inputs loaded", "reason", why, "images", len(cat))
-		apply(cat, vals)
+		good, bad, said = fp, nil, ""
+		log.Info("inputs loaded", "reason", why, "images", len(l.Catalog))
+		report(nil)
+		return nil
 	}
-	reload("start")
+	if err := reload("start"); err != nil {
+		return fmt.Errorf("the inputs cannot be used, and there are no last good ones to keep: %w", err)
+	}
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
 	for {

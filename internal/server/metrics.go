@@ -54,6 +54,23 @@ func (m *Metrics) bind(s *Server) {
 	free := prometheus.NewDesc("osimages_disk_free_bytes", "Free bytes on the data filesystem.", nil, nil)
 	used := prometheus.NewDesc("osimages_storage_used_bytes", "Bytes of stored images.", nil, nil)
 	kept := prometheus.NewDesc("osimages_images_kept_referenced", "Deselected images kept and served because Metal3 objects still reference them (kept: still referenced by NS/NAME), by number of referencing objects.", []string{"sha256", "key", "referenced_by"}, nil)
+	refused := prometheus.NewDesc("osimages_inputs_refused", "1 while the newest inputs read are refused (the last good ones stay in force), by reason: unreadable, near-miss, empty, too-large.", []string{"reason"}, nil)
+	refusals := prometheus.NewDesc("osimages_inputs_refusals_total", "Inputs refused since the start, by reason (each refusal counts once, not at every poll).", []string{"reason"}, nil)
+	accepted := prometheus.NewDesc("osimages_inputs_accepted_timestamp_seconds", "When the inputs read were last found good (Unix time).", nil, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {
+		st := s.InputsStatus()
+		for _, r := range allRefusals {
+			v := 0.0
+			if st.Refused != nil && st.Refused.Reason == r {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(refused, prometheus.GaugeValue, v, string(r))
+			ch <- prometheus.MustNewConstMetric(refusals, prometheus.CounterValue, float64(st.Refusals[r]), string(r))
+		}
+		if !st.Accepted.IsZero() {
+			ch <- prometheus.MustNewConstMetric(accepted, prometheus.GaugeValue, float64(st.Accepted.UnixNano())/1e9)
+		}
+	}})
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used, kept}, collect: func(ch chan<- prometheus.Metric) {
 		counts := map[[2]string]int{}
 		for _, p := range []Phase{PhaseQueued, PhaseDownloading, PhaseVerifying, PhaseReady, PhaseFailed} {

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -16,12 +18,16 @@ import (
 
 // FilePublisher writes the served-set document (the values.yaml of contract
 // §6) to a file, atomically, so that a reader never sees half of it. The
-// file can be passed as is to `osimages render -f`.
+// file can be passed as is to `osimages render -f`. It is world-readable,
+// like any values file: it names images, nothing secret.
 type FilePublisher struct{ Path string }
 
-// Publish implements Publisher.
-func (p FilePublisher) Publish(_ context.Context, served osimage.ServedSet) error {
-	doc, err := osimage.MarshalServed(served)
+// Publish implements Publisher. The filenames are not written: the file is
+// a values document, and only the fleet check, which reads the ConfigMap,
+// needs them. A set that a ConfigMap could not hold is refused all the
+// same, since Sylva's consumers read it from one.
+func (p FilePublisher) Publish(_ context.Context, out osimage.ServedOutput) error {
+	data, err := out.ConfigMapData("the served set")
 	if err != nil {
 		return err
 	}
@@ -30,7 +36,12 @@ func (p FilePublisher) Publish(_ context.Context, served osimage.ServedSet) erro
 		return fmt.Errorf("writing %s: %w", p.Path, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(doc); err != nil {
+	if _, err := tmp.WriteString(data[osimage.ValuesKey]); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	// CreateTemp makes the file 0600; the umask does not apply to Chmod.
+	if err := tmp.Chmod(0o644); err != nil {
 		tmp.Close()
 		return fmt.Errorf("writing %s: %w", p.Path, err)
 	}
@@ -43,22 +54,59 @@ func (p FilePublisher) Publish(_ context.Context, served osimage.ServedSet) erro
 	return nil
 }
 
+// Published implements PublishedReader: the set in the file, empty when
+// there is no file yet.
+func (p FilePublisher) Published(context.Context) (osimage.ServedSet, error) {
+	doc, err := os.ReadFile(p.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return osimage.ServedSet{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return osimage.ParseServed(doc)
+}
+
 // ConfigMapPublisher applies the served-images ConfigMap with server-side
-// apply.
+// apply: values.yaml (contract §6) and, beside it, served-filenames.yaml.
 type ConfigMapPublisher struct {
 	Client kubernetes.Interface
 	Key    kube.ObjectKey
 }
 
-// Publish implements Publisher.
-func (p ConfigMapPublisher) Publish(ctx context.Context, served osimage.ServedSet) error {
-	doc, err := osimage.MarshalServed(served)
+// Publish implements Publisher. Data too large for a ConfigMap is refused
+// here, naming its size and image count, rather than by the apiserver.
+func (p ConfigMapPublisher) Publish(ctx context.Context, out osimage.ServedOutput) error {
+	data, err := out.ConfigMapData("ConfigMap " + p.Key.String())
 	if err != nil {
 		return err
 	}
 	_, err = kube.ApplyConfigMap(ctx, p.Client, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Key.Name, Namespace: p.Key.Namespace},
-		Data:       map[string]string{osimage.ValuesKey: string(doc)},
+		Data:       data,
 	})
 	return err
+}
+
+// Published implements PublishedReader: the set in the ConfigMap, empty
+// when it is absent or has no values.yaml yet (the chart creates it empty).
+func (p ConfigMapPublisher) Published(ctx context.Context) (osimage.ServedSet, error) {
+	cm, err := kube.GetConfigMap(ctx, p.Client, p.Key)
+	if err != nil {
+		return nil, err
+	}
+	if cm == nil || cm.Data[osimage.ValuesKey] == "" {
+		return osimage.ServedSet{}, nil
+	}
+	s, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey]))
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s: %w", p.Key, err)
+	}
+	return s, nil
+}
+
+// PublishedReader is a Publisher that can tell what it published last,
+// even before this process published anything.
+type PublishedReader interface {
+	Published(ctx context.Context) (osimage.ServedSet, error)
 }

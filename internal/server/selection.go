@@ -34,10 +34,41 @@ type Wanted struct {
 	Image osimage.Image
 	// SelectedBy names the selectors that matched it, for operators.
 	SelectedBy []string
+	// Filenames are every filename that a key of the management os_images
+	// gives this sha256, sorted: the one stored file is served under each,
+	// so that a second key with another filename never moves a URL.
+	Filenames []string
 }
 
-// Filename is the name the image is served under.
+// Filename is the filename of the image's record (that of Key).
 func (w Wanted) Filename() string { return w.Image[osimage.FieldFilename] }
+
+// ServedAs returns the filenames the image is served under: Filenames, or
+// the record's own filename for an image known only from the store.
+func (w Wanted) ServedAs() []string {
+	if len(w.Filenames) > 0 {
+		return w.Filenames
+	}
+	if name := w.Filename(); name != "" {
+		return []string{name}
+	}
+	return nil
+}
+
+// servedFile tells which file of an image a request names: one of its
+// filenames, or the .sha256sum or .md5sum of one (suffix). The filename
+// itself wins over a checksum reading of it.
+func servedFile(names []string, file string) (name, suffix string, ok bool) {
+	if slices.Contains(names, file) {
+		return file, "", true
+	}
+	for _, suffix := range []string{".sha256sum", ".md5sum"} {
+		if name, cut := strings.CutSuffix(file, suffix); cut && slices.Contains(names, name) {
+			return name, suffix, true
+		}
+	}
+	return "", "", false
+}
 
 // Int64Field reads a size field, 0 when absent or malformed; a download
 // refuses malformed sizes before it asks for them (Server.bounds).
@@ -55,7 +86,9 @@ const AdditionalSelectorsKey = "os_image_server_additional_selectors"
 // or that an additional selector matches. It returns what it could select
 // together with the faults of the rest, so that one bad selector never stops
 // the images of the others from being served. Images that cannot be served
-// (no sha256 or filename) are faults too.
+// (no sha256 or filename) are faults too. Each image selected is served
+// under every filename that a key of cat gives its sha256, selected or not:
+// it is the same file.
 func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) {
 	var errs []error
 	type match struct{ by string }
@@ -117,6 +150,16 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 			continue
 		}
 		out[sum] = Wanted{SHA256: sum, Key: key, Image: img, SelectedBy: byKey[key]}
+	}
+	for _, key := range cat.Keys() {
+		sum, name := cat[key][osimage.FieldSHA256], cat[key][osimage.FieldFilename]
+		w, ok := out[sum]
+		if !ok || slices.Contains(w.Filenames, name) || imagestore.ValidateFilename(name) != nil {
+			continue
+		}
+		w.Filenames = append(w.Filenames, name)
+		slices.Sort(w.Filenames)
+		out[sum] = w
 	}
 	return out, errors.Join(errs...)
 }
@@ -195,4 +238,35 @@ func PullSource(w Wanted) pull.Source {
 		ArchiveSize:    w.Int64Field(osimage.FieldArchiveSize),
 		ManifestDigest: w.Image[osimage.FieldManifestDigest],
 	}
+}
+
+// ValuesNearMisses reports the near-misses (values.NearMiss) of the keys
+// selection and the signature policy read in the management values: at the
+// top, in each capm3 level (os_image_selector, image_key), and those of
+// os_images_oci_registries and security. A misspelt
+// os_image_server_additional_selectors would otherwise silently drop every
+// image it selects.
+func ValuesNearMisses(mgmt values.Values) []error {
+	errs := values.NearMisses(mgmt, "", AdditionalSelectorsKey, "capm3", "control_plane", "machine_deployment_default",
+		"machine_deployments", "k8s_version", "capi_providers", "os_image_selector_autoselect_registries")
+	level := func(m any, path string) {
+		if lv, ok := m.(map[string]any); ok {
+			errs = append(errs, values.NearMisses(lv, path, "os_image_selector", "image_key")...)
+		}
+	}
+	holder := func(m any, path string) {
+		if h, ok := m.(map[string]any); ok {
+			errs = append(errs, values.NearMisses(h, path, "capm3")...)
+			level(h["capm3"], path+".capm3")
+		}
+	}
+	level(mgmt["capm3"], ".capm3")
+	holder(mgmt["control_plane"], ".control_plane")
+	holder(mgmt["machine_deployment_default"], ".machine_deployment_default")
+	if mds, ok := mgmt["machine_deployments"].(map[string]any); ok {
+		for _, name := range slices.Sorted(maps.Keys(mds)) {
+			holder(mds[name], ".machine_deployments."+name)
+		}
+	}
+	return append(errs, catalog.TrustNearMisses(mgmt)...)
 }

@@ -58,9 +58,10 @@ type References interface {
 	ReferencedBy(sha256 string) []string
 }
 
-// Publisher writes the served set wherever consumers read it.
+// Publisher writes the served set, and the filenames of its images,
+// wherever consumers read them.
 type Publisher interface {
-	Publish(ctx context.Context, served osimage.ServedSet) error
+	Publish(ctx context.Context, out osimage.ServedOutput) error
 }
 
 // Config is what a Server needs.
@@ -83,6 +84,9 @@ type Config struct {
 	// download reserves; 0 keeps no margin (DefaultFreeSpaceMargin is what
 	// serve uses).
 	FreeSpaceMargin int64
+	// AllowEmpty lets inputs that select no image replace a served set
+	// that is not empty (Admit refuses them otherwise).
+	AllowEmpty bool
 	// MaxStorage, when set, bounds the bytes of stored images plus those
 	// reserved by downloads in progress.
 	MaxStorage int64
@@ -165,7 +169,9 @@ type Server struct {
 	selectErr error
 	kick      chan struct{}
 	changed   chan struct{}
-	published osimage.ServedSet
+	published osimage.ServedOutput
+	// inputs is what is known of the inputs (guard.go).
+	inputs inputsGuard
 }
 
 // New builds a server over cfg.Store, whose verified images are known (and
@@ -597,6 +603,16 @@ func (s *Server) Served() osimage.ServedSet {
 	return s.servedLocked()
 }
 
+// outputLocked is what is published: the served set and the filenames of
+// its images.
+func (s *Server) outputLocked() osimage.ServedOutput {
+	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}}
+	for sum := range out.Set {
+		out.Filenames[sum] = s.images[sum].ServedAs()
+	}
+	return out
+}
+
 func (s *Server) servedLocked() osimage.ServedSet {
 	out := osimage.ServedSet{}
 	for sum, img := range s.images {
@@ -622,8 +638,8 @@ func (s *Server) publishLoop(ctx context.Context) {
 		}
 		s.mu.Lock()
 		ready := s.ready
-		served := s.servedLocked()
-		same := s.published != nil && maps.Equal(served, s.published)
+		served := s.outputLocked()
+		same := s.published.Set != nil && served.Equal(s.published)
 		s.mu.Unlock()
 		if !ready || same {
 			continue
@@ -636,7 +652,7 @@ func (s *Server) publishLoop(ctx context.Context) {
 		s.mu.Lock()
 		s.published = served
 		s.mu.Unlock()
-		s.log.Info("served set published", "images", len(served), "available", countAvailable(served))
+		s.log.Info("served set published", "images", len(served.Set), "available", countAvailable(served.Set))
 	}
 }
 
@@ -722,6 +738,8 @@ type Status struct {
 	// KeptBy names the objects that still reference a deselected image,
 	// which is therefore kept and served.
 	KeptBy []string
+	// Filenames are all the filenames the image is served under.
+	Filenames []string
 }
 
 // Statuses returns every known image, selected ones first, by key.
@@ -736,7 +754,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			size = img.entry.Size
 		}
 		out = append(out, Status{
-			SHA256: sum, Key: img.Key, Filename: img.Filename(), URI: img.Image[osimage.FieldURI],
+			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image[osimage.FieldURI],
 			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
 			KeptBy: s.keptByLocked(sum, img),
@@ -778,7 +796,8 @@ type lookup struct {
 	// served: selected, or deselected but kept because referenced.
 	served, stored bool
 	phase          Phase
-	filename, md5  string
+	filenames      []string
+	md5            string
 }
 
 func (s *Server) lookup(sum string) (lookup, bool) {
@@ -789,7 +808,7 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 		return lookup{}, false
 	}
 	served := img.selected || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.stored, phase: img.phase, filename: img.Filename(), md5: img.entry.MD5}, true
+	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5}, true
 }
 
 // isVerifyError tells a refusal of the content (digests, sizes, the pinned

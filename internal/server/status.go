@@ -37,12 +37,13 @@ type statusView struct {
 	Ready       bool
 	Counts      map[string]int
 	Now         time.Time
+	Inputs      InputsStatus
 }
 
 // serveStatus renders the operators' page: every image with its state.
 func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	statuses, selErr := s.Statuses()
-	view := statusView{Images: statuses, Ready: s.Ready(), Counts: map[string]int{}, Now: s.cfg.Now()}
+	view := statusView{Images: statuses, Ready: s.Ready(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus()}
 	if selErr != nil {
 		view.SelectError = selErr.Error()
 	}

@@ -48,6 +48,8 @@ func TestStatusPageInChromium(t *testing.T) {
 		}
 	}
 
+	h.srv.ReportInputs(&RefusedError{Reason: RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
+
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu",
@@ -67,6 +69,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		`class="phase queued">queued</span>`,
 		`href="/images/` + ready.SHA256 + `/b-ready.raw"`,
 		`1 ready`, `1 downloading`, `1 queued`, `1 failed`,
+		`id="inputs-refused"`, `Inputs refused (near-miss)`, `os_image: did you mean os_images?`,
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the page as Chromium rendered it lacks %q", want)

@@ -1,0 +1,88 @@
+package osimage
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"sigs.k8s.io/yaml"
+)
+
+// ServedFilenamesKey is the data key, beside values.yaml in the image
+// server's output ConfigMap, of the filenames each served image answers to.
+// It is an osimages addition kept out of values.yaml, whose entries have
+// exactly the two fields of contract §6: consumers that read values.yaml
+// see no change, and propagation copies the key with the rest, so that the
+// fleet check in each workload namespace can tell a URL that would answer
+// 404.
+const ServedFilenamesKey = "served-filenames.yaml"
+
+// ServedFilenames maps the sha256 of each image of the served set to the
+// filenames it is served under (/images/<sha256>/<filename>), sorted.
+type ServedFilenames map[string][]string
+
+type servedFilenamesDocument struct {
+	Filenames ServedFilenames `json:"served_filenames"`
+}
+
+// MarshalServedFilenames renders the served-filenames.yaml document.
+func MarshalServedFilenames(f ServedFilenames) ([]byte, error) {
+	if f == nil {
+		f = ServedFilenames{}
+	}
+	return yaml.Marshal(servedFilenamesDocument{Filenames: f})
+}
+
+// ParseServedFilenames reads the served-filenames.yaml document.
+func ParseServedFilenames(data []byte) (ServedFilenames, error) {
+	var doc servedFilenamesDocument
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		return nil, fmt.Errorf("parsing served_filenames document: %w", err)
+	}
+	if doc.Filenames == nil {
+		doc.Filenames = ServedFilenames{}
+	}
+	return doc.Filenames, nil
+}
+
+// Serves says whether the image of sha256 sha is served under filename.
+// known is false when f says nothing of sha (a served set published without
+// filenames, by an older server or by Sylva's own): then nobody can tell.
+func (f ServedFilenames) Serves(sha, filename string) (served, known bool) {
+	names, ok := f[sha]
+	if !ok {
+		return false, false
+	}
+	return slices.Contains(names, filename), true
+}
+
+// ServedOutput is everything the image server publishes: the served set
+// (contract §6) and the filenames of its images.
+type ServedOutput struct {
+	Set       ServedSet
+	Filenames ServedFilenames
+}
+
+// Equal says whether o and p publish the same thing.
+func (o ServedOutput) Equal(p ServedOutput) bool {
+	return maps.Equal(o.Set, p.Set) && maps.EqualFunc(o.Filenames, p.Filenames, slices.Equal)
+}
+
+// ConfigMapData renders the data of the served-images ConfigMap, named
+// what in errors: values.yaml and served-filenames.yaml. Data that a
+// ConfigMap cannot hold is refused with a SizeError.
+func (o ServedOutput) ConfigMapData(what string) (map[string]string, error) {
+	served, err := MarshalServed(o.Set)
+	if err != nil {
+		return nil, err
+	}
+	files, err := MarshalServedFilenames(o.Filenames)
+	if err != nil {
+		return nil, err
+	}
+	data := map[string]string{ValuesKey: string(served), ServedFilenamesKey: string(files)}
+	if err := CheckConfigMapSize(what, data, len(o.Set)); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
