@@ -189,6 +189,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 		cfg.References = refs
 	}
 	srv := server.New(cfg)
+	inputs.Waiting = srv.WaitForCatalog
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

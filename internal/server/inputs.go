@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,6 +32,9 @@ type Inputs struct {
 	OSImagesConfigMap *kube.ObjectKey
 	Client            kubernetes.Interface
 	ValueFiles        []string
+	// Waiting, when set, is told why there is no catalog yet, as long as
+	// none was loaded (see ErrNoCatalogYet).
+	Waiting func(error)
 	// Poll is how often files are checked for changes (default 2s).
 	Poll   time.Duration
 	Logger *slog.Logger
@@ -41,7 +45,7 @@ func (in Inputs) Load(ctx context.Context) (osimage.Catalog, values.Values, []by
 	var doc []byte
 	var err error
 	if in.OSImagesConfigMap != nil {
-		doc, err = kube.ConfigMapValues(ctx, in.Client, *in.OSImagesConfigMap, osimage.ValuesKey)
+		doc, err = in.catalogDocument(ctx)
 	} else {
 		doc, err = osimage.ReadValuesDocument(in.OSImagesFile)
 	}
@@ -86,8 +90,20 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 		}
 	}
 	var last []byte
+	var waitingFor string
 	reload := func(why string) {
 		cat, vals, fp, err := in.Load(ctx)
+		if err != nil && last == nil && errors.Is(err, ErrNoCatalogYet) {
+			// A fresh install: not an error, and said once per cause.
+			if err.Error() != waitingFor {
+				waitingFor = err.Error()
+				log.Info("waiting for the catalog", "reason", why, "detail", err.Error())
+			}
+			if in.Waiting != nil {
+				in.Waiting(err)
+			}
+			return
+		}
 		if err != nil {
 			log.Error("reading the inputs failed; keeping the last good ones", "reason", why, "error", err)
 			return
@@ -114,6 +130,25 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 			reload("poll")
 		}
 	}
+}
+
+// catalogDocument reads the watched catalog ConfigMap. One that does not
+// exist yet, or holds no values.yaml yet (as the chart creates it for the
+// catalog Job), is ErrNoCatalogYet.
+func (in Inputs) catalogDocument(ctx context.Context) ([]byte, error) {
+	key := *in.OSImagesConfigMap
+	cm, err := kube.GetConfigMap(ctx, in.Client, key)
+	if err != nil {
+		return nil, err
+	}
+	if cm == nil {
+		return nil, fmt.Errorf("%w: ConfigMap %s does not exist yet (the catalog Job, the controller or Sylva's os-images-info unit writes it)", ErrNoCatalogYet, key)
+	}
+	doc, ok := cm.Data[osimage.ValuesKey]
+	if !ok {
+		return nil, fmt.Errorf("%w: ConfigMap %s has no %s yet (the catalog Job, the controller or Sylva's os-images-info unit fills it)", ErrNoCatalogYet, key, osimage.ValuesKey)
+	}
+	return []byte(doc), nil
 }
 
 func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) error {
