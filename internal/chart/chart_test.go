@@ -189,6 +189,32 @@ image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef01234567
 			}
 		},
 	},
+	{
+		name: "monitoring",
+		values: `
+monitoring:
+  serviceMonitor: {enabled: true, labels: {release: kube-prometheus-stack}}
+  prometheusRule: {enabled: true, labels: {release: kube-prometheus-stack}}
+  grafanaDashboard: {enabled: true}
+server: {tlsSecret: os-image-server-tls}
+`,
+		check: func(t *testing.T, r *Rendered) {
+			for _, kind := range []string{"ServiceMonitor", "PrometheusRule"} {
+				n := 0
+				for _, o := range r.Objects {
+					if o.GetKind() == kind {
+						n++
+					}
+				}
+				if want := map[string]int{"ServiceMonitor": 2, "PrometheusRule": 1}[kind]; n != want {
+					t.Errorf("%d %s, want %d", n, kind, want)
+				}
+			}
+			if r.Find("ConfigMap", "osimages-dashboard") == nil || r.Find("Service", "osimages-controller-metrics") == nil {
+				t.Error("no dashboard ConfigMap or controller metrics Service")
+			}
+		},
+	},
 }
 
 // TestChartAppliesToAPIServer renders each variant through Helm's library and
