@@ -296,8 +296,8 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 }
 
 // TestServeWaitsForTheOSImagesConfigMap: a watched os-images-info that does
-// not exist yet (the catalog is about to create it) is waited for, not
-// ready and reported meanwhile, instead of an exit: it is no broken input.
+// not exist yet (the catalog is about to create it) is waited for, as a
+// phase and not a refusal, instead of an exit: it is no broken input.
 func TestServeWaitsForTheOSImagesConfigMap(t *testing.T) {
 	k := apiserver(t)
 	ctx := context.Background()
@@ -309,13 +309,16 @@ func TestServeWaitsForTheOSImagesConfigMap(t *testing.T) {
 	doc, _ := os.ReadFile(osImages)
 	d := startServe(t, freeAddr(t), "--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", writeFile(t, "mgmt.yaml", additionalOnly),
 		"--os-images-configmap", ns+"/os-images-info", "--output-configmap", ns+"/served")
-	testenv.Eventually(t, "not ready, and saying why", 30*time.Second, func() (bool, string) {
-		code, _ := get(d.url("/readyz"))
+	testenv.Eventually(t, "waiting for the catalog, and saying why", 30*time.Second, func() (bool, string) {
 		_, page := get(d.url("/metrics"))
-		return code == 503 && metricOf(page, "osimages_inputs_refused", `reason="unreadable"`) == 1, fmt.Sprint(code, grepLines(page, "osimages_inputs"), d.stderr.String())
+		return metricOf(page, "osimages_server_phase", `phase="waiting-for-catalog"`) == 1 &&
+			metricOf(page, "osimages_inputs_refused", `reason="unreadable"`) == 0, fmt.Sprint(grepLines(page, "osimages_"), d.stderr.String())
 	})
-	if _, page := get(d.url("/")); !strings.Contains(page, "ConfigMap "+ns+"/os-images-info not found") {
+	if _, page := get(d.url("/")); !strings.Contains(page, "ConfigMap "+ns+"/os-images-info does not exist yet") {
 		t.Errorf("the status page does not say what is missing:\n%s", page)
+	}
+	if strings.Contains(d.stderr.String(), `"level":"ERROR"`) {
+		t.Errorf("waiting for the catalog is logged as an error:\n%s", d.stderr.String())
 	}
 	info := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "os-images-info", Namespace: ns}, Data: map[string]string{"values.yaml": string(doc)}}
 	if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, info, metav1.CreateOptions{}); err != nil {

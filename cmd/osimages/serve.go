@@ -203,6 +203,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	}
 	srv := server.New(cfg)
 	inputs.Report = srv.ReportInputs
+	inputs.Waiting = srv.WaitForCatalog
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

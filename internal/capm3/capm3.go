@@ -79,6 +79,11 @@ func Render(in Input) ([]Template, error) {
 		return nil, err
 	}
 	cl, errs := readCluster(in.Values)
+	// Only rendering needs the name: picking images (the server's
+	// selection, the fleet check) does not.
+	if name, err := values.String(in.Values, "name", ".name"); err == nil && name == "" {
+		errs = append(errs, errors.New(".name: the cluster name must be set: it starts every template name"))
+	}
 	if in.Namespace != "" {
 		for _, msg := range validation.IsDNS1123Label(in.Namespace) {
 			errs = append(errs, fmt.Errorf("namespace %q: %s", in.Namespace, msg))
@@ -167,8 +172,6 @@ func readCluster(v values.Values) (cluster, []error) {
 	var err error
 	if cl.name, err = values.String(v, "name", ".name"); err != nil {
 		errs = append(errs, err)
-	} else if cl.name == "" {
-		errs = append(errs, errors.New(".name: the cluster name must be set: it starts every template name"))
 	}
 	if cl.finalize.K8sVersion, err = values.String(v, "k8s_version", ".k8s_version"); err != nil {
 		errs = append(errs, err)

@@ -3,12 +3,15 @@ package chart
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
 const testCA = `-----BEGIN CERTIFICATE-----
@@ -66,6 +69,35 @@ var variants = []struct {
 			if r.Find("Deployment", "osimages-propagate") != nil {
 				t.Error("propagation runs twice")
 			}
+			svcName, _, _ := unstructured.NestedString(sts.Object, "spec", "serviceName")
+			headless := r.Find("Service", svcName)
+			if ip, _, _ := unstructured.NestedString(headless.Object, "spec", "clusterIP"); headless == nil || ip != "None" {
+				t.Errorf("the StatefulSet's serviceName %q is not a headless Service", svcName)
+			}
+			if r.Find("Ingress", "osimages-server") != nil {
+				t.Error("an Ingress by default")
+			}
+			// Deletes only of the propagated copies, by name, and the
+			// ownership check of the delete guard beside it.
+			cr := r.Find("ClusterRole", "osimages-controller-sylva-system")
+			rules, _, _ := unstructured.NestedSlice(cr.Object, "rules")
+			var deletable []string
+			for _, rule := range rules {
+				rm := rule.(map[string]any)
+				if slices.Contains(stringsOf(rm["verbs"]), "delete") {
+					if rm["resourceNames"] == nil {
+						t.Errorf("the controller may delete any ConfigMap: %v", rm)
+						continue
+					}
+					deletable = append(deletable, stringsOf(rm["resourceNames"])...)
+				}
+			}
+			if !slices.Equal(deletable, []string{"kyverno-cloned-os-image-server-images"}) {
+				t.Errorf("the controller may delete %v, want its copies only", deletable)
+			}
+			if r.Find("ValidatingAdmissionPolicy", "osimages-sylva-system-delete-guard") == nil || r.Find("ValidatingAdmissionPolicyBinding", "osimages-sylva-system-delete-guard") == nil {
+				t.Error("no delete guard")
+			}
 		},
 	},
 	{
@@ -107,8 +139,21 @@ networkPolicy:
 			if !contains(args, "--ca-file=", "--registry-config=", "--tls-cert=", "--max-storage=150Gi") {
 				t.Errorf("server args %s", args)
 			}
-			if r.Find("Ingress", "osimages-server") == nil {
-				t.Error("no Ingress")
+			ing := r.Find("Ingress", "osimages-server")
+			if ing == nil {
+				t.Fatal("no Ingress")
+			}
+			// The server speaks TLS: so must the ingress controller to it.
+			if ing.GetAnnotations()["nginx.ingress.kubernetes.io/backend-protocol"] != "HTTPS" {
+				t.Errorf("Ingress annotations %v: no backend-protocol HTTPS with server.tlsSecret", ing.GetAnnotations())
+			}
+			// Images only: the status page and metrics stay on the Service.
+			y := toYAML(t, ing)
+			if strings.Count(y, "path:") != 1 || !strings.Contains(y, "path: /images/") {
+				t.Errorf("the Ingress routes more than /images/:\n%s", y)
+			}
+			if !strings.Contains(toYAML(t, r.Find("Service", "osimages-server")), "appProtocol: https") {
+				t.Error("the Service port has no appProtocol https")
 			}
 		},
 	},
@@ -189,6 +234,32 @@ image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef01234567
 			}
 		},
 	},
+	{
+		name: "monitoring",
+		values: `
+monitoring:
+  serviceMonitor: {enabled: true, labels: {release: kube-prometheus-stack}}
+  prometheusRule: {enabled: true, labels: {release: kube-prometheus-stack}}
+  grafanaDashboard: {enabled: true}
+server: {tlsSecret: os-image-server-tls}
+`,
+		check: func(t *testing.T, r *Rendered) {
+			for _, kind := range []string{"ServiceMonitor", "PrometheusRule"} {
+				n := 0
+				for _, o := range r.Objects {
+					if o.GetKind() == kind {
+						n++
+					}
+				}
+				if want := map[string]int{"ServiceMonitor": 2, "PrometheusRule": 1}[kind]; n != want {
+					t.Errorf("%d %s, want %d", n, kind, want)
+				}
+			}
+			if r.Find("ConfigMap", "osimages-dashboard") == nil || r.Find("Service", "osimages-controller-metrics") == nil {
+				t.Error("no dashboard ConfigMap or controller metrics Service")
+			}
+		},
+	},
 }
 
 // TestChartAppliesToAPIServer renders each variant through Helm's library and
@@ -254,6 +325,12 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{"propagation twice", `propagation: {enabled: true}`, []string{"controller.propagate and propagation.enabled are both true"}},
 		{"ingress without host", `ingress: {enabled: true}`, []string{"ingress.host is empty"}},
 		{"CA not PEM", `oci_registry_extra_ca_certs: "not a certificate"`, []string{"/oci_registry_extra_ca_certs"}},
+		{"PDB as many as replicas", `controller: {replicas: 2, pdb: {minAvailable: 2}}`, []string{"controller.pdb.minAvailable is 2", "block every node drain"}},
+		{"PDB above replicas", `controller: {replicas: 3, pdb: {minAvailable: 5}}`, []string{"controller.pdb.minAvailable is 5"}},
+		{"PDB of 100%", `controller: {pdb: {minAvailable: "100%"}}`, []string{"controller.pdb.minAvailable is 100%"}},
+		{"PDB percentage rounded up to all", `controller: {replicas: 2, pdb: {minAvailable: "51%"}}`, []string{"controller.pdb.minAvailable is 51%"}},
+		{"PDB not a number", `controller: {pdb: {minAvailable: "half"}}`, []string{"/controller/pdb/minAvailable"}},
+		{"alert delay not a duration", `monitoring: {prometheusRule: {for: {downloadFailing: "half an hour"}}}`, []string{"/monitoring/prometheusRule/for/downloadFailing"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -306,4 +383,106 @@ func toYAML(t *testing.T, o *unstructured.Unstructured) string {
 
 func indent(s, prefix string) string {
 	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
+}
+
+// TestIngressOptions: an annotation given by the operator wins over the
+// chart's backend protocol, no backend protocol is set without TLS, and
+// ingress.exposeStatus routes the status page and metrics too.
+func TestIngressOptions(t *testing.T) {
+	render := func(doc string) *unstructured.Unstructured {
+		t.Helper()
+		vals, err := LoadValues([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Render(chartDir, Release{Name: "osimages", Namespace: "sylva-system"}, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Find("Ingress", "osimages-server")
+	}
+	plain := render(`ingress: {enabled: true, host: h.example.org}`)
+	if _, ok := plain.GetAnnotations()["nginx.ingress.kubernetes.io/backend-protocol"]; ok {
+		t.Error("backend-protocol set for a plain HTTP server")
+	}
+	own := render(`{server: {tlsSecret: s}, ingress: {enabled: true, host: h.example.org, annotations: {nginx.ingress.kubernetes.io/backend-protocol: GRPCS}}}`)
+	if got := own.GetAnnotations()["nginx.ingress.kubernetes.io/backend-protocol"]; got != "GRPCS" {
+		t.Errorf("the operator's annotation is replaced by %q", got)
+	}
+	exposed := toYAML(t, render(`ingress: {enabled: true, host: h.example.org, exposeStatus: true}`))
+	for _, want := range []string{"path: /images/", "path: /\n", "path: /metrics"} {
+		if !strings.Contains(exposed, want) {
+			t.Errorf("exposeStatus: no %q in\n%s", want, exposed)
+		}
+	}
+}
+
+// TestCatalogJobNameCoversItsSpec: for values that shape the catalog Job
+// in any way, the Job's name changes whenever its spec or what it reads
+// changes, and only then; Kubernetes refuses to change a Job's pod
+// template in place.
+func TestCatalogJobNameCoversItsSpec(t *testing.T) {
+	const base = `catalogJob: {enabled: true, values: {os_images: {a: {uri: "https://example.org/a.raw", sha256: x}}}}`
+	changes := []string{
+		"",
+		`proxies: {no_proxy: .svc}`,
+		`catalogJob: {resources: {limits: {memory: 1Gi}}}`,
+		"oci_registry_extra_ca_certs: |\n" + indent(testCA, "  "),
+		"oci_registry_extra_ca_certs: |\n" + indent(strings.Replace(testCA, "EXAMPLE", "ELPMAXE", 1), "  "),
+		`registryCredentialsSecret: creds`,
+		`imagePullSecrets: [{name: pull}]`,
+		`podSecurityContext: {runAsUser: 1000}`,
+		`securityContext: {privileged: false}`,
+		`image: {tag: "9.9.9"}`,
+		`image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}`,
+		`image: {pullPolicy: Always}`,
+		`oci_registry_insecure: true`,
+		`catalogJob: {namespace: catalogs}`,
+		`catalogJob: {backoffLimit: 0}`,
+		`catalogJob: {ttlSecondsAfterFinished: 60}`,
+		`catalogJob: {values: {os_images: {b: {uri: "https://example.org/b.raw", sha256: y}}}}`,
+		// Not shaping the Job: its name must stay.
+		`controller: {replicas: 3}`,
+		`service: {port: 8080}`,
+	}
+	seen := map[string]string{}
+	for _, c := range changes {
+		vals, err := LoadValues([]byte(base))
+		if err != nil {
+			t.Fatal(err)
+		}
+		over, err := LoadValues([]byte(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals = values.Merge(vals, over)
+		r, err := Render(chartDir, Release{Name: "osimages", Namespace: "sylva-system"}, vals)
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		var j *unstructured.Unstructured
+		for _, o := range r.Objects {
+			if o.GetKind() == "Job" {
+				j = o
+			}
+		}
+		spec, _, _ := unstructured.NestedMap(j.Object, "spec")
+		cm := r.Find("ConfigMap", "osimages-catalog-values")
+		ca := r.Find("ConfigMap", "osimages-registry-ca")
+		key := toYAML(t, &unstructured.Unstructured{Object: map[string]any{"spec": spec, "values": cm.Object["data"], "ca": caData(ca)}})
+		if prev, ok := seen[j.GetName()]; ok && prev != key {
+			t.Errorf("%q: Job name %s kept for another spec or input:\n%s\nvs\n%s", c, j.GetName(), prev, key)
+		}
+		seen[j.GetName()] = key
+	}
+	if len(seen) != len(changes)-2 {
+		t.Errorf("%d distinct Job names for %d distinct Jobs", len(seen), len(changes)-2)
+	}
+}
+
+func caData(o *unstructured.Unstructured) any {
+	if o == nil {
+		return nil
+	}
+	return o.Object["data"]
 }

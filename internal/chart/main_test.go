@@ -85,7 +85,8 @@ func apiserver(t *testing.T) *testenv.Kube {
 			kubeErr = err
 			return
 		}
-		crds := []string{capi}
+		// The Prometheus Operator's kinds, for the monitoring values.
+		crds := []string{capi, "testdata/crds"}
 		if dir := testenv.Metal3CRDs(); dir != "" {
 			crds = append(crds, dir)
 			metal3 = true

@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -152,7 +157,11 @@ sylva_diskimagebuilder_images:
 	// the catalog Job.
 	install := func(t *testing.T, extra string) *Rendered {
 		t.Helper()
-		vals, err := LoadValues([]byte("os_image_selectors:\n- {os: ubuntu, hardened: false}\n" + extra))
+		// The selectors as Sylva finalizes them, and the management
+		// cluster's values as the README's mapping shows them (no name:
+		// the server names no template).
+		vals, err := LoadValues([]byte("os_image_selectors:\n- {os: ubuntu, hardened: false}\n" +
+			"cluster: {k8s_version: v1.32.5+rke2r1, capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}}\n" + extra))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,6 +187,35 @@ sylva_diskimagebuilder_images:
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	// Every metric family the running components export, to hold the
+	// alerts and the dashboard against.
+	exported := map[string]bool{}
+
+	// As installed, before the catalog Job has run: os-images-info exists
+	// empty. The server is up and says it waits; that is no error.
+	t.Run("server waits for the catalog", func(t *testing.T) {
+		kubeconfig, _ := serviceAccountKubeconfig(t, k, ns, "osimages-server")
+		values := configFile(t, r, "osimages-server-values", "values.yaml")
+		args := podArgs(t, r.Find("StatefulSet", "osimages-server"), map[string]string{
+			"--data": t.TempDir(), "--listen": "127.0.0.1:0", "--values": values, "--ca-file": caFile,
+		})
+		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
+		base := serverURL(t, srv)
+		testenv.Eventually(t, "the server reports waiting-for-catalog", 60*time.Second, func() (bool, string) {
+			page := httpGet(base + "/metrics")
+			return strings.Contains(page, `osimages_server_phase{phase="waiting-for-catalog"} 1`), grepMetric(page, "osimages_server_phase")
+		})
+		if got := httpGet(base + "/readyz"); got != "ok\n" {
+			t.Errorf("/readyz while waiting for the catalog: %q, want ok", got)
+		}
+		if page := httpGet(base + "/"); !strings.Contains(page, "Waiting for the catalog") || !strings.Contains(page, "os-images-info has no values.yaml yet") {
+			t.Errorf("the status page does not say that it waits for os-images-info:\n%s", page)
+		}
+		if strings.Contains(srv.log(), `"level":"ERROR"`) {
+			t.Errorf("the server logs an ERROR in a correct configuration:\n%s", srv.log())
+		}
+	})
 
 	t.Run("catalog", func(t *testing.T) {
 		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-catalog")
@@ -230,6 +268,16 @@ sylva_diskimagebuilder_images:
 		if metal3 && strings.Contains(strings.ToLower(srv.log()), "forbidden") {
 			t.Errorf("the server was refused something it needs:\n%s", srv.log())
 		}
+		// Selectors and cluster values without a name: no false ERROR
+		// (and so no "selection problems" on the status page either).
+		if strings.Contains(srv.log(), `"level":"ERROR"`) {
+			t.Errorf("the server logs an ERROR in a correct configuration:\n%s", srv.log())
+		}
+		base := serverURL(t, srv)
+		if page := httpGet(base + "/"); strings.Contains(page, "Selection problems") {
+			t.Errorf("the status page shows selection problems:\n%s", page)
+		}
+		maps.Copy(exported, exportedNames(httpGet(base+"/metrics")))
 		outOfScope(t, cfg, ns, other.Name, false)
 		cs := kubernetes.NewForConfigOrDie(cfg)
 		// Its input is read-only.
@@ -289,13 +337,24 @@ sylva_diskimagebuilder_images:
 
 	t.Run("controller", func(t *testing.T) {
 		r := install(t, "")
-		controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published)
+		maps.Copy(exported, controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published))
+	})
+
+	// The alerts and the dashboard read metrics the components really
+	// export: the server's and the controller's (which includes
+	// propagation), scraped while they ran the work above.
+	t.Run("alerts read exported metrics", func(t *testing.T) {
+		if len(exported) == 0 {
+			t.Skip("the components did not run")
+		}
+		checkExpressionsAgainst(t, exported)
 	})
 }
 
 // controllerRun is the fleet controller's part of
-// TestComponentsRunWithChartRBAC, run after the others.
-func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catalogValues, otherConfigMap string, published map[string]devregistry.Published) {
+// TestComponentsRunWithChartRBAC, run after the others. It returns the
+// metric families the controller exported.
+func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catalogValues, otherConfigMap string, published map[string]devregistry.Published) map[string]bool {
 	ctx := context.Background()
 	kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-controller")
 	rules := configFile(t, r, "osimages-rules", "rules.yaml")
@@ -305,7 +364,8 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	}
 	// The Deployment's own arguments, with the files it mounts and the
 	// ports of a test.
-	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": "0", "--health-addr": "0"})
+	metricsAddr := freeAddr(t)
+	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": metricsAddr, "--health-addr": "0"})
 	start(t, append(args, "--kubeconfig", kubeconfig)...)
 
 	// A workload cluster's namespace with its own catalog inputs.
@@ -342,6 +402,101 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	wantForbidden(t, "controller rewrites a cluster's catalog inputs", err)
 	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
 	wantForbidden(t, "controller deletes another ConfigMap", err)
+
+	// Deletes outside what it owns. A catalog or a status is never
+	// deleted (RBAC, by name); a ConfigMap of a copy's name that osimages
+	// did not make is refused by the delete guard, in kube-system as in a
+	// workload cluster's namespace.
+	for _, victim := range []struct{ ns, name string }{
+		{"kube-system", "os-images-info"}, {"kube-system", "osimages-status"}, {"wc2", "os-images-info"}, {"wc2", "osimages-status"},
+		{"kube-system", "kyverno-cloned-os-image-server-images"},
+	} {
+		if _, err := k.Client.CoreV1().ConfigMaps(victim.ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: victim.name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		err := cs.CoreV1().ConfigMaps(victim.ns).Delete(ctx, victim.name, metav1.DeleteOptions{})
+		wantForbidden(t, "controller deletes "+victim.ns+"/"+victim.name, err)
+	}
+	// A copy with a forged rule label of another rule is not its copy
+	// either.
+	forged := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kyverno-cloned-os-image-server-images", Namespace: "default",
+		Labels: map[string]string{"propagate.osimages.sylva-project.org/rule": "some-other-rule"}}}
+	if _, err := k.Client.CoreV1().ConfigMaps("default").Create(ctx, forged, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	err = cs.CoreV1().ConfigMaps("default").Delete(ctx, forged.Name, metav1.DeleteOptions{})
+	wantForbidden(t, "controller deletes a ConfigMap labelled for another rule", err)
+	if err != nil && !strings.Contains(err.Error(), "osimages deletes only its own copies") {
+		t.Errorf("the refusal does not say why: %v", err)
+	}
+
+	// Its own copies it may delete: the guard does not stand in the way
+	// of propagation. A namespace that stops being a workload cluster's
+	// loses its copy, as with Kyverno.
+	ns2, err := k.Client.CoreV1().Namespaces().Get(ctx, "wc2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(ns2.Labels, "sylva-project.org/workload-cluster")
+	if _, err := k.Client.CoreV1().Namespaces().Update(ctx, ns2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the controller deletes its copy in wc2 once wc2 is no workload cluster's", 60*time.Second, func() (bool, string) {
+		_, err := k.Client.CoreV1().ConfigMaps("wc2").Get(ctx, "kyverno-cloned-os-image-server-images", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	return exportedNames(httpGet("http://" + metricsAddr + "/metrics"))
+}
+
+// serverURL is the base URL the server process says it listens on.
+func serverURL(t *testing.T, p *process) string {
+	t.Helper()
+	re := regexp.MustCompile(`"msg":"serving","address":"([^"]+)"`)
+	var addr string
+	testenv.Eventually(t, "the server listens", 60*time.Second, func() (bool, string) {
+		m := re.FindStringSubmatch(p.log())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil, p.log()
+	})
+	return "http://" + addr
+}
+
+// httpGet returns the body of url, or the error as text.
+func httpGet(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+func grepMetric(page, name string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.HasPrefix(l, name) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// freeAddr is a free 127.0.0.1 port, for components that take an address
+// and do not log the one they got.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // podArgs returns the arguments the chart gives obj's container, with the

@@ -29,6 +29,10 @@ type Release struct {
 	Name, Namespace string
 }
 
+// KubeVersion is the Kubernetes version the chart is rendered for: the
+// envtest apiserver's (hack/tools/envtest), which the tests apply it to.
+const KubeVersion = "v1.37.2"
+
 // Rendered is the output of one render.
 type Rendered struct {
 	// Objects are the rendered objects, in template file order.
@@ -48,9 +52,15 @@ func Render(dir string, rel Release, vals map[string]any) (*Rendered, error) {
 	if vals == nil {
 		vals = map[string]any{}
 	}
+	caps := common.DefaultCapabilities.Copy()
+	kv, err := common.ParseKubeVersion(KubeVersion)
+	if err != nil {
+		return nil, err
+	}
+	caps.KubeVersion = *kv
 	top, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{
 		Name: rel.Name, Namespace: rel.Namespace, Revision: 1, IsInstall: true,
-	}, common.DefaultCapabilities)
+	}, caps)
 	if err != nil {
 		return nil, err
 	}

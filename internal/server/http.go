@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -30,13 +31,11 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /images/{sha256}/{file}", s.serveImage)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			http.Error(w, "not ready: the images to serve are not known yet", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
+	// Readiness is about the server itself: while it waits for its catalog
+	// it still serves what it has, its status page and its metrics, which
+	// a not-ready pod would hide behind its Service. The phase says the rest
+	// (status page, osimages_server_phase).
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics.registry, promhttp.HandlerOpts{}))
 	}
@@ -108,13 +107,13 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 			http.NotFound(w, r) // an md5 the image never declared
 			return
 		}
-		// The basename requested, as Ironic expects of a checksum file.
+		// The basename, as Ironic expects of a checksum file. Its own ETag
+		// (not the image's) and the image's Last-Modified, so that caches
+		// and conditional requests treat it as the image.
 		body := checksum + "  " + name + "\n"
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		if r.Method != http.MethodHead {
-			io.WriteString(w, body)
-		}
+		w.Header().Set("ETag", `"`+sum+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
+		http.ServeContent(w, r, file, info.verifiedAt, strings.NewReader(body))
 		return
 	}
 

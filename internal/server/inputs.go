@@ -36,6 +36,9 @@ type Inputs struct {
 	// Poll is how often files are checked for changes (default 2s).
 	Poll   time.Duration
 	Logger *slog.Logger
+	// Waiting, when set, is told why there is no catalog yet, as long as
+	// none was loaded (see ErrNoCatalogYet).
+	Waiting func(error)
 	// Report, when set, is told the fate of each new reading of the
 	// inputs: nil once it is in force, the *RefusedError otherwise
 	// (Server.ReportInputs shows it on the status page and in metrics).
@@ -123,12 +126,10 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	return Loaded{Catalog: cat, Values: vals}, h.Sum(nil), nil
 }
 
-// errAbsent is a watched ConfigMap that does not exist (yet).
-var errAbsent = errors.New("not found")
-
 // readOSImages returns the os_images document and names where it was
-// read. A ConfigMap without any data is an empty document: the chart
-// creates os-images-info so, before the catalog fills it.
+// read. A watched ConfigMap that does not exist yet, or holds no
+// values.yaml yet (as the chart creates it for the catalog Job to fill), is
+// ErrNoCatalogYet.
 func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 	if in.OSImagesConfigMap == nil {
 		doc, err := osimage.ReadValuesDocument(in.OSImagesFile)
@@ -141,11 +142,11 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 		return nil, source, err
 	}
 	if cm == nil {
-		return nil, source, fmt.Errorf("%s %w", source, errAbsent)
+		return nil, source, fmt.Errorf("%w: %s does not exist yet (the catalog Job, the controller or Sylva's os-images-info unit writes it)", ErrNoCatalogYet, source)
 	}
 	doc, ok := cm.Data[osimage.ValuesKey]
-	if !ok && len(cm.Data)+len(cm.BinaryData) > 0 {
-		return nil, source, fmt.Errorf("%s has no data key %q", source, osimage.ValuesKey)
+	if !ok {
+		return nil, source, fmt.Errorf("%w: %s has no %s yet (the catalog Job, the controller or Sylva's os-images-info unit fills it)", ErrNoCatalogYet, source, osimage.ValuesKey)
 	}
 	return []byte(doc), source, nil
 }
@@ -157,8 +158,10 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 // logged once and reported, and the last good ones stay in force: a broken
 // edit never empties the served set. Before the first good inputs there
 // is nothing to keep: Watch returns the reason at once, except for a
-// watched ConfigMap that does not exist yet (the catalog may be about to
-// create it), which is waited for, reported as refused meanwhile.
+// catalog that is not written yet (ErrNoCatalogYet: the catalog may be
+// about to write it), which is waited for, as a phase and not an error
+// (Inputs.Waiting). Once inputs were good, a catalog that goes is a
+// refusal like any other.
 func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func(Loaded) error) error {
 	log := in.Logger
 	if log == nil {
@@ -198,19 +201,26 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 		case err == nil:
 			err = apply(l)
 		}
+		if err != nil && good == nil && errors.Is(err, ErrNoCatalogYet) {
+			// A fresh install: not an error, and said once per cause.
+			if err.Error() != said {
+				said = err.Error()
+				log.Info("waiting for the catalog; nothing is selected until it is written, stored images are kept", "reason", why, "detail", said)
+			}
+			if in.Waiting != nil {
+				in.Waiting(err)
+			}
+			return nil
+		}
 		if err != nil {
 			r := refused(err)
-			if good == nil && !errors.Is(err, errAbsent) {
+			if good == nil {
 				report(r)
 				return r
 			}
 			if r.Error() != said {
 				bad, said = fp, r.Error()
-				if good == nil {
-					log.Warn("waiting for the os_images ConfigMap to be created; nothing is served until then", "error", r.Error())
-				} else {
-					log.Error("inputs refused; the last good ones stay in force", "reason", why, "refusal", string(r.Reason), "error", r.Error())
-				}
+				log.Error("inputs refused; the last good ones stay in force", "reason", why, "refusal", string(r.Reason), "error", r.Error())
 				report(r)
 			}
 			return nil

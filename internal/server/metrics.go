@@ -93,6 +93,7 @@ func (m *Metrics) bind(s *Server) {
 		}
 		ch <- prometheus.MustNewConstMetric(used, prometheus.GaugeValue, float64(s.cfg.Store.Used()))
 	}})
+	m.bindPhase(s)
 }
 
 type collectorFunc struct {

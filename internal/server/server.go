@@ -165,7 +165,8 @@ type Server struct {
 
 	mu        sync.Mutex
 	images    map[string]*image
-	ready     bool // the first desired set is known
+	ready     bool   // the first desired set is known
+	waiting   string // before ready: why there is no catalog yet
 	selectErr error
 	kick      chan struct{}
 	changed   chan struct{}
@@ -684,6 +685,12 @@ func (s *Server) gcLoop(ctx context.Context) {
 // grace period. A client still downloading one keeps its open file.
 func (s *Server) CollectGarbage() {
 	s.mu.Lock()
+	if !s.ready {
+		// Until a desired set is known, every stored image looks
+		// deselected: a catalog that is late must not cost the images.
+		s.mu.Unlock()
+		return
+	}
 	now := s.cfg.Now()
 	var victims []string
 	for sum, img := range s.images {
@@ -798,6 +805,7 @@ type lookup struct {
 	phase          Phase
 	filenames      []string
 	md5            string
+	verifiedAt     time.Time
 }
 
 func (s *Server) lookup(sum string) (lookup, bool) {
@@ -808,7 +816,7 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 		return lookup{}, false
 	}
 	served := img.selected || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5}, true
+	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }
 
 // isVerifyError tells a refusal of the content (digests, sizes, the pinned

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -28,13 +29,18 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 		return s
 	},
 	"join": strings.Join,
-	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	// html/template leaves ?, # and % of a URL path as they are: a filename
+	// holding them must be escaped to stay one path segment.
+	"pathEscape": url.PathEscape,
+	"ago":        func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 }).Parse(statusHTML))
 
 type statusView struct {
 	Images      []Status
 	SelectError string
 	Ready       bool
+	Phase       ServerPhase
+	Condition   Condition
 	Counts      map[string]int
 	Now         time.Time
 	Inputs      InputsStatus
@@ -43,7 +49,7 @@ type statusView struct {
 // serveStatus renders the operators' page: every image with its state.
 func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	statuses, selErr := s.Statuses()
-	view := statusView{Images: statuses, Ready: s.Ready(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus()}
+	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus()}
 	if selErr != nil {
 		view.SelectError = selErr.Error()
 	}

@@ -1,6 +1,6 @@
 {{/* RBAC and workload shared by the propagation Deployment and the fleet
 controller: (dict "root" $ "component" "propagate" "leaseName" NAME
-"writableNames" LIST "metal3" BOOL). */}}
+"writableNames" LIST "deletableNames" LIST "metal3" BOOL). */}}
 {{- define "osimages.controllerRBAC" -}}
 {{- $root := .root }}
 {{- $name := printf "%s-%s" (include "osimages.fullname" $root) .component }}
@@ -15,8 +15,11 @@ metadata:
 ---
 {{- /* Cluster-wide, because workload-cluster namespaces come and go:
 - read namespaces and ConfigMaps (one informer each);
-- update, patch and delete only ConfigMaps of the names it manages
-  (resourceNames);
+- update and patch only ConfigMaps of the names it manages (resourceNames);
+- delete only ConfigMaps named as a propagation target: osimages never
+  deletes a catalog or a status. RBAC cannot restrict a ClusterRole to
+  namespaces, so the delete guard (a ValidatingAdmissionPolicy) refuses the
+  delete of any such ConfigMap that osimages did not make;
 - create ConfigMaps: RBAC cannot restrict create to a name, so this one verb
   is not limited to the managed names (the code creates nothing else);
 - record events (core and events.k8s.io). */}}
@@ -37,7 +40,14 @@ rules:
 - apiGroups: [""]
   resources: [configmaps]
   resourceNames: {{ toJson .writableNames }}
-  verbs: [update, patch, delete]
+  verbs: [update, patch]
+{{- /* An empty resourceNames would allow every name. */}}
+{{- with .deletableNames }}
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: {{ toJson . }}
+  verbs: [delete]
+{{- end }}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create]

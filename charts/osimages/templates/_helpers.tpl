@@ -142,4 +142,58 @@ securityContext:
 {{- if and .Values.ingress.tls.enabled (not .Values.ingress.tls.secretName) -}}
 {{- fail "ingress.tls.enabled is true but ingress.tls.secretName is empty" -}}
 {{- end -}}
+{{- $c := .Values.controller -}}
+{{- if and $c.enabled (gt (int $c.replicas) 1) -}}
+{{- $min := dig "pdb" "minAvailable" 1 $c -}}
+{{- $pods := 0 -}}
+{{- if kindIs "string" $min -}}
+{{- /* Kubernetes rounds a percentage of minAvailable up. */ -}}
+{{- $pods = div (add (mul (int (trimSuffix "%" $min)) (int $c.replicas)) 99) 100 -}}
+{{- else -}}
+{{- $pods = int $min -}}
+{{- end -}}
+{{- if ge (int $pods) (int $c.replicas) -}}
+{{- fail (printf "controller.pdb.minAvailable is %v, which keeps all %d controller.replicas running: the PodDisruptionBudget would allow no eviction and block every node drain; set it below controller.replicas (such as %d)" $min (int $c.replicas) (sub (int $c.replicas) 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The catalog Job's spec: (dict "root" $ "name" NAME "ns" NAMESPACE). Kept
+apart so that the Job's name can hash exactly what it renders. */}}
+{{- define "osimages.catalogJobSpec" -}}
+{{- $root := .root -}}
+backoffLimit: {{ $root.Values.catalogJob.backoffLimit }}
+ttlSecondsAfterFinished: {{ $root.Values.catalogJob.ttlSecondsAfterFinished }}
+template:
+  metadata:
+    labels:
+      {{- include "osimages.selectorLabels" (dict "root" $root "component" "catalog") | nindent 6 }}
+  spec:
+    serviceAccountName: {{ .name }}
+    restartPolicy: Never
+    {{- include "osimages.podSpecCommon" $root | nindent 4 }}
+    containers:
+    - name: catalog
+      image: {{ include "osimages.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      args:
+      - catalog
+      - --values=/etc/osimages/catalog/values.yaml
+      - --apply
+      - --namespace={{ .ns }}
+      {{- include "osimages.registryArgs" $root | nindent 6 }}
+      env:
+      {{- include "osimages.proxyEnv" $root | nindent 6 }}
+      resources:
+        {{- toYaml $root.Values.catalogJob.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
+      volumeMounts:
+      - {name: values, mountPath: /etc/osimages/catalog, readOnly: true}
+      {{- include "osimages.registryMounts" $root | nindent 6 }}
+    volumes:
+    - name: values
+      configMap:
+        name: {{ .name }}-values
+    {{- include "osimages.registryVolumes" $root | nindent 4 }}
 {{- end -}}
