@@ -104,7 +104,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 			return nil, err
 		}
 		manifestDigest = m.Descriptor.Digest.String()
-		if pin := src.Declared[osimage.FieldManifestDigest]; pin != "" && pin != manifestDigest {
+		if pin := src.Declared.Get(osimage.FieldManifestDigest); pin != "" && pin != manifestDigest {
 			return nil, fmt.Errorf("manifest digest mismatch: os_images.%s.%s pins %s, but the tag now resolves to %s; update the pin or the tag",
 				src.Key, osimage.FieldManifestDigest, pin, manifestDigest)
 		}
@@ -115,8 +115,8 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)
 		for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
-			if v, ok := img[f]; ok {
-				if err := osimage.ValidateDigestField(f, v); err != nil {
+			if _, ok := img[f]; ok {
+				if err := osimage.ValidateDigestField(f, img.Get(f)); err != nil {
 					return nil, fmt.Errorf("annotation %s%s: %w", osimage.AnnotationPrefix, f, err)
 				}
 			}
@@ -127,12 +127,16 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		img[osimage.FieldRegistryKey] = src.RegistryKey
 	}
 	for k, v := range src.Declared {
+		if v == nil {
+			delete(img, k) // a declared null removes the field
+			continue
+		}
 		img[k] = v
 	}
 	if manifestDigest != "" {
 		img[osimage.FieldManifestDigest] = manifestDigest
 	}
-	if src.IsOCI() && img[osimage.FieldSHA256] == "" {
+	if src.IsOCI() && img.Get(osimage.FieldSHA256) == "" {
 		return nil, errNoSHA256
 	}
 	return img, nil

@@ -293,7 +293,7 @@ os_images:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cat["custom-image"]; got["sha256"] != p.Fields["sha256"] || got["os"] != "custom-os" || got["oci-image-registry-key"] != "" {
+	if got := cat["custom-image"]; got["sha256"] != p.Fields["sha256"] || got["os"] != "custom-os" || got.Get("oci-image-registry-key") != "" {
 		t.Errorf("hand-declared OCI image: %v", got)
 	}
 	if got := cat["web-image"]; got["uri"] != "https://files.example.org/web.raw" || len(got) != 2 {

@@ -38,11 +38,11 @@ type Wanted struct {
 }
 
 // Filename is the name the image is served under.
-func (w Wanted) Filename() string { return w.Image[osimage.FieldFilename] }
+func (w Wanted) Filename() string { return w.Image.Get(osimage.FieldFilename) }
 
 // Int64Field reads a size field, 0 when absent or malformed.
 func (w Wanted) Int64Field(field string) int64 {
-	n, _ := strconv.ParseInt(w.Image[field], 10, 64)
+	n, _ := strconv.ParseInt(w.Image.Get(field), 10, 64)
 	return n
 }
 
@@ -69,7 +69,12 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	for _, path := range slices.Sorted(maps.Keys(choices)) {
 		c := choices[path]
 		if c.Selector != nil {
-			for _, key := range c.Selector.Select(cat) {
+			keys, err := c.Selector.Select(cat)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", path, err))
+				continue
+			}
+			for _, key := range keys {
 				if c.ImageKey == "" || c.ImageKey == key {
 					add(key, path)
 				}
@@ -94,7 +99,12 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 			errs = append(errs, err)
 			continue
 		}
-		for _, key := range sel.Select(cat) {
+		keys, err := sel.Select(cat)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		for _, key := range keys {
 			add(key, path)
 		}
 	}
@@ -102,12 +112,12 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	out := map[string]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
-		sum := img[osimage.FieldSHA256]
+		sum := img.Get(osimage.FieldSHA256)
 		if err := osimage.ValidateDigestField(osimage.FieldSHA256, sum); err != nil || sum == "" {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256 (%q)", key, sum))
 			continue
 		}
-		if err := imagestore.ValidateFilename(img[osimage.FieldFilename]); err != nil {
+		if err := imagestore.ValidateFilename(img.Get(osimage.FieldFilename)); err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: %w", key, err))
 			continue
 		}
@@ -148,7 +158,7 @@ func PullWith(choose func() *pull.Puller, trust func() (catalog.Trust, error)) P
 // signatureCheck is the check of w's manifest that the management values
 // ask for, nil when no key applies to it.
 func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
-	uri := w.Image[osimage.FieldURI]
+	uri := w.Image.Get(osimage.FieldURI)
 	if !strings.HasPrefix(uri, "oci://") {
 		return nil, nil
 	}
@@ -156,7 +166,7 @@ func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context
 	if err != nil {
 		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
 	}
-	keys := t.KeysFor(w.Image[osimage.FieldRegistryKey], uri)
+	keys := t.KeysFor(w.Image.Get(osimage.FieldRegistryKey), uri)
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -184,12 +194,12 @@ func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context
 // PullSource is what the puller needs to know of w.
 func PullSource(w Wanted) pull.Source {
 	return pull.Source{
-		URI:            w.Image[osimage.FieldURI],
+		URI:            w.Image.Get(osimage.FieldURI),
 		SHA256:         w.SHA256,
-		MD5:            w.Image[osimage.FieldMD5],
-		Compression:    w.Image[osimage.FieldCompression],
+		MD5:            w.Image.Get(osimage.FieldMD5),
+		Compression:    w.Image.Get(osimage.FieldCompression),
 		Size:           w.Int64Field(osimage.FieldSize),
 		ArchiveSize:    w.Int64Field(osimage.FieldArchiveSize),
-		ManifestDigest: w.Image[osimage.FieldManifestDigest],
+		ManifestDigest: w.Image.Get(osimage.FieldManifestDigest),
 	}
 }
