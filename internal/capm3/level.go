@@ -249,15 +249,17 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	// The identity rules are the image server's (osimage): render never
+	// writes a URL that the server would not answer.
 	if sha == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no sha256, so it cannot be served for capm3", path, key))
-	} else if err := osimage.ValidateDigestField(osimage.FieldSHA256, sha); err != nil {
+	} else if _, err := osimage.ParseSHA256(sha); err != nil {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
 	}
 	if filename == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no filename, so it cannot be served for capm3", path, key))
-	} else if strings.ContainsAny(filename, "/\\") || filename == "." || filename == ".." {
-		errs = append(errs, fmt.Errorf("%s: os_images.%s: filename %q must be a plain file name", path, key, filename))
+	} else if err := osimage.ValidateFilename(filename); err != nil {
+		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
 	}
 	if format == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no image-format, so it cannot be served for capm3", path, key))
@@ -277,7 +279,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		return nil, err
 	}
 	return map[string]any{
-		"url":           base + "/images/" + sha + "/" + url.PathEscape(filename),
+		"url":           base + osimage.ImagePath(osimage.SHA256(sha), filename),
 		"checksum":      sha,
 		"checksumType":  "sha256",
 		r.formatField(): format,

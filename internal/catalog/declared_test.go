@@ -88,3 +88,37 @@ os_images:
 		t.Errorf("a null entry: %v %v", plan.Sources, err)
 	}
 }
+
+// A filename the image server would refuse is refused by the catalog too,
+// whether annotated or declared: a newline would otherwise write a second,
+// chosen line into the served .sha256sum file.
+func TestCatalogRefusesBadIdentity(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	_, err := reg.Publish(t.Context(), devregistry.DiskImage{
+		Repository: dibRepo + "img-00", Tag: "0.7.6", Content: devregistry.DiskContent(4<<10, 1),
+		Fields: osimage.Image{"filename": "a.raw\n" + strings.Repeat("0", 64) + "  evil.raw"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = resolveValues(t, dibValues(t, reg, true, "img-00"), oci.Options{})
+	var report *ResolveError
+	if !errors.As(err, &report) || !strings.Contains(report.Failures[0].Cause, "annotation sylvaproject.org/diskimage/filename: image filename") ||
+		!strings.Contains(report.Failures[0].Cause, "control character") {
+		t.Fatalf("want the image refused for its filename, got %v", err)
+	}
+	for _, tc := range []struct{ field, value, want string }{
+		{"filename", "a/../b.raw", `os_images.my-image.filename: image filename "a/../b.raw" holds "/"`},
+		{"filename", "..", `os_images.my-image.filename: image filename ".." starts with "."`},
+		{"filename", "", "os_images.my-image.filename: image filename is empty"},
+		{"filename", strings.Repeat("a", 256), "longer than 255 bytes"},
+		{"sha256", strings.Repeat("A", 64), "os_images.my-image.sha256: sha256 \"" + strings.Repeat("A", 64) + "\" is not 64 lowercase hex digits: write it in lowercase"},
+	} {
+		v := mustParse(t, "os_images:\n  my-image: {uri: https://x/y.raw}\n")
+		v["os_images"].(map[string]any)["my-image"].(map[string]any)[tc.field] = tc.value
+		var inputErr *InputError
+		if _, err := PlanFromValues(v, nil); !errors.As(err, &inputErr) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %q: %v, want %q", tc.field, tc.value, err, tc.want)
+		}
+	}
+}

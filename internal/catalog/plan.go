@@ -247,16 +247,34 @@ func declaredFields(path string, raw any) (osimage.Image, error) {
 }
 
 func validateDeclared(path string, fields osimage.Image) error {
-	var errs []error
-	for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
-		if v, ok := fields[f].(string); ok {
-			if err := osimage.ValidateDigestField(f, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s.%s: %w", path, f, err))
-			}
-		}
-	}
+	errs := []error{checkIdentity(fields, path+".")}
 	if uri := fields.Get(osimage.FieldURI); uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
 		errs = append(errs, fmt.Errorf("%s.uri: %q must start with oci://, http:// or https://", path, uri))
+	}
+	return errors.Join(errs...)
+}
+
+// checkIdentity applies the rules of an image's identity (osimage) to the
+// sha256, md5 and filename that img holds, so that the catalog publishes
+// nothing that the image server or render would refuse: an uppercase
+// sha256, or a filename with a newline that would write a second line into
+// the served .sha256sum file. prefix names where the fields come from.
+func checkIdentity(img osimage.Image, prefix string) error {
+	var errs []error
+	if s, ok := img[osimage.FieldSHA256].(string); ok {
+		if _, err := osimage.ParseSHA256(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldSHA256, err))
+		}
+	}
+	if s, ok := img[osimage.FieldMD5].(string); ok {
+		if err := osimage.ValidateMD5(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldMD5, err))
+		}
+	}
+	if s, ok := img[osimage.FieldFilename].(string); ok {
+		if err := osimage.ValidateFilename(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldFilename, err))
+		}
 	}
 	return errors.Join(errs...)
 }

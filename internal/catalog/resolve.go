@@ -114,12 +114,8 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 			return nil, err
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)
-		for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
-			if _, ok := img[f]; ok {
-				if err := osimage.ValidateDigestField(f, img.Get(f)); err != nil {
-					return nil, fmt.Errorf("annotation %s%s: %w", osimage.AnnotationPrefix, f, err)
-				}
-			}
+		if err := checkIdentity(img, "annotation "+osimage.AnnotationPrefix); err != nil {
+			return nil, err
 		}
 	}
 	img[osimage.FieldURI] = src.URI

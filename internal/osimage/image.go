@@ -158,21 +158,6 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-var hexDigits = map[string]int{FieldSHA256: 64, FieldMD5: 32}
-
-// ValidateDigestField says why the value of a digest field (sha256, md5) is
-// malformed, or nil. Other fields are free-form.
-func ValidateDigestField(field, value string) error {
-	n, ok := hexDigits[field]
-	if !ok {
-		return nil
-	}
-	if len(value) != n || strings.Trim(value, "0123456789abcdef") != "" {
-		return fmt.Errorf("%s %q is not %d lowercase hex digits", field, value, n)
-	}
-	return nil
-}
-
 // Catalog is an os_images map: image key -> image.
 type Catalog map[string]Image
 

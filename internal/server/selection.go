@@ -112,12 +112,13 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	out := map[string]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
-		sum := img.Get(osimage.FieldSHA256)
-		if err := osimage.ValidateDigestField(osimage.FieldSHA256, sum); err != nil || sum == "" {
-			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256 (%q)", key, sum))
+		sha, err := img.SHA256()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256: %w", key, err))
 			continue
 		}
-		if err := imagestore.ValidateFilename(img.Get(osimage.FieldFilename)); err != nil {
+		sum := string(sha)
+		if _, err := img.Filename(); err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: %w", key, err))
 			continue
 		}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	_ "embed"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 //go:embed status.html
@@ -29,6 +31,9 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	},
 	"join": strings.Join,
 	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+
+	// The link is the URL render writes, the filename escaped.
+	"imagePath": func(sha, filename string) string { return osimage.ImagePath(osimage.SHA256(sha), filename) },
 }).Parse(statusHTML))
 
 type statusView struct {
