@@ -208,6 +208,7 @@ func readFinalize(v values.Values) (selector.Cluster, error) {
 		}
 	}
 	c.K8sVersion = str(v, "k8s_version", ".k8s_version")
+	_, c.K8sVersionSet = v["k8s_version"].(string)
 	if providers, err := values.Map(v, "capi_providers", ".capi_providers"); err != nil {
 		errs = append(errs, err)
 	} else {

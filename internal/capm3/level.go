@@ -156,14 +156,21 @@ func isSet(v any) bool {
 // wrong); the image_key, when set.
 func levelChoice(lv level, c selector.Cluster, finalizeErr error) (Choice, error) {
 	var choice Choice
-	if raw := lv.values["image_key"]; isSet(raw) {
-		key, ok := raw.(string)
-		if !ok {
+	rawSel := lv.values["os_image_selector"]
+	switch raw := lv.values["image_key"].(type) {
+	case nil:
+	case string:
+		choice.ImageKey = raw
+	default:
+		// Beside a selector, Sylva only compares an image_key that is set
+		// (so false or 0 is ignored there); alone, it would use whatever
+		// the value prints as. A key is a string: anything else is
+		// refused, not re-formatted.
+		if !isSet(rawSel) || isSet(raw) {
 			return Choice{}, fmt.Errorf("%s.image_key: must be the key of an image in os_images, got %s", lv.path, osimage.Describe(raw))
 		}
-		choice.ImageKey = key
 	}
-	if raw := lv.values["os_image_selector"]; isSet(raw) {
+	if raw := rawSel; isSet(raw) {
 		s, err := selector.Parse(raw, lv.path+".os_image_selector")
 		if err != nil {
 			return Choice{}, err

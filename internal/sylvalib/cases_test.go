@@ -151,6 +151,16 @@ func handCases() []Case {
 	level("image_key alone, not in os_images", cluster(`{image_key: not-there}`))
 	level("image_key null", cluster(`{image_key: null}`))
 	level("image_key empty", cluster(`{image_key: ""}`))
+	level("image_key that is a number", cluster(`{image_key: 123}`))
+	level("image_key that is true", cluster(`{image_key: true}`))
+	level("image_key that is a number, with a selector", cluster(`{image_key: 123, os_image_selector: {os: opensuse}}`))
+	level("empty k8s_version", strings.Replace(cluster(`{os_image_selector: {os: opensuse}}`), "v1.32.5+rke2r1", `""`, 1))
+	level("k8s_version v alone", strings.Replace(cluster(`{os_image_selector: {os: opensuse}}`), "v1.32.5+rke2r1", `v`, 1))
+	level("empty bootstrap provider", strings.Replace(cluster(`{os_image_selector: {os: opensuse}}`), "cabpr", `""`, 1))
+	level("autoselect registries true", cluster(`{os_image_selector: {os: opensuse}}`, `os_image_selector_autoselect_registries: true`))
+	level("selector that is a list", cluster(`{os_image_selector: [os]}`))
+	level("selector that is a number", cluster(`{os_image_selector: 1, image_key: my-image}`))
+	level("selector that is zero", cluster(`{os_image_selector: 0, image_key: my-image}`))
 	level("image_key and selector agree", cluster(`{image_key: opensuse-15-6-plain-rke2-1-32, os_image_selector: {os: opensuse}}`))
 	level("image_key and selector differ", cluster(`{image_key: my-image, os_image_selector: {os: opensuse}}`))
 	level("image_key missing and selector picks", cluster(`{image_key: not-there, os_image_selector: {os: opensuse}}`))
@@ -300,7 +310,7 @@ var (
 	poolRegistry   = []string{"sylva", "local"}
 	poolCommitTag  = []string{"0.7.6", "0.7.7"}
 	poolPatterns   = map[string][]any{
-		"os":                     {"ubuntu", "opensuse", "ubuntu|opensuse", "(ubuntu|leapmicro)", "ubu.*", "^ubuntu$", "^opensuse", "leapmicro$", ".*", "//unset", "", "(?i)UBUNTU", "Ubuntu"},
+		"os":                     {"ubuntu", "opensuse", "ubuntu|opensuse", "(ubuntu|leapmicro)", "ubu.*", "^ubuntu$", "^opensuse", "leapmicro$", ".*", "//unset", "", "(?i)UBUNTU", "Ubuntu", "ubuntu)|(opensuse", "ubuntu("},
 		"os-release":             {"noble", "jammy|noble", "15\\.6", "15.6", "6\\.0", "15\\..*", "//unset", ".*", "(noble|//unset)"},
 		"k8s-flavor":             {"rke2", "kubeadm", "ck8s", "rke2|kubeadm", ".*", "//unset"},
 		"k8s-version":            {"1.32.5\\+rke2r1", "1.32.5+rke2r1", "1\\.32\\..*", "1.31.4", "1\\.3[12]\\.[0-9]+", "^1\\.32\\.5$", ".*\\+rke2r1", "1.32.5.*", "//unset"},
@@ -310,9 +320,9 @@ var (
 		"commit-tag":             {"0.7.6", "0\\.7\\.[67]", "//unset", ".*"},
 		"_os_images_key_":        {"img-0", "img-[01]", "img-.*", "img-1|img-2", ".*"},
 	}
-	poolK8sVersions = []string{"v1.32.5+rke2r1", "1.32.5+rke2r1", "v1.31.4+rke2r1", "v1.32.5", "v1.31.4", "1.30.8"}
-	poolProviders   = []string{"cabpr", "cabpk", "cabpck"}
-	poolAutoselect  = []any{nil, "sylva", "local|sylva", ".*", "", "(sylva|//unset)", false}
+	poolK8sVersions = []any{"v1.32.5+rke2r1", "1.32.5+rke2r1", "v1.31.4+rke2r1", "v1.32.5", "v1.31.4", "1.30.8", "v1.32.5+rke2r1", "v1.32.5", ""}
+	poolProviders   = []string{"cabpr", "cabpk", "cabpck", "cabpr", "cabpk"}
+	poolAutoselect  = []any{nil, "sylva", "local|sylva", ".*", "", "(sylva|//unset)", false, nil, nil}
 )
 
 func pickOne[T any](r *rand.Rand, pool []T) T { return pool[r.IntN(len(pool))] }
@@ -355,6 +365,12 @@ func randomCatalog(r *rand.Rand) map[string]any {
 			img["extra"] = map[string]any{"a": "b"}
 		case 3:
 			img["commit-tag"] = 7
+		case 4:
+			img["k8s-version"] = 1.32
+		case 5:
+			img["oci-image-registry-key"] = nil
+		case 6:
+			img["k8s-flavor"] = []any{"rke2"}
 		}
 		cat[fmt.Sprintf("img-%d", i)] = img
 	}
@@ -391,19 +407,23 @@ func randomSelector(r *rand.Rand, maxKeys int) map[string]any {
 // randomLevelDef is what a level of capm3 values says about its image.
 func randomLevelDef(r *rand.Rand, keys []string) map[string]any {
 	def := map[string]any{}
-	switch r.IntN(8) {
+	switch r.IntN(9) {
 	case 0, 1, 2:
 		def["os_image_selector"] = randomSelector(r, 2)
 	case 3:
 		def["os_image_selector"] = map[string]any{}
 	case 4:
 		def["os_image_selector"] = pickOne(r, []any{false, nil})
+	case 5:
+		if r.IntN(4) == 0 {
+			def["os_image_selector"] = pickOne(r, []any{"", 0, "os=ubuntu", []any{}})
+		}
 	}
 	switch r.IntN(7) {
 	case 0:
 		def["image_key"] = pickOne(r, keys)
 	case 1:
-		def["image_key"] = pickOne(r, []any{"", nil, "not-there"})
+		def["image_key"] = pickOne(r, []any{"", nil, "not-there", false, 7})
 	}
 	return def
 }

@@ -72,6 +72,15 @@ var differences = []Difference{
 		},
 	},
 	{
+		// Sylva prints whatever image_key holds (123, true) and uses that
+		// as the key; osimages reads values as written and refuses it.
+		ID: "image_key that is not a string",
+		Explains: func(_ Case, _, o Outcome) bool {
+			// osimages says so only of an image_key that is no string.
+			return o.Kind == KindInvalid && strings.Contains(o.Message, ".image_key: must be the key of an image in os_images, got ")
+		},
+	},
+	{
 		// Sylva's compute-image-key returns an image_key without looking
 		// it up; the chart then fails on an image with no fields.
 		ID: "image_key alone that is not in os_images",
