@@ -6,7 +6,6 @@ package selector
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -266,7 +265,11 @@ func (l List) Select(cat osimage.Catalog) ([]string, error) {
 	if len(cat) == 0 {
 		return nil, errEmptyCatalog
 	}
-	matched := make(map[string]bool, len(cat))
+	var keys []string
+	var seen map[string]bool // only needed when several selectors may match one image
+	if len(l) > 1 {
+		seen = map[string]bool{}
+	}
 	for _, s := range l {
 		var firstBad string
 		var badErr error
@@ -280,15 +283,19 @@ func (l List) Select(cat osimage.Catalog) ([]string, error) {
 				}
 				continue
 			}
-			if ok {
-				matched[k] = true
+			if ok && !seen[k] {
+				if seen != nil {
+					seen[k] = true
+				}
+				keys = append(keys, k)
 			}
 		}
 		if badErr != nil {
 			return nil, badErr
 		}
 	}
-	return slices.Sorted(maps.Keys(matched)), nil
+	slices.Sort(keys)
+	return keys, nil
 }
 
 var errEmptyCatalog = errors.New("os_images is empty: there is no OS image to select from")
