@@ -102,13 +102,13 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 	os.Remove(image)
 	os.Remove(layer)
 	f := pub.Fields
-	want := f[osimage.FieldSHA256]
-	archive, _ := strconv.ParseInt(f[osimage.FieldArchiveSize], 10, 64)
+	want := f.Get(osimage.FieldSHA256)
+	archive, _ := strconv.ParseInt(f.Get(osimage.FieldArchiveSize), 10, 64)
 	fmt.Printf("image: %d bytes (one MiB in four random), layer: %d bytes (gzip -1), sha256 %s\n", size, archive, want)
 	fmt.Printf("registry: %s (filesystem storage), prepared in %.1fs\n\n", reg.URL(), time.Since(start).Seconds())
 
 	src := pull.Source{
-		URI: "oci://" + pub.Ref, SHA256: want, MD5: f[osimage.FieldMD5],
+		URI: "oci://" + pub.Ref, SHA256: want, MD5: f.Get(osimage.FieldMD5),
 		Compression: "gz", Size: size, ArchiveSize: archive,
 	}
 	client, err := oci.NewClient(oci.Options{Insecure: true, RegistryConfig: emptyDockerConfig(dir)})
@@ -140,7 +140,7 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 				return 0, err
 			}
 			streamed := time.Since(t0)
-			e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: f[osimage.FieldFilename], Size: res.Size}
+			e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: f.Get(osimage.FieldFilename), Size: res.Size}
 			if err := w.Commit(e); err != nil {
 				return 0, err
 			}
@@ -157,7 +157,7 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 			out := filepath.Join(dir, "sylva")
 			defer os.RemoveAll(out)
 			script := fmt.Sprintf("set -e; oras pull --plain-http -o %q %q >/dev/null; gunzip %q; sha256sum %q",
-				out, pub.Ref, filepath.Join(out, f[osimage.FieldFilename]+".gz"), filepath.Join(out, f[osimage.FieldFilename]))
+				out, pub.Ref, filepath.Join(out, f.Get(osimage.FieldFilename)+".gz"), filepath.Join(out, f.Get(osimage.FieldFilename)))
 			return timeShell(script, want)
 		}},
 		{name: "curl blob | gunzip | sha256sum", run: func(i int) (time.Duration, error) {

@@ -99,7 +99,7 @@ func TestCatalogPrintsConfigMap(t *testing.T) {
 	for _, name := range []string{"ubuntu-noble-plain-rke2-1-32", "ubuntu-noble-hardened-rke2-1-32"} {
 		want := published[name+":0.7.7"]
 		got := cat[name]
-		if got["sha256"] != want.Fields["sha256"] || got["commit-tag"] != "0.7.7" || got["uri"] != "oci://"+want.Ref {
+		if got["sha256"] != want.Fields.Get("sha256") || got["commit-tag"] != "0.7.7" || got["uri"] != "oci://"+want.Ref {
 			t.Errorf("%s: got %v, want the 0.7.7 artifact %v", name, got, want.Fields)
 		}
 	}

@@ -121,7 +121,7 @@ func (e *fleetEnv) publish(name, tag string, seed uint64) devregistry.Published 
 }
 
 func (e *fleetEnv) sha(nameTag string) string {
-	return e.published[nameTag].Fields[osimage.FieldSHA256]
+	return e.published[nameTag].Fields.Get(osimage.FieldSHA256)
 }
 
 // catalogInputs are sylva-units values: one registry at one
@@ -400,8 +400,8 @@ func TestFleetEndToEnd(t *testing.T) {
 			t.Fatal("the fixture must give one filename two contents")
 		}
 		for _, p := range []devregistry.Published{a, b} {
-			want := p.Fields[osimage.FieldSHA256]
-			got, code := sha256Of(t, e.serve.url("/images/"+want+"/"+p.Fields[osimage.FieldFilename]))
+			want := p.Fields.Get(osimage.FieldSHA256)
+			got, code := sha256Of(t, e.serve.url("/images/"+want+"/"+p.Fields.Get(osimage.FieldFilename)))
 			if code != 200 || got != want {
 				t.Errorf("%s: HTTP %d, content sha256 %s", p.Ref, code, got)
 			}
@@ -428,7 +428,7 @@ func TestFleetEndToEnd(t *testing.T) {
 
 	t.Run("management stops serving an image a workload cluster uses", func(t *testing.T) {
 		sha := e.sha(img132 + ":0.7.5")
-		filename := e.published[img132+":0.7.5"].Fields[osimage.FieldFilename]
+		filename := e.published[img132+":0.7.5"].Fields.Get(osimage.FieldFilename)
 		delete(e.extra, "wc1-ubuntu")
 		proposed := writeFile(t, "proposed.yaml", e.mgmtValues("0.7.8"))
 
@@ -583,7 +583,7 @@ func TestFleetEndToEnd(t *testing.T) {
 
 	t.Run("an image still downloading is reported not yet available", func(t *testing.T) {
 		p := e.published[img132+":0.7.9"]
-		sha := p.Fields[osimage.FieldSHA256]
+		sha := p.Fields.Get(osimage.FieldSHA256)
 		g.hold(p.LayerDigest.String())
 		defer g.release(p.LayerDigest.String())
 		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"

@@ -115,7 +115,7 @@ func TestServeServesEveryFilenameOfAnImage(t *testing.T) {
 	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\n")
 	output := filepath.Join(t.TempDir(), "served.yaml")
 	d := startServe(t, freeAddr(t), "--data", t.TempDir(), "--os-images", osImages, "-f", mgmt, "--output-file", output)
-	sha, good := plain.Fields["sha256"], plain.Fields["filename"]
+	sha, good := plain.Fields.Get("sha256"), plain.Fields.Get("filename")
 	url := func(name string) string { return d.url("/images/" + sha + "/" + name) }
 	testenv.Eventually(t, "image served", 30*time.Second, func() (bool, string) {
 		code, _ := get(url(good))
@@ -161,8 +161,8 @@ func TestServeRefusesBrokenInputs(t *testing.T) {
 	output := filepath.Join(t.TempDir(), "served.yaml")
 	data := t.TempDir()
 	d := startServe(t, freeAddr(t), "--data", data, "--os-images", osImages, "-f", mgmt, "--output-file", output, "--gc-grace", "1s")
-	sha := plain.Fields["sha256"]
-	imageURL := d.url("/images/" + sha + "/" + plain.Fields["filename"])
+	sha := plain.Fields.Get("sha256")
+	imageURL := d.url("/images/" + sha + "/" + plain.Fields.Get("filename"))
 	testenv.Eventually(t, "image served", 30*time.Second, func() (bool, string) {
 		s := servedFile(output)()
 		return allAvailable(s, sha) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
@@ -235,7 +235,7 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 	reg := testenv.Registry(t, devregistry.Options{})
 	published := publishServeImages(t, reg, 1<<20)
 	plain := published["ubuntu-plain"]
-	sha := plain.Fields["sha256"]
+	sha := plain.Fields.Get("sha256")
 	good := osImagesDocFor(published)
 	info := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "os-images-info", Namespace: ns}, Data: map[string]string{"values.yaml": good}}
 	if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, info, metav1.CreateOptions{}); err != nil {
@@ -257,7 +257,7 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 		return allAvailable(s, sha) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
 	before := outputCM()
-	if files := before.Data["served-filenames.yaml"]; !strings.Contains(files, sha+":\n  - "+plain.Fields["filename"]+"\n") {
+	if files := before.Data["served-filenames.yaml"]; !strings.Contains(files, sha+":\n  - "+plain.Fields.Get("filename")+"\n") {
 		t.Errorf("the output lacks served-filenames.yaml naming the image's filename:\n%v", before.Data)
 	}
 
@@ -277,7 +277,7 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 			if after := outputCM(); after.ResourceVersion != before.ResourceVersion {
 				t.Errorf("the output ConfigMap was written: %v", after.Data)
 			}
-			if code, _ := get(d.url("/images/" + sha + "/" + plain.Fields["filename"])); code != 200 {
+			if code, _ := get(d.url("/images/" + sha + "/" + plain.Fields.Get("filename"))); code != 200 {
 				t.Errorf("image answers %d", code)
 			}
 			if _, err := os.Stat(filepath.Join(data, "images", sha)); err != nil {

@@ -35,9 +35,11 @@ and of each machine deployment from the cluster's own os_images (A), checks
 that the management cluster serves its sha256 (B), and prints the
 Metal3MachineTemplates as YAML, or applies them with --apply.
 
-(A) and (B) come from the values (os_images, capm3_os_image_server_images)
-unless --os-images-configmap or --served-configmap names a ConfigMap to read
-instead. Template names end with a hash of their spec: they change only when
+(A) and (B) come from the values (os_images, capm3_os_image_server_images).
+--os-images-configmap names the cluster's os-images-info: (A) is then its
+os_images with the values' own os_images merged on top, image by image and
+field by field, as Flux merges a HelmRelease's valuesFrom and inline values.
+--served-configmap names a ConfigMap to read (B) from instead. Template names end with a hash of their spec: they change only when
 the image (or another spec field) does.
 
 On any error nothing is printed or applied, every failing level is listed,
@@ -49,7 +51,7 @@ and the exit code is 1 (2 for unreadable input).`,
 	}
 	f := cmd.Flags()
 	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "cluster values file; repeat to merge several, later wins")
-	f.StringVar(&o.osImagesCM, "os-images-configmap", "", "read (A) from this os-images-info ConfigMap, NS/NAME")
+	f.StringVar(&o.osImagesCM, "os-images-configmap", "", "the cluster's os-images-info ConfigMap, NS/NAME: (A) is its os_images with the values' own merged on top")
 	f.StringVar(&o.servedCM, "served-configmap", "", "read (B) from this served-images ConfigMap, NS/NAME")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
 	f.StringVar(&o.apiVersion, "api-version", "v1beta1", "Metal3MachineTemplate API version: v1beta1 (format) or v1beta2 (diskFormat)")
@@ -83,8 +85,14 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 		if err != nil {
 			return failureError(err)
 		}
-		if a, err = osimage.ParseInfo(doc); err != nil {
+		info, err := osimage.ParseInfo(doc)
+		if err != nil {
 			return failureError(fmt.Errorf("ConfigMap %s: %w", o.osImagesCM, err))
+		}
+		// (A) as Flux gives it to the chart: the ConfigMap (valuesFrom)
+		// with the values' own os_images merged on top.
+		if a, err = osimage.MergeA(info, v); err != nil {
+			return inputError(err)
 		}
 	}
 	if o.servedCM != "" {

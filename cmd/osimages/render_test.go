@@ -130,7 +130,7 @@ func TestRenderFailures(t *testing.T) {
 		})
 	}
 	// Every failing level is reported in one run.
-	twoBad := strings.Replace(clusterDoc, "{hardened: true}", "{hardened: maybe}", 1) + "control_plane: {capm3: {image_key: nope}}\n" + osImagesDoc + servedDoc(true)
+	twoBad := strings.Replace(clusterDoc, "{hardened: true}", "{hardened: maybe}", 1) + "control_plane: {capm3: {image_key: nope, os_image_selector: null}}\n" + osImagesDoc + servedDoc(true)
 	r := run(t, "render", "-f", writeFile(t, "c.yaml", twoBad))
 	for _, w := range []string{".control_plane.capm3: nothing in os_images for image_key nope", ".machine_deployments.md0.capm3: no OS image could be found matching selectors"} {
 		if r.code != 1 || !strings.Contains(r.stderr, w) {
@@ -262,4 +262,60 @@ func unstructuredMap(obj map[string]any, path ...string) (map[string]any, bool, 
 		cur = next
 	}
 	return cur, true, nil
+}
+
+// (A) is one rule everywhere (osimage.MergeA): the cluster's os-images-info
+// (Flux's valuesFrom) with the values' own os_images merged on top, image
+// by image and field by field. render, select and plan (hence the fleet
+// check, which shares plan's code) must pick the same image from it.
+func TestCatalogAIsOneRule(t *testing.T) {
+	k := apiserver(t)
+	ctx := context.Background()
+	const ns, label = "catalog-a", "osimages-test/catalog-a"
+	if _, err := k.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{label: "yes"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The values pin md0's image to another build: one field over the
+	// image os-images-info describes, the rest of which still applies.
+	values := clusterDoc + "os_images:\n  ubuntu-hardened: {sha256: " + sum("pinned") + ", filename: pinned.qcow2}\n"
+	for name, cm := range map[string]*corev1.ConfigMap{
+		"os-images-info": {Data: map[string]string{osimage.ValuesKey: osImagesDoc}},
+		"served":         {Data: map[string]string{osimage.ValuesKey: servedDoc(true, sum("plain"), sum("pinned"))}},
+		"cluster":        {Data: map[string]string{osimage.ValuesKey: values}},
+	} {
+		cm.Name, cm.Namespace = name, ns
+		if name == "cluster" {
+			cm.Labels = map[string]string{"osimages.sylva-project.org/cluster-values": ""}
+		}
+		if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster := writeFile(t, "cluster.yaml", values)
+
+	r := run(t, "render", "-f", cluster, "--kubeconfig", k.Kubeconfig,
+		"--os-images-configmap", ns+"/os-images-info", "--served-configmap", ns+"/served")
+	if r.code != 0 {
+		t.Fatalf("render: exit %d: %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"/images/" + sum("plain") + "/ubuntu-plain.raw", "/images/" + sum("pinned") + "/pinned.qcow2", "format: qcow2"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("render: output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	cm := writeFile(t, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: os-images-info}\ndata:\n  values.yaml: |\n"+indent(osImagesDoc, "    "))
+	r = run(t, "select", "--os-images", cm, "--cluster-values", cluster, "--level", ".machine_deployments.md0.capm3")
+	if r.code != 0 || !strings.Contains(r.stdout, "ubuntu-hardened  "+sum("pinned")) || !strings.Contains(r.stdout, "picked: ubuntu-hardened") {
+		t.Errorf("select: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// The proposed management values serve only the plain image: plan
+	// must see that the cluster needs the pinned build.
+	mgmt := writeFile(t, "mgmt.yaml", "name: mgmt\nk8s_version: v1.32.5+rke2r1\ncapi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}\ncapm3: {os_image_selector: {os: ubuntu, hardened: \"false\"}}\n")
+	r = run(t, "plan", "-f", mgmt, "--os-images", writeFile(t, "proposed.yaml", osImagesDoc), "--kubeconfig", k.Kubeconfig,
+		"--served-configmap", ns+"/served", "--namespace-selector", label+"=yes")
+	if r.code != 1 || !strings.Contains(r.stdout, "would fail: "+sum("pinned")+"/ubuntu-hardened no longer served") || strings.Contains(r.stdout, "cannot tell") {
+		t.Errorf("plan: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }

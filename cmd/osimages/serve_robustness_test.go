@@ -56,7 +56,7 @@ func (d *daemon) statusPage() string {
 }
 
 func imagePath(p devregistry.Published) string {
-	return "/images/" + p.Fields["sha256"] + "/" + p.Fields["filename"]
+	return "/images/" + p.Fields.Get("sha256") + "/" + p.Fields.Get("filename")
 }
 
 // TestServeStopsPromptlyOnSignal: SIGTERM or SIGINT while a download is
@@ -138,7 +138,7 @@ func TestServeHostileRegistriesNeverStarveTheQueue(t *testing.T) {
 	good := published["c-good"]
 	testenv.Eventually(t, "the good image served", 30*time.Second, func() (bool, string) {
 		sum, code := sha256Of(t, d.url(imagePath(good)))
-		return code == 200 && sum == good.Fields["sha256"], d.statusPage()
+		return code == 200 && sum == good.Fields.Get("sha256"), d.statusPage()
 	})
 	t.Logf("good image served %v after the start, behind a stalled and a trickled one", time.Since(began))
 	testenv.Eventually(t, "the stall reported", 30*time.Second, func() (bool, string) {
@@ -173,7 +173,7 @@ func TestServeBoundsAGzipBombOnASmallDisk(t *testing.T) {
 	good := published["b-good"]
 	testenv.Eventually(t, "the good image served", 60*time.Second, func() (bool, string) {
 		sum, code := sha256Of(t, d.url(imagePath(good)))
-		return code == 200 && sum == good.Fields["sha256"], d.statusPage() + d.stderr.String()
+		return code == 200 && sum == good.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
 	})
 	testenv.Eventually(t, "the bomb refused", 30*time.Second, func() (bool, string) {
 		page := d.statusPage()

@@ -154,10 +154,10 @@ func TestServeEndToEnd(t *testing.T) {
 	served := servedFile(output)
 	testenv.Eventually(t, "plain image served", 30*time.Second, func() (bool, string) {
 		s := served()
-		return allAvailable(s, plain.Fields["sha256"]) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, plain.Fields.Get("sha256")) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
-	url := d.url("/images/" + plain.Fields["sha256"] + "/" + plain.Fields["filename"])
-	if got, code := sha256Of(t, url); code != 200 || got != plain.Fields["sha256"] {
+	url := d.url("/images/" + plain.Fields.Get("sha256") + "/" + plain.Fields.Get("filename"))
+	if got, code := sha256Of(t, url); code != 200 || got != plain.Fields.Get("sha256") {
 		t.Fatalf("GET %s: %d, sha256 %s", url, code, got)
 	}
 	if resp, err := http.Get(url + ".sha256sum"); err != nil || resp.StatusCode != 200 {
@@ -168,9 +168,9 @@ func TestServeEndToEnd(t *testing.T) {
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n"), 0o600)
 	testenv.Eventually(t, "hardened image served after a values change", 30*time.Second, func() (bool, string) {
 		s := served()
-		return allAvailable(s, plain.Fields["sha256"], hardened.Fields["sha256"]), fmt.Sprint(s)
+		return allAvailable(s, plain.Fields.Get("sha256"), hardened.Fields.Get("sha256")), fmt.Sprint(s)
 	})
-	if got, _ := sha256Of(t, d.url("/images/"+hardened.Fields["sha256"]+"/"+hardened.Fields["filename"])); got != hardened.Fields["sha256"] {
+	if got, _ := sha256Of(t, d.url("/images/"+hardened.Fields.Get("sha256")+"/"+hardened.Fields.Get("filename"))); got != hardened.Fields.Get("sha256") {
 		t.Errorf("hardened image sha256 %s", got)
 	}
 
@@ -178,14 +178,14 @@ func TestServeEndToEnd(t *testing.T) {
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\n"), 0o600)
 	testenv.Eventually(t, "hardened image unpublished", 30*time.Second, func() (bool, string) {
 		s := served()
-		_, ok := s[hardened.Fields["sha256"]]
+		_, ok := s[hardened.Fields.Get("sha256")]
 		return !ok && len(s) == 1, fmt.Sprint(s)
 	})
-	resp, err := http.Get(d.url("/images/" + hardened.Fields["sha256"] + "/" + hardened.Fields["filename"]))
+	resp, err := http.Get(d.url("/images/" + hardened.Fields.Get("sha256") + "/" + hardened.Fields.Get("filename")))
 	if err != nil || resp.StatusCode != 404 {
 		t.Errorf("deselected image: %v %d", err, resp.StatusCode)
 	}
-	if _, err := os.Stat(filepath.Join(data, "images", hardened.Fields["sha256"])); err != nil {
+	if _, err := os.Stat(filepath.Join(data, "images", hardened.Fields.Get("sha256"))); err != nil {
 		t.Errorf("deselected image deleted before the grace period: %v", err)
 	}
 }
@@ -227,11 +227,11 @@ func TestServeSurvivesKillDuringDownload(t *testing.T) {
 	// Nothing half-downloaded is ever served after the restart.
 	slow.Store(false)
 	d2 := startServe(t, addr, args...)
-	url := d2.url("/images/" + plain.Fields["sha256"] + "/" + plain.Fields["filename"])
+	url := d2.url("/images/" + plain.Fields.Get("sha256") + "/" + plain.Fields.Get("filename"))
 	testenv.Eventually(t, "image served after a restart", 30*time.Second, func() (bool, string) {
 		got, code := sha256Of(t, url)
-		if code == 200 && got != plain.Fields["sha256"] {
-			t.Fatalf("served bytes with sha256 %s, want %s", got, plain.Fields["sha256"])
+		if code == 200 && got != plain.Fields.Get("sha256") {
+			t.Fatalf("served bytes with sha256 %s, want %s", got, plain.Fields.Get("sha256"))
 		}
 		return code == 200, fmt.Sprint(code, d2.stderr.String())
 	})
@@ -291,7 +291,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 	}
 	testenv.Eventually(t, "output ConfigMap", 30*time.Second, func() (bool, string) {
 		s := output()
-		return allAvailable(s, plain.Fields["sha256"]) && len(s) == 1 && s[plain.Fields["sha256"]].ImageKey == "ubuntu-plain", fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, plain.Fields.Get("sha256")) && len(s) == 1 && s[plain.Fields.Get("sha256")].ImageKey == "ubuntu-plain", fmt.Sprint(s, d.stderr.String())
 	})
 	// The watched os-images-info gains an image: served without a restart.
 	info.Data["values.yaml"] = osImagesDocFor(published)
@@ -300,7 +300,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 	}
 	testenv.Eventually(t, "output after a ConfigMap change", 30*time.Second, func() (bool, string) {
 		s := output()
-		return allAvailable(s, plain.Fields["sha256"], hardened.Fields["sha256"]), fmt.Sprint(s)
+		return allAvailable(s, plain.Fields.Get("sha256"), hardened.Fields.Get("sha256")), fmt.Sprint(s)
 	})
 }
 

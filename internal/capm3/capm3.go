@@ -164,6 +164,9 @@ func normalizeAPIVersion(v string) (string, error) {
 type cluster struct {
 	name     string
 	finalize selector.Cluster
+	// finalizeErr is why finalize cannot be read; it is reported by the
+	// levels whose selector needs finalizing.
+	finalizeErr error
 }
 
 func readCluster(v values.Values) (cluster, []error) {
@@ -173,18 +176,10 @@ func readCluster(v values.Values) (cluster, []error) {
 	if cl.name, err = values.String(v, "name", ".name"); err != nil {
 		errs = append(errs, err)
 	}
-	if cl.finalize.K8sVersion, err = values.String(v, "k8s_version", ".k8s_version"); err != nil {
-		errs = append(errs, err)
-	}
-	if cl.finalize.AutoselectRegistries, err = values.String(v, "os_image_selector_autoselect_registries", ".os_image_selector_autoselect_registries"); err != nil {
-		errs = append(errs, err)
-	}
+	cl.finalize, cl.finalizeErr = readFinalize(v)
 	providers, err := values.Map(v, "capi_providers", ".capi_providers")
 	if err != nil {
 		return cl, append(errs, err)
-	}
-	if cl.finalize.BootstrapProvider, err = values.String(providers, "bootstrap_provider", ".capi_providers.bootstrap_provider"); err != nil {
-		errs = append(errs, err)
 	}
 	// Rendering Metal3 templates for a cluster of another infrastructure
 	// provider is always a mistake of the caller; an absent value is taken
@@ -196,6 +191,46 @@ func readCluster(v values.Values) (cluster, []error) {
 		errs = append(errs, fmt.Errorf(".capi_providers.infra_provider: is %q, and only capm3 clusters have Metal3MachineTemplates", infra))
 	}
 	return cl, errs
+}
+
+// readFinalize reads what finalizing a selector takes from the cluster's
+// values. They are used as written, never re-formatted: a k8s_version
+// written as the number 1.30 is refused, not read as "1.3".
+func readFinalize(v values.Values) (selector.Cluster, error) {
+	var c selector.Cluster
+	var errs []error
+	str := func(m values.Values, key, path string) string {
+		switch t := m[key].(type) {
+		case nil:
+			return ""
+		case string:
+			return t
+		default:
+			errs = append(errs, fmt.Errorf("%s: must be a string (quote it), got %s", path, osimage.Describe(t)))
+			return ""
+		}
+	}
+	c.K8sVersion = str(v, "k8s_version", ".k8s_version")
+	_, c.K8sVersionSet = v["k8s_version"].(string)
+	if providers, err := values.Map(v, "capi_providers", ".capi_providers"); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.BootstrapProvider = str(providers, "bootstrap_provider", ".capi_providers.bootstrap_provider")
+	}
+	// Sylva takes the registries pattern with `default ".*"`: a value that
+	// is not set in a template's sense is the default; a boolean is a
+	// pattern like any selector value.
+	switch t := v["os_image_selector_autoselect_registries"].(type) {
+	case bool:
+		if t {
+			c.AutoselectRegistries = "true"
+		}
+	default:
+		if isSet(t) {
+			c.AutoselectRegistries = str(v, "os_image_selector_autoselect_registries", ".os_image_selector_autoselect_registries")
+		}
+	}
+	return c, errors.Join(errs...)
 }
 
 // level is the merged capm3 values of one template.
@@ -224,7 +259,9 @@ func splitLevels(v values.Values) ([]level, []error) {
 	mdDefault := sub(sub(v, "machine_deployment_default", ".machine_deployment_default"), "capm3", ".machine_deployment_default.capm3")
 	mds := sub(v, "machine_deployments", ".machine_deployments")
 
-	levels := []level{{path: ".control_plane.capm3", values: values.Merge(root, cp)}}
+	// The levels merge as sylva-library's mergeOverwrite merges them: a
+	// null in a more specific level is kept (and, as a pattern, refused).
+	levels := []level{{path: ".control_plane.capm3", values: values.Overlay(root, cp)}}
 	names := make([]string, 0, len(mds))
 	for name, md := range mds {
 		// A null machine deployment is one removed by a later values
@@ -234,11 +271,11 @@ func splitLevels(v values.Values) ([]level, []error) {
 		}
 	}
 	sort.Strings(names)
-	mdBase := values.Merge(root, mdDefault)
+	mdBase := values.Overlay(root, mdDefault)
 	for _, name := range names {
 		path := ".machine_deployments." + name
 		own := sub(sub(mds, name, path), "capm3", path+".capm3")
-		levels = append(levels, level{path: path + ".capm3", md: name, values: values.Merge(mdBase, own)})
+		levels = append(levels, level{path: path + ".capm3", md: name, values: values.Overlay(mdBase, own)})
 	}
 	if len(errs) > 0 {
 		return nil, errs

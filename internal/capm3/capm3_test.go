@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -43,7 +44,7 @@ func testCatalog() osimage.Catalog {
 func servedAll() osimage.ServedSet {
 	b := osimage.ServedSet{}
 	for k, img := range testCatalog() {
-		b[img["sha256"]] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + k}
+		b[img.Get("sha256")] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + k}
 	}
 	return b
 }
@@ -599,7 +600,8 @@ capm3_os_image_server_images:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a["img-a"]["size"] != "12" || !b[sha('a')].Available || b[sha('a')].ImageKey != "mgmt-a" {
+	// Kept as YAML gave it, never re-formatted.
+	if a["img-a"]["size"] != float64(12) || !b[sha('a')].Available || b[sha('a')].ImageKey != "mgmt-a" {
 		t.Errorf("got %v %v", a, b)
 	}
 	v["capm3_os_image_server_images"] = map[string]any{sha('a'): map[string]any{"available": true, "extra": 1}}
@@ -608,5 +610,78 @@ capm3_os_image_server_images:
 	}
 	if a, b, err := CatalogsFromValues(values.Values{}); err != nil || len(a) != 0 || len(b) != 0 {
 		t.Errorf("empty values: %v %v %v", a, b, err)
+	}
+}
+
+// A level's os_image_selector and image_key are set only when they are
+// true in a template's sense, after the levels are merged, exactly as
+// sylva-library's compute-image-key tests them: {}, false, null and "" are
+// "not set". The levels merge as its mergeOverwrite does: a null replaces
+// a more general level's value and stays a null.
+func TestLevelSemantics(t *testing.T) {
+	const unsetRoot = `capm3: {os_image_selector: null}`
+	tests := []struct {
+		name   string
+		extra  []string
+		level  string
+		want   string // the image key picked, or "" for none
+		errHas string // the error, when one is wanted
+	}{
+		{name: "empty selector with image_key picks the image_key", extra: []string{unsetRoot, `capm3: {os_image_selector: {}, image_key: ubuntu-plain-rke2-1-31}`},
+			level: ".control_plane.capm3", want: "ubuntu-plain-rke2-1-31"},
+		{name: "empty selector alone designates nothing", extra: []string{unsetRoot, `capm3: {os_image_selector: {}}`}, level: ".control_plane.capm3"},
+		{name: "false selector unsets a more general one", extra: []string{`machine_deployments: {md0: {capm3: {os_image_selector: false, image_key: ubuntu-plain-rke2-1-31}}}`},
+			level: ".machine_deployments.md0.capm3", want: "ubuntu-plain-rke2-1-31"},
+		{name: "null selector unsets a more general one", extra: []string{`machine_deployments: {md0: {capm3: {os_image_selector: null, image_key: ubuntu-plain-rke2-1-31}}}`},
+			level: ".machine_deployments.md0.capm3", want: "ubuntu-plain-rke2-1-31"},
+		{name: "empty selector merges into a more general one", extra: []string{`machine_deployments: {md0: {capm3: {os_image_selector: {}}}}`},
+			level: ".machine_deployments.md0.capm3", want: "ubuntu-hardened-rke2-1-32"},
+		{name: "empty image_key is unset", extra: []string{unsetRoot, `capm3: {image_key: ""}`}, level: ".control_plane.capm3"},
+		{name: "a null pattern after the merge is refused", extra: []string{`machine_deployments: {md0: {capm3: {os_image_selector: {hardened: null}}}}`},
+			level: ".machine_deployments.md0.capm3", errHas: ".machine_deployments.md0.capm3.os_image_selector: OS selector key 'hardened': the pattern must be a string or a boolean, got null"},
+		{name: "image_key that is a number", extra: []string{`capm3: {image_key: 123}`}, level: ".control_plane.capm3",
+			errHas: ".control_plane.capm3.image_key: must be the key of an image in os_images, got the number 123"},
+		{name: "k8s_version that is a number is not re-formatted", extra: []string{`k8s_version: 1.30`}, level: ".control_plane.capm3",
+			errHas: ".k8s_version: must be a string (quote it), got the number 1.3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := vals(t, tt.extra...)
+			c, err := LevelChoice(v, tt.level)
+			if tt.errHas != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.errHas) {
+					t.Fatalf("LevelChoice: %v, want an error with %q", err, tt.errHas)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.want == "" {
+				if c.IsSet() {
+					t.Fatalf("choice %+v, want none", c)
+				}
+				return
+			}
+			got, err := selector.Resolve(testCatalog(), c.ImageKey, c.Selector, tt.level)
+			if err != nil || got != tt.want {
+				t.Fatalf("picks %q, %v; want %q", got, err, tt.want)
+			}
+			// Render agrees (for the one level: the others may not pick).
+			if tt.level == ".control_plane.capm3" {
+				v = vals(t, append(tt.extra, "machine_deployments: null")...)
+			} else {
+				v = vals(t, append(tt.extra, "capm3: {os_image_selector: {os: ubuntu}, image_key: null}", "machine_deployments: {md1: null}")...)
+			}
+			ts, err := Render(Input{Values: v, Catalog: testCatalog(), Served: servedAll()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tmpl := range ts {
+				if tmpl.Level == tt.level && tmpl.ImageKey != tt.want {
+					t.Errorf("render picks %s, want %s", tmpl.ImageKey, tt.want)
+				}
+			}
+		})
 	}
 }

@@ -58,7 +58,7 @@ func TestChecksumIsHexForAnyFilename(t *testing.T) {
 			for _, tpl := range templates {
 				spec := tpl.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 				image := spec["image"].(map[string]any)
-				sum := cat[tpl.ImageKey][osimage.FieldSHA256]
+				sum := cat[tpl.ImageKey].Get(osimage.FieldSHA256)
 				if image["checksum"] != sum || image["checksumType"] != "sha256" {
 					t.Errorf("%s: checksum %v (%v), want the hex sha256 %s", tpl.Level, image["checksum"], image["checksumType"], sum)
 				}

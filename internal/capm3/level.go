@@ -90,12 +90,10 @@ func (r *renderer) spec(lv level) (map[string]any, string, error) {
 // image returns the image block of a level, from (A) or given by hand.
 func (r *renderer) image(lv level) (map[string]any, string, error) {
 	v, path := lv.values, lv.path
-	imageKey, err := values.String(v, "image_key", path+".image_key")
+	choice, err := levelChoice(lv, r.cluster.finalize, r.cluster.finalizeErr)
 	if err != nil {
 		return nil, "", err
 	}
-	rawSel, hasSel := v["os_image_selector"]
-	hasSel = hasSel && rawSel != nil
 	manual := map[string]string{}
 	for _, f := range []string{"machine_image_url", "machine_image_checksum", "machine_image_checksum_type", "machine_image_format"} {
 		s, err := values.String(v, f, path+"."+f)
@@ -106,10 +104,10 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 			manual[f] = s
 		}
 	}
-	picks := imageKey != "" || hasSel
+	picks := choice.IsSet()
 	switch {
 	case picks && len(manual) > 0:
-		return nil, "", fmt.Errorf("%s: %s given by hand, and .image_key or .os_image_selector set too: set only one way (a null in a more specific level removes what a more general one set)", path, strings.Join(sortedKeys(manual), ", "))
+		return nil, "", fmt.Errorf("%s: %s given by hand, and .image_key or .os_image_selector set too: set only one way (a null, false or {} in a more specific level unsets what a more general one set)", path, strings.Join(sortedKeys(manual), ", "))
 	case len(manual) > 0:
 		img, err := r.manualImage(manual, path)
 		return img, "", err
@@ -117,11 +115,7 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 		return nil, "", fmt.Errorf("%s: no image: set .os_image_selector, .image_key, or .machine_image_url", path)
 	}
 
-	sel, err := finalizedSelector(rawSel, r.cluster.finalize, path)
-	if err != nil {
-		return nil, "", err
-	}
-	key, err := selector.Resolve(r.catalog, imageKey, sel, path)
+	key, err := selector.Resolve(r.catalog, choice.ImageKey, choice.Selector, path)
 	if err != nil {
 		return nil, "", err
 	}
@@ -129,20 +123,67 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 	return img, key, err
 }
 
-// finalizedSelector parses a level's os_image_selector (nil when unset) and
-// finalizes it for the cluster.
-func finalizedSelector(raw any, c selector.Cluster, path string) (*selector.Selector, error) {
-	if raw == nil {
-		return nil, nil
+// isSet says whether a value counts as set where Sylva's templates test it
+// with `if`: null, false, "", 0 and an empty map or list do not. So
+// `os_image_selector: {}` (or false, or null) leaves a level without a
+// selector, at any level and after the levels are merged, exactly as
+// sylva-library's `if $def.os_image_selector` has it.
+func isSet(v any) bool {
+	switch t := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return t
+	case string:
+		return t != ""
+	case float64:
+		return t != 0
+	case int:
+		return t != 0
+	case int64:
+		return t != 0
+	case map[string]any:
+		return len(t) > 0
+	case []any:
+		return len(t) > 0
 	}
-	s, err := selector.Parse(raw, path+".os_image_selector")
-	if err != nil {
-		return nil, err
+	return true
+}
+
+// levelChoice reads how a level designates its image in (A), as Sylva's
+// compute-image-key does: the os_image_selector, when set, finalized for
+// the cluster (c, or finalizeErr when the cluster's values for it are
+// wrong); the image_key, when set.
+func levelChoice(lv level, c selector.Cluster, finalizeErr error) (Choice, error) {
+	var choice Choice
+	rawSel := lv.values["os_image_selector"]
+	switch raw := lv.values["image_key"].(type) {
+	case nil:
+	case string:
+		choice.ImageKey = raw
+	default:
+		// Beside a selector, Sylva only compares an image_key that is set
+		// (so false or 0 is ignored there); alone, it would use whatever
+		// the value prints as. A key is a string: anything else is
+		// refused, not re-formatted.
+		if !isSet(rawSel) || isSet(raw) {
+			return Choice{}, fmt.Errorf("%s.image_key: must be the key of an image in os_images, got %s", lv.path, osimage.Describe(raw))
+		}
 	}
-	if s, err = selector.Finalize(s, c); err != nil {
-		return nil, fmt.Errorf("%s.os_image_selector: %w", path, err)
+	if raw := rawSel; isSet(raw) {
+		s, err := selector.Parse(raw, lv.path+".os_image_selector")
+		if err != nil {
+			return Choice{}, err
+		}
+		if finalizeErr != nil {
+			return Choice{}, fmt.Errorf("%s.os_image_selector: cannot be completed for the cluster: %w", lv.path, finalizeErr)
+		}
+		if s, err = selector.Finalize(s, c); err != nil {
+			return Choice{}, fmt.Errorf("%s.os_image_selector: %w", lv.path, err)
+		}
+		choice.Selector = &s
 	}
-	return &s, nil
+	return choice, nil
 }
 
 // Choice is how one level designates its image in (A).
@@ -153,53 +194,48 @@ type Choice struct {
 	Selector *selector.Selector
 }
 
+// IsSet says whether the level designates an image in (A) at all.
+func (c Choice) IsSet() bool { return c.ImageKey != "" || c.Selector != nil }
+
 // LevelChoice returns the image_key and finalized selector that Render uses
 // for the level at path (.control_plane.capm3 or
 // .machine_deployments.NAME.capm3), so that tools can show what a level
-// would pick.
+// would pick. A level that designates no image in (A) (it gives its image
+// by hand, or none) has a Choice that is not set.
 func LevelChoice(v values.Values, path string) (Choice, error) {
-	choices, paths, err := levelChoices(v)
-	if c, ok := choices[path]; ok {
-		return c, nil
+	fc, ferr := readFinalize(v)
+	levels, errs := splitLevels(v)
+	var paths []string
+	for _, lv := range levels {
+		if lv.path == path {
+			return levelChoice(lv, fc, ferr)
+		}
+		paths = append(paths, lv.path)
 	}
-	if err != nil {
-		return Choice{}, err
+	if len(errs) > 0 {
+		return Choice{}, errors.Join(errs...)
 	}
-	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values, or it gives its image by hand (levels: %s)", path, strings.Join(paths, ", "))
+	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values (levels: %s)", path, strings.Join(paths, ", "))
 }
 
 // LevelChoices returns the choice of every level that designates its image
 // in (A), keyed by level path; levels that give their image by hand have
 // none. The error joins the faults of the other levels.
 func LevelChoices(v values.Values) (map[string]Choice, error) {
-	choices, _, err := levelChoices(v)
-	return choices, err
-}
-
-func levelChoices(v values.Values) (map[string]Choice, []string, error) {
-	cl, errs := readCluster(v)
-	levels, lerrs := splitLevels(v)
-	errs = append(errs, lerrs...)
+	fc, ferr := readFinalize(v)
+	levels, errs := splitLevels(v)
 	choices := map[string]Choice{}
-	var paths []string
 	for _, lv := range levels {
-		paths = append(paths, lv.path)
-		imageKey, err := values.String(lv.values, "image_key", lv.path+".image_key")
+		c, err := levelChoice(lv, fc, ferr)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		sel, err := finalizedSelector(lv.values["os_image_selector"], cl.finalize, lv.path)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if c.IsSet() {
+			choices[lv.path] = c
 		}
-		if imageKey == "" && sel == nil {
-			continue
-		}
-		choices[lv.path] = Choice{ImageKey: imageKey, Selector: sel}
 	}
-	return choices, paths, errors.Join(errs...)
+	return choices, errors.Join(errs...)
 }
 
 // servedImage is the image block of image key of (A), served by the
@@ -207,18 +243,30 @@ func levelChoices(v values.Values) (map[string]Choice, []string, error) {
 func (r *renderer) servedImage(key string, v values.Values, path string) (map[string]any, error) {
 	var errs []error
 	img := r.catalog[key]
-	sha := img[osimage.FieldSHA256]
-	filename := img[osimage.FieldFilename]
-	format := img[osimage.FieldImageFormat]
+	field := func(name string) string {
+		s, err := img.StringField(name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
+		}
+		return s
+	}
+	sha := field(osimage.FieldSHA256)
+	filename := field(osimage.FieldFilename)
+	format := field(osimage.FieldImageFormat)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	// The identity rules are the image server's (osimage): render never
+	// writes a URL that the server would not answer.
 	if sha == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no sha256, so it cannot be served for capm3", path, key))
-	} else if err := osimage.ValidateDigestField(osimage.FieldSHA256, sha); err != nil {
+	} else if _, err := osimage.ParseSHA256(sha); err != nil {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
 	}
 	if filename == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no filename, so it cannot be served for capm3", path, key))
-	} else if strings.ContainsAny(filename, "/\\") || filename == "." || filename == ".." {
-		errs = append(errs, fmt.Errorf("%s: os_images.%s: filename %q must be a plain file name", path, key, filename))
+	} else if err := osimage.ValidateFilename(filename); err != nil {
+		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
 	}
 	if format == "" {
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no image-format, so it cannot be served for capm3", path, key))
@@ -238,7 +286,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		return nil, err
 	}
 	return map[string]any{
-		"url":           base + "/images/" + sha + "/" + url.PathEscape(filename),
+		"url":           base + osimage.ImagePath(osimage.SHA256(sha), filename),
 		"checksum":      sha,
 		"checksumType":  "sha256",
 		r.formatField(): format,
@@ -489,7 +537,7 @@ func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
 			errs = append(errs, err)
 			continue
 		}
-		out = append(out, Pick{Level: path, ImageKey: key, SHA256: catalog[key][osimage.FieldSHA256]})
+		out = append(out, Pick{Level: path, ImageKey: key, SHA256: catalog[key].Get(osimage.FieldSHA256)})
 	}
 	return out, errors.Join(errs...)
 }

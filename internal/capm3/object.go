@@ -32,12 +32,10 @@ func specHash(spec map[string]any) (string, error) {
 
 // CatalogsFromValues reads (A) and (B) where sylva-capi-cluster expects
 // them in a cluster's values: os_images and capm3_os_image_server_images.
+// (A) is the values' own os_images alone; with the cluster's os-images-info,
+// it is osimage.MergeA of it and the values.
 func CatalogsFromValues(v values.Values) (osimage.Catalog, osimage.ServedSet, error) {
-	images, err := values.Map(v, "os_images", ".os_images")
-	if err != nil {
-		return nil, nil, err
-	}
-	a, err := osimage.CatalogFromValues(images, ".os_images")
+	a, err := osimage.MergeA(nil, v)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -114,6 +114,9 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 	trust := trustOf(registries, skip, require)
 
 	sources := map[string]Source{}
+	// registryPrefix is, for a diskimage-builder image, where its registry
+	// keeps images.
+	registryPrefix := map[string]string{}
 	dib, err := values.Map(v, "sylva_diskimagebuilder_images", "sylva_diskimagebuilder_images")
 	if err != nil {
 		fail(err)
@@ -148,9 +151,10 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 		if !reg.enabled {
 			continue
 		}
+		registryPrefix[key] = strings.TrimSuffix(reg.url, "/") + "/"
 		sources[key] = Source{
 			Key:         key,
-			URI:         strings.TrimSuffix(reg.url, "/") + "/" + key + ":" + reg.tag,
+			URI:         registryPrefix[key] + key + ":" + reg.tag,
 			RegistryKey: regKey,
 		}
 	}
@@ -165,12 +169,17 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 			fail(fmt.Errorf("%s: %w", path, err))
 			continue
 		}
-		one, err := osimage.CatalogFromValues(map[string]any{key: declared[key]}, "os_images")
+		if declared[key] == nil {
+			// A null entry declares nothing, as a null removes a key when
+			// Helm merges values; a diskimage-builder image of that name
+			// stays as resolved.
+			continue
+		}
+		fields, err := declaredFields(path, declared[key])
 		if err != nil {
 			fail(err)
 			continue
 		}
-		fields := one[key]
 		if err := validateDeclared(path, fields); err != nil {
 			fail(err)
 			continue
@@ -178,14 +187,17 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 		src, fromDIB := sources[key]
 		src.Key = key
 		src.Declared = fields
-		if uri := fields[osimage.FieldURI]; uri != "" {
+		if uri := fields.Get(osimage.FieldURI); uri != "" {
 			src.URI = uri
 		}
 		if src.URI == "" {
 			fail(fmt.Errorf("%s.uri: missing; give the oci:// or http(s):// address of the image", path))
 			continue
 		}
-		if !fromDIB {
+		// The fields derived from a registry describe an image that comes
+		// from it: a declared uri that points elsewhere drops them, unless
+		// they are declared too (then they are part of Declared).
+		if !fromDIB || !strings.HasPrefix(src.URI, registryPrefix[key]) {
 			src.RegistryKey = ""
 		}
 		sources[key] = src
@@ -225,22 +237,77 @@ func CompileFilter(expr string) (*regexp.Regexp, error) {
 	return re, nil
 }
 
-func validateDeclared(path string, fields osimage.Image) error {
+// stringFields are the fields the contract reads as strings (the image
+// server, render, the catalog itself): declared otherwise, they are refused
+// here rather than published for a consumer to trip on.
+var stringFields = []string{
+	osimage.FieldURI, osimage.FieldSHA256, osimage.FieldMD5, osimage.FieldFilename, osimage.FieldImageFormat,
+	osimage.FieldCompression, osimage.FieldSize, osimage.FieldArchiveSize, osimage.FieldManifestDigest, osimage.FieldRegistryKey,
+}
+
+// declaredFields reads the hand-declared fields of one os_images entry.
+// They are published as written: strings, booleans, maps and lists are
+// kept, and a null removes the field (an annotation of that name too), as
+// a null removes a key when Helm merges values. A number is refused: YAML
+// decoding has already turned 15.10 into 15.1, and publishing either form
+// would change what the author wrote.
+func declaredFields(path string, raw any) (osimage.Image, error) {
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: must be a map of image fields, got %s", path, osimage.Describe(raw))
+	}
+	img := osimage.Image(m).Clone()
 	var errs []error
-	for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
-		if v, ok := fields[f]; ok {
-			if err := osimage.ValidateDigestField(f, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s.%s: %w", path, f, err))
-			}
+	for _, f := range slices.Sorted(maps.Keys(img)) {
+		switch v := img[f].(type) {
+		case float64, int, int64:
+			errs = append(errs, fmt.Errorf("%s.%s: is a YAML number (%s), whose text is lost once read (15.10 reads as 15.1): quote it as written, as in %s: \"15.10\"", path, f, osimage.Describe(v), f))
 		}
 	}
+	for _, f := range stringFields {
+		switch v := img[f].(type) {
+		case nil, string, float64, int, int64: // absent, removed, fine, or reported above
+		default:
+			errs = append(errs, fmt.Errorf("%s.%s: must be a string, got %s", path, f, osimage.Describe(v)))
+		}
+	}
+	return img, errors.Join(errs...)
+}
+
+func validateDeclared(path string, fields osimage.Image) error {
+	errs := []error{checkIdentity(fields, path+".")}
 	for _, f := range []string{osimage.FieldSize, osimage.FieldArchiveSize} {
 		if _, err := fields.Size(f); err != nil {
 			errs = append(errs, fmt.Errorf("%s.%w", path, err))
 		}
 	}
-	if uri := fields[osimage.FieldURI]; uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
+	if uri := fields.Get(osimage.FieldURI); uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
 		errs = append(errs, fmt.Errorf("%s.uri: %q must start with oci://, http:// or https://", path, uri))
+	}
+	return errors.Join(errs...)
+}
+
+// checkIdentity applies the rules of an image's identity (osimage) to the
+// sha256, md5 and filename that img holds, so that the catalog publishes
+// nothing that the image server or render would refuse: an uppercase
+// sha256, or a filename with a newline that would write a second line into
+// the served .sha256sum file. prefix names where the fields come from.
+func checkIdentity(img osimage.Image, prefix string) error {
+	var errs []error
+	if s, ok := img[osimage.FieldSHA256].(string); ok {
+		if _, err := osimage.ParseSHA256(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldSHA256, err))
+		}
+	}
+	if s, ok := img[osimage.FieldMD5].(string); ok {
+		if err := osimage.ValidateMD5(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldMD5, err))
+		}
+	}
+	if s, ok := img[osimage.FieldFilename].(string); ok {
+		if err := osimage.ValidateFilename(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s%s: %w", prefix, osimage.FieldFilename, err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -40,7 +40,7 @@ os_images:
     uri: https://files.example.org/my-image.raw
     sha256: 0f3a6f0f7c4c3f4e6b5f0e0d7a1a4c9e8b7d6c5b4a39281706f5e4d3c2b1a090
     image-format: raw
-    size: 1024
+    size: "1024"
 `
 
 func TestPlanFromValues(t *testing.T) {
@@ -63,11 +63,11 @@ func TestPlanFromValues(t *testing.T) {
 		t.Errorf("registry key = %q", plain.RegistryKey)
 	}
 	hardened := got["ubuntu-noble-hardened-rke2-1-32"]
-	if hardened.RegistryKey != "sylva" || hardened.Declared["image-format"] != "qcow2" || !hardened.IsOCI() {
+	if hardened.RegistryKey != "sylva" || hardened.Declared.Get("image-format") != "qcow2" || !hardened.IsOCI() {
 		t.Errorf("a DIB image also declared by hand keeps its registry and gets the declared fields: %+v", hardened)
 	}
 	mine := got["my-image"]
-	if mine.IsOCI() || mine.RegistryKey != "" || mine.Declared["size"] != "1024" {
+	if mine.IsOCI() || mine.RegistryKey != "" || mine.Declared.Get("size") != "1024" {
 		t.Errorf("hand-declared HTTP image: %+v", mine)
 	}
 	if plan.Sources[0].Key > plan.Sources[1].Key {
@@ -143,9 +143,12 @@ os_images:
 		{"os_images entry not a map", `
 os_images:
   my-image: just-a-string`, "os_images.my-image: must be a map"},
-		{"os_images field not a string", `
+		{"os_images contract field not a string", `
 os_images:
-  my-image: {uri: "https://x/y.raw", labels: [a, b]}`, "os_images.my-image.labels: must be a string"},
+  my-image: {uri: "https://x/y.raw", filename: [a, b]}`, "os_images.my-image.filename: must be a string, got a list"},
+		{"os_images field that is a number", `
+os_images:
+  my-image: {uri: "https://x/y.raw", os-release: 15.10}`, `os_images.my-image.os-release: is a YAML number (the number 15.1), whose text is lost once read`},
 		{"insecure not a boolean", `
 oci_registry_insecure: maybe`, "oci_registry_insecure: must be true or false"},
 		{"registries not a map", `
@@ -188,7 +191,7 @@ func TestInputsHash(t *testing.T) {
 	if a.InputsHash() == c.InputsHash() {
 		t.Error("a new diskimage-builder version does not change the hash")
 	}
-	d, _ := PlanFromValues(mustParse(t, strings.Replace(baseValues, "size: 1024", "size: 2048", 1)), nil)
+	d, _ := PlanFromValues(mustParse(t, strings.Replace(baseValues, `size: "1024"`, `size: "2048"`, 1)), nil)
 	if a.InputsHash() == d.InputsHash() {
 		t.Error("a changed hand-declared field does not change the hash")
 	}

@@ -119,7 +119,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		if err := checkShape(m); err != nil {
 			return nil, err
 		}
-		if pin := src.Declared[osimage.FieldManifestDigest]; pin != "" && pin != manifestDigest {
+		if pin := src.Declared.Get(osimage.FieldManifestDigest); pin != "" && pin != manifestDigest {
 			return nil, fmt.Errorf("manifest digest mismatch: os_images.%s.%s pins %s, but the tag now resolves to %s; update the pin or the tag",
 				src.Key, osimage.FieldManifestDigest, pin, manifestDigest)
 		}
@@ -129,12 +129,8 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 			return nil, err
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)
-		for _, f := range []string{osimage.FieldSHA256, osimage.FieldMD5} {
-			if v, ok := img[f]; ok {
-				if err := osimage.ValidateDigestField(f, v); err != nil {
-					return nil, fmt.Errorf("annotation %s%s: %w", osimage.AnnotationPrefix, f, err)
-				}
-			}
+		if err := checkIdentity(img, "annotation "+osimage.AnnotationPrefix); err != nil {
+			return nil, err
 		}
 	}
 	img[osimage.FieldURI] = src.URI
@@ -142,6 +138,10 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		img[osimage.FieldRegistryKey] = src.RegistryKey
 	}
 	for k, v := range src.Declared {
+		if v == nil {
+			delete(img, k) // a declared null removes the field
+			continue
+		}
 		img[k] = v
 	}
 	if manifestDigest != "" {
@@ -158,7 +158,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 			return nil, fmt.Errorf("%s%w", where, err)
 		}
 	}
-	if src.IsOCI() && img[osimage.FieldSHA256] == "" {
+	if src.IsOCI() && img.Get(osimage.FieldSHA256) == "" {
 		return nil, errNoSHA256
 	}
 	return img, nil

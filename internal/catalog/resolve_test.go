@@ -112,8 +112,8 @@ func TestResolveManyArtifacts(t *testing.T) {
 		if img["oci-image-registry-key"] != "sylva" {
 			t.Errorf("%s has no oci-image-registry-key", name)
 		}
-		if _, ok := img["compression"]; ok != (p.Fields["compression"] == "gz") {
-			t.Errorf("%s compression = %q, published %q", name, img["compression"], p.Fields["compression"])
+		if _, ok := img["compression"]; ok != (p.Fields.Get("compression") == "gz") {
+			t.Errorf("%s compression = %q, published %q", name, img["compression"], p.Fields.Get("compression"))
 		}
 	}
 	if cat["img-03"]["extra"] != "kept" {
@@ -293,7 +293,7 @@ os_images:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cat["custom-image"]; got["sha256"] != p.Fields["sha256"] || got["os"] != "custom-os" || got["oci-image-registry-key"] != "" {
+	if got := cat["custom-image"]; got["sha256"] != p.Fields.Get("sha256") || got["os"] != "custom-os" || got.Get("oci-image-registry-key") != "" {
 		t.Errorf("hand-declared OCI image: %v", got)
 	}
 	if got := cat["web-image"]; got["uri"] != "https://files.example.org/web.raw" || len(got) != 2 {

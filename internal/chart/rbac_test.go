@@ -237,7 +237,7 @@ sylva_diskimagebuilder_images:
 			t.Fatal(err)
 		}
 		for _, p := range published {
-			if !strings.Contains(info.Data["values.yaml"], p.Fields["sha256"]) {
+			if !strings.Contains(info.Data["values.yaml"], p.Fields.Get("sha256")) {
 				t.Errorf("os-images-info lacks %s", p.Ref)
 			}
 		}
@@ -251,7 +251,7 @@ sylva_diskimagebuilder_images:
 			"--data": t.TempDir(), "--listen": "127.0.0.1:0", "--values": values, "--ca-file": caFile,
 		})
 		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
-		plain, hardened := published["ubuntu-plain"].Fields["sha256"], published["ubuntu-hardened"].Fields["sha256"]
+		plain, hardened := published["ubuntu-plain"].Fields.Get("sha256"), published["ubuntu-hardened"].Fields.Get("sha256")
 		testenv.Eventually(t, "the server publishes the selected image as available", 90*time.Second, func() (bool, string) {
 			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
 			if err != nil {
@@ -383,7 +383,7 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 				return false, err.Error()
 			}
 			if name == "os-images-info" {
-				return strings.Contains(cm.Data["values.yaml"], published["ubuntu-plain"].Fields["sha256"]), cm.Data["values.yaml"]
+				return strings.Contains(cm.Data["values.yaml"], published["ubuntu-plain"].Fields.Get("sha256")), cm.Data["values.yaml"]
 			}
 			return true, ""
 		})

@@ -220,7 +220,7 @@ sylva_diskimagebuilder_images:
 			return false, err.Error()
 		}
 		cat, err := osimage.ParseInfo([]byte(cm.Data["values.yaml"]))
-		return err == nil && cat["ubuntu"]["sha256"] == p.Fields["sha256"] && cm.Annotations["osimages.sylva-project.org/inputs-hash"] != "", fmt.Sprint(cat, err)
+		return err == nil && cat["ubuntu"]["sha256"] == p.Fields.Get("sha256") && cm.Annotations["osimages.sylva-project.org/inputs-hash"] != "", fmt.Sprint(cat, err)
 	})
 
 	// Bad values: reported, nothing retried, os-images-info left as is.
@@ -230,7 +230,7 @@ sylva_diskimagebuilder_images:
 		return len(evs) == 1 && strings.Contains(evs[0], "('nowhere') is not defined in os_images_oci_registries"), fmt.Sprint(evs)
 	})
 	cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
-	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields["sha256"]) {
+	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields.Get("sha256")) {
 		t.Errorf("os-images-info changed on bad values: %v %v", cm, err)
 	}
 }

@@ -182,7 +182,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	defer stop()
 	served := srv.Served()
 	for sum, e := range served {
-		fmt.Fprintf(log, "demo: serving %s: curl -O %s/images/%s/%s\n", e.ImageKey, base, sum, resolved[e.ImageKey][osimage.FieldFilename])
+		fmt.Fprintf(log, "demo: serving %s: curl -O %s%s\n", e.ImageKey, base, osimage.ImagePath(osimage.SHA256(sum), resolved[e.ImageKey].Get(osimage.FieldFilename)))
 	}
 	if err := checkDownload(ctx, base, resolved, served); err != nil {
 		return err
@@ -283,7 +283,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust c
 // sha256 with the catalog's, as a client would.
 func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served osimage.ServedSet) error {
 	for sum, e := range served {
-		url := fmt.Sprintf("%s/images/%s/%s", base, sum, cat[e.ImageKey][osimage.FieldFilename])
+		url := base + osimage.ImagePath(osimage.SHA256(sum), cat[e.ImageKey].Get(osimage.FieldFilename))
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err

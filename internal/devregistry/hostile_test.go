@@ -144,7 +144,7 @@ func TestPublishHostileLayers(t *testing.T) {
 	if m.Layers[0].Digest != digest.FromBytes(bomb) || m.Layers[0].Size != 7 || p.LayerDigest != digest.FromBytes(bomb) {
 		t.Errorf("layer %+v: want the bomb's digest with the lying size 7", m.Layers[0])
 	}
-	if p.Fields["archive-size"] != strconv.Itoa(len(bomb)) {
-		t.Errorf("archive-size %s: the fields keep the true size %d", p.Fields["archive-size"], len(bomb))
+	if p.Fields.Get("archive-size") != strconv.Itoa(len(bomb)) {
+		t.Errorf("archive-size %s: the fields keep the true size %d", p.Fields.Get("archive-size"), len(bomb))
 	}
 }

@@ -108,7 +108,7 @@ func (r *Registry) Publish(ctx context.Context, img DiskImage) (Published, error
 		fields[k] = v
 	}
 
-	title := fields[osimage.FieldFilename]
+	title := fields.Get(osimage.FieldFilename)
 	if img.Gzip {
 		title += ".gz"
 	}
@@ -130,7 +130,7 @@ func (r *Registry) Publish(ctx context.Context, img DiskImage) (Published, error
 	annotations := map[string]string{ocispec.AnnotationCreated: "2026-01-01T00:00:00Z"}
 	if !img.NoAnnotations {
 		for k, v := range fields {
-			annotations[osimage.AnnotationPrefix+k] = v
+			annotations[osimage.AnnotationPrefix+k] = fmt.Sprint(v) // annotations are strings
 		}
 	}
 	manifest, err := oras.PackManifest(ctx, repo, oras.PackManifestVersion1_1, ArtifactType, oras.PackManifestOptions{

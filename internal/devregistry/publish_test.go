@@ -87,7 +87,7 @@ func TestPublishFromFile(t *testing.T) {
 					t.Errorf("%s = %q, published from memory %q", f, p.Fields[f], mem.Fields[f])
 				}
 			}
-			if p.Fields[osimage.FieldCompression] != map[bool]string{true: "gz"}[img.Gzip] {
+			if p.Fields.Get(osimage.FieldCompression) != map[bool]string{true: "gz"}[img.Gzip] {
 				t.Errorf("compression = %q", p.Fields[osimage.FieldCompression])
 			}
 			repo, _ := reg.Repository("dib/mem")
@@ -105,7 +105,7 @@ func TestPublishFromFile(t *testing.T) {
 
 func descOf(t *testing.T, p Published) ocispec.Descriptor {
 	t.Helper()
-	n, err := strconv.ParseInt(p.Fields[osimage.FieldArchiveSize], 10, 64)
+	n, err := strconv.ParseInt(p.Fields.Get(osimage.FieldArchiveSize), 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -216,3 +216,30 @@ func TestGather(t *testing.T) {
 		t.Errorf("needs %v, err %v: the readable cluster still counts, the broken one is reported", needs, err)
 	}
 }
+
+// The check picks from (A) as render does (osimage.MergeA): the values' own
+// os_images merge over os-images-info image by image and field by field;
+// they do not replace it.
+func TestNeedsCatalogA(t *testing.T) {
+	// The values pin one field of the hardened image and add nothing else:
+	// the plain image still comes from os-images-info.
+	doc := cluster + "os_images:\n  hardened: {sha256: " + sum("pinned") + "}\n"
+	needs, err := Needs(Inputs{
+		Namespace: "wc1",
+		Clusters:  []ClusterValues{{Source: "ConfigMap wc1/values", Values: clusterValues(t, doc)}},
+		Catalog:   catalog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, n := range needs {
+		got[n.By] = n.SHA256 + "/" + n.ImageKey
+	}
+	if want := sum("plain") + "/plain"; got["ConfigMap wc1/values .control_plane.capm3"] != want {
+		t.Errorf("control plane needs %q, want %q (from os-images-info)", got["ConfigMap wc1/values .control_plane.capm3"], want)
+	}
+	if want := sum("pinned") + "/hardened"; got["ConfigMap wc1/values .machine_deployments.md0.capm3"] != want {
+		t.Errorf("md0 needs %q, want %q (the values' field over os-images-info's image)", got["ConfigMap wc1/values .machine_deployments.md0.capm3"], want)
+	}
+}

@@ -57,9 +57,10 @@ type Inputs struct {
 
 // Needs returns the images the namespace's clusters need: those its Metal3
 // objects reference, and those its cluster values pick from its own
-// catalog (the values' own os_images win over os-images-info, as in
-// render). The error lists what could not be worked out, such as a level
-// that picks no image; the needs found are returned all the same.
+// catalog, (A) as render sees it (osimage.MergeA: the values' own
+// os_images merged over os-images-info). The error lists what could not be
+// worked out, such as a level that picks no image; the needs found are
+// returned all the same.
 func Needs(in Inputs) ([]Need, error) {
 	var needs []Need
 	errs := []error{in.Unreadable}
@@ -88,11 +89,7 @@ func Needs(in Inputs) ([]Need, error) {
 		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String()})
 	}
 	for _, c := range in.Clusters {
-		cat := in.Catalog
-		own, err := values.Map(c.Values, "os_images", ".os_images")
-		if err == nil && len(own) > 0 {
-			cat, err = osimage.CatalogFromValues(own, ".os_images")
-		}
+		cat, err := osimage.MergeA(in.Catalog, c.Values)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 			continue
@@ -111,7 +108,7 @@ func Needs(in Inputs) ([]Need, error) {
 				continue
 			}
 			// render serves it at /images/<sha256>/<its filename in (A)>.
-			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: cat[p.ImageKey][osimage.FieldFilename], By: c.Source + " " + p.Level})
+			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: cat[p.ImageKey].Get(osimage.FieldFilename), By: c.Source + " " + p.Level})
 		}
 	}
 	return needs, errors.Join(errs...)

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 const (
@@ -154,7 +156,7 @@ func (s *Store) scan() error {
 		name := de.Name()
 		// Only names this package makes are touched; anything else an
 		// operator put there is neither listed nor removed.
-		if ValidateSHA256(name) != nil {
+		if _, err := osimage.ParseSHA256(name); err != nil {
 			continue
 		}
 		e, err := s.load(name, de)
@@ -218,7 +220,7 @@ func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
 	if e.SHA256 != sha {
 		return Entry{}, invalidf("metadata names sha256 %s", e.SHA256)
 	}
-	if err := ValidateFilename(e.Filename); err != nil {
+	if err := osimage.ValidateFilename(e.Filename); err != nil {
 		return Entry{}, invalidf("%v", err)
 	}
 	fi, err := os.Lstat(filepath.Join(dir, e.Filename))
@@ -264,7 +266,7 @@ func (s *Store) List() []Entry {
 func (s *Store) Get(sha256 string) (Entry, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	e, ok := s.entries[strings.ToLower(sha256)]
+	e, ok := s.entries[sha256]
 	return e, ok
 }
 
@@ -274,8 +276,7 @@ func (s *Store) Get(sha256 string) (Entry, bool) {
 // never opened: its entry is dropped and logged, and the error wraps
 // ErrTampered.
 func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
-	sha256 = strings.ToLower(sha256)
-	if err := ValidateSHA256(sha256); err != nil {
+	if _, err := osimage.ParseSHA256(sha256); err != nil {
 		return nil, Entry{}, err
 	}
 	e, ok := s.Get(sha256)
@@ -329,8 +330,7 @@ func (s *Store) dropTampered(e Entry, reason string) error {
 // open keep reading it; its space is freed when the last one closes it. A
 // crash during Delete leaves the entry either served or gone.
 func (s *Store) Delete(sha256 string) error {
-	sha256 = strings.ToLower(sha256)
-	if err := ValidateSHA256(sha256); err != nil {
+	if _, err := osimage.ParseSHA256(sha256); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -385,8 +385,7 @@ func (s *Store) Available() (uint64, error) {
 // Create starts writing the image of sha256 into a staging directory. The
 // caller must Commit or Abort the Writer.
 func (s *Store) Create(sha256 string) (*Writer, error) {
-	sha256 = strings.ToLower(sha256)
-	if err := ValidateSHA256(sha256); err != nil {
+	if _, err := osimage.ParseSHA256(sha256); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp(s.tmp, sha256+"-")
@@ -420,38 +419,6 @@ func (s *Store) commit(staging string, e Entry) error {
 		return fmt.Errorf("image %s: syncing %s: %w", e.SHA256, s.images, err)
 	}
 	s.entries[e.SHA256] = e
-	return nil
-}
-
-// ValidateSHA256 says why s is not a lowercase 64-hex sha256, or nil.
-func ValidateSHA256(s string) error {
-	if len(s) != 64 {
-		return fmt.Errorf("sha256 %q is not 64 hexadecimal digits", truncate(s))
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return fmt.Errorf("sha256 %q is not 64 lowercase hexadecimal digits", truncate(s))
-		}
-	}
-	return nil
-}
-
-// ValidateFilename says why name cannot be the base name of a stored image,
-// or nil. It must be a plain file name: no path, no NUL, not "." or "..".
-func ValidateFilename(name string) error {
-	switch {
-	case name == "":
-		return errors.New("image filename is empty: give the image a filename field")
-	case name == "." || name == "..":
-		return fmt.Errorf("image filename %q is not a file name", name)
-	case strings.ContainsAny(name, "/\x00"):
-		return fmt.Errorf("image filename %q contains '/' or NUL: it must be a plain file name, without a path", truncate(name))
-	case len(name) > maxFilename:
-		return fmt.Errorf("image filename %q is longer than %d bytes", truncate(name), maxFilename)
-	case name == MetadataName || name == partialName:
-		return fmt.Errorf("image filename %q is reserved by the image store", name)
-	}
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 const (
@@ -135,10 +137,10 @@ func (w *Writer) Commit(e Entry) error {
 	if e.SHA256 == "" {
 		e.SHA256 = w.sha256
 	}
-	if e.SHA256 = strings.ToLower(e.SHA256); e.SHA256 != w.sha256 {
+	if e.SHA256 != w.sha256 {
 		return fmt.Errorf("image store: committing sha256 %s into the writer created for %s", e.SHA256, w.sha256)
 	}
-	if err := ValidateFilename(e.Filename); err != nil {
+	if err := osimage.ValidateFilename(e.Filename); err != nil {
 		return fmt.Errorf("image %s: %w", w.sha256, err)
 	}
 	if e.Size == 0 {

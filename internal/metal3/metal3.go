@@ -7,10 +7,10 @@ package metal3
 
 import (
 	"net/url"
-	"regexp"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // Group is the API group of the Metal3 infrastructure provider.
@@ -49,26 +49,24 @@ func ImageOf(obj *unstructured.Unstructured) (Image, bool) {
 	return Image{URL: m["url"], Checksum: m["checksum"], ChecksumType: m["checksumType"]}, m["url"] != "" || m["checksum"] != ""
 }
 
-var (
-	sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	// servedPath is where osimages (contract §5) serves an image, and its
-	// checksum files beside it.
-	servedPath = regexp.MustCompile(`/images/([0-9a-f]{64})/([^/]+)$`)
-)
-
 // SHA256 is the sha256 of the image referenced, when it can be told: the
 // checksum itself when it is a sha256, or the sha256 in an osimages URL
 // (/images/<sha256>/<filename>) given as the image URL or as the checksum
-// (/images/<sha256>/<filename>.sha256sum, which Ironic fetches). An image
-// given by hand with another checksum type and other URLs has none.
+// (/images/<sha256>/<filename>.sha256sum, which Ironic fetches). Both are
+// read by the rules of osimage, the ones the image server serves by: a
+// checksum in uppercase, or a path the server would not answer, names no
+// image of osimages. An image given by hand with another checksum type and
+// other URLs has none.
 func (i Image) SHA256() (string, bool) {
-	if (i.ChecksumType == "sha256" || i.ChecksumType == "") && sha256Hex.MatchString(strings.ToLower(i.Checksum)) {
-		return strings.ToLower(i.Checksum), true
+	if i.ChecksumType == "sha256" || i.ChecksumType == "" {
+		if sha, err := osimage.ParseSHA256(i.Checksum); err == nil {
+			return string(sha), true
+		}
 	}
 	for _, ref := range []string{i.URL, i.Checksum} {
 		if u, err := url.Parse(ref); err == nil {
-			if m := servedPath.FindStringSubmatch(u.Path); m != nil {
-				return m[1], true
+			if f, ok := osimage.ParseImagePath(u.EscapedPath()); ok {
+				return string(f.SHA256), true
 			}
 		}
 	}
@@ -83,11 +81,11 @@ func (i Image) ServedFile() (sha, filename string, ok bool) {
 	if err != nil {
 		return "", "", false
 	}
-	m := servedPath.FindStringSubmatch(u.Path)
-	if m == nil {
+	f, ok := osimage.ParseImagePath(u.EscapedPath())
+	if !ok || f.Checksum != "" {
 		return "", "", false
 	}
-	return m[1], m[2], true
+	return string(f.SHA256), f.Filename, true
 }
 
 // Ref names an object that references an image, as NS/NAME with its kind.

@@ -14,7 +14,12 @@ func TestImageSHA256(t *testing.T) {
 		want string
 	}{
 		{Image{URL: "https://h/x.raw", Checksum: sha, ChecksumType: "sha256"}, sha},
-		{Image{URL: "https://h/x.raw", Checksum: strings.ToUpper(sha)}, sha},
+		// One spelling of a sha256 (osimage.ParseSHA256), as the server's.
+		{Image{URL: "https://h/x.raw", Checksum: strings.ToUpper(sha)}, ""},
+		{Image{URL: "https://h/images/" + strings.ToUpper(sha) + "/ubuntu.raw"}, ""},
+		{Image{URL: "https://h/images/" + sha + "/a%20b%23c.raw"}, sha},
+		{Image{URL: "https://h/images/" + sha + "/a%2Fb.raw"}, ""},
+		{Image{URL: "https://h/images/" + sha + "/ubuntu.raw.sha256sum", Checksum: "https://h/images/" + sha + "/ubuntu.raw.sha256sum"}, sha},
 		{Image{URL: "https://h:8080/images/" + sha + "/ubuntu.raw", Checksum: strings.Repeat("a", 32), ChecksumType: "md5"}, sha},
 		{Image{URL: "https://h/x.raw", Checksum: strings.Repeat("a", 32), ChecksumType: "md5"}, ""},
 		{Image{URL: "https://h/images/" + sha + "/a/b.raw"}, ""},

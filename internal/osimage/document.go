@@ -5,9 +5,10 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strconv"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // Names fixed by the contract.
@@ -36,60 +37,41 @@ func MarshalInfo(c Catalog) ([]byte, error) {
 }
 
 // ParseInfo reads the values.yaml document of an os-images-info ConfigMap.
-// Scalars of any YAML type are accepted and kept as their string form, since
-// hand-written documents often leave numbers and booleans unquoted.
+// Fields are kept as the document has them, whatever their type: they are
+// checked where they are read (see Image).
 func ParseInfo(data []byte) (Catalog, error) {
 	var doc struct {
-		OSImages map[string]any `json:"os_images"`
+		OSImages any `json:"os_images"`
 	}
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("parsing os_images document: %w", err)
 	}
-	return CatalogFromValues(doc.OSImages, "os_images")
+	if doc.OSImages == nil {
+		return Catalog{}, nil
+	}
+	m, ok := doc.OSImages.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("os_images: must be a map of image key to image fields, got %s", Describe(doc.OSImages))
+	}
+	return CatalogFromValues(m, "os_images")
 }
 
 // CatalogFromValues converts a generic os_images map, as found in values,
-// into a Catalog. path names the map in error messages.
+// into a Catalog. A null entry stays in it as a nil Image; an entry that is
+// neither a map nor null is refused. path names the map in error messages.
 func CatalogFromValues(m map[string]any, path string) (Catalog, error) {
 	out := make(Catalog, len(m))
 	for _, key := range slices.Sorted(maps.Keys(m)) {
-		fields, ok := m[key].(map[string]any)
-		if !ok && m[key] != nil {
-			return nil, fmt.Errorf("%s.%s: must be a map of image fields, got %T", path, key, m[key])
+		switch fields := m[key].(type) {
+		case nil:
+			out[key] = nil
+		case map[string]any:
+			out[key] = Image(fields).Clone()
+		default:
+			return nil, fmt.Errorf("%s.%s: must be a map of image fields, got %s", path, key, Describe(m[key]))
 		}
-		img := make(Image, len(fields))
-		for _, f := range slices.Sorted(maps.Keys(fields)) {
-			s, err := ScalarString(fields[f])
-			if err != nil {
-				return nil, fmt.Errorf("%s.%s.%s: %w", path, key, f, err)
-			}
-			img[f] = s
-		}
-		out[key] = img
 	}
 	return out, nil
-}
-
-// ScalarString returns the string form of a YAML scalar: strings as they
-// are, booleans as "true"/"false", numbers in decimal. Maps and lists are
-// refused.
-func ScalarString(v any) (string, error) {
-	switch t := v.(type) {
-	case string:
-		return t, nil
-	case bool:
-		return strconv.FormatBool(t), nil
-	case int:
-		return strconv.Itoa(t), nil
-	case int64:
-		return strconv.FormatInt(t, 10), nil
-	case float64:
-		return strconv.FormatFloat(t, 'f', -1, 64), nil
-	case nil:
-		return "", nil
-	default:
-		return "", fmt.Errorf("must be a string, got a %T", v)
-	}
 }
 
 // ServedImage is one entry of capm3_os_image_server_images.
@@ -160,4 +142,57 @@ func ReadValuesDocument(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return doc, nil
+}
+
+// MergeA returns (A), the os_images a workload cluster's chart sees
+// (contract §5): info, the os_images of the namespace's os-images-info
+// ConfigMap (the HelmRelease's valuesFrom; nil when there is none), with
+// the cluster values' own os_images merged on top, as Flux merges a
+// HelmRelease's inline values over its valuesFrom: image by image, and
+// field by field within an image (maps merge, any other value, a null
+// included, replaces). Render, select, the fleet check and plan all take
+// (A) from here, so that they cannot disagree on it.
+//
+// The result is nil when there is neither an info catalog nor os_images in
+// the values; it shares nothing with its inputs.
+func MergeA(info Catalog, clusterValues map[string]any) (Catalog, error) {
+	raw, present := clusterValues["os_images"]
+	if !present {
+		return info.Clone(), nil
+	}
+	inline, ok := raw.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf(".os_images: must be a map of image key to image fields, got %s (it replaces the whole os-images-info catalog)", Describe(raw))
+	}
+	out := info.Clone()
+	if out == nil {
+		out = Catalog{}
+	}
+	for _, key := range slices.Sorted(maps.Keys(inline)) {
+		switch entry := inline[key].(type) {
+		case nil:
+			out[key] = nil
+		case map[string]any:
+			if base := out[key]; base != nil {
+				out[key] = Image(values.Overlay(base, entry))
+			} else {
+				out[key] = Image(entry).Clone()
+			}
+		default:
+			return nil, fmt.Errorf(".os_images.%s: must be a map of image fields, got %s", key, Describe(entry))
+		}
+	}
+	return out, nil
+}
+
+// Clone returns a deep copy of c; nil stays nil.
+func (c Catalog) Clone() Catalog {
+	if c == nil {
+		return nil
+	}
+	out := make(Catalog, len(c))
+	for k, img := range c {
+		out[k] = img.Clone()
+	}
+	return out
 }

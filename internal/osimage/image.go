@@ -6,12 +6,14 @@ package osimage
 import (
 	"fmt"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
-// Field names of an image record. Every value is a string.
+// Field names of an image record. The catalog publishes each as a string.
 const (
 	FieldURI          = "uri"
 	FieldRegistryKey  = "oci-image-registry-key"
@@ -40,16 +42,93 @@ const (
 // manifest for the image.
 const FieldManifestDigest = "oci-manifest-digest"
 
-// Image is the metadata of one OS image: field name -> string value.
-type Image map[string]string
+// Image is the metadata of one OS image: field name -> value, as YAML
+// decoding gives it. What osimages publishes is strings (and the booleans
+// and maps a catalog's author declared), but a hand-written os_images may
+// hold numbers, nulls, maps or lists too: they are kept as they are, never
+// re-formatted, and refused only where they are read (a selector reads a
+// field, the image server and render read sha256, filename and the like).
+//
+// A nil Image in a Catalog is an entry that is null (os_images.KEY: ~); a
+// selector that meets it fails, as Sylva's does.
+type Image map[string]any
 
-// Clone returns a copy that can be changed without touching i.
-func (i Image) Clone() Image {
-	out := make(Image, len(i))
-	for k, v := range i {
-		out[k] = v
+// Get returns the value of field when it is a string, "" when it is absent
+// or of another type. It is for fields whose type was checked, and for
+// messages; where a wrong type must be an error, use StringField.
+func (i Image) Get(field string) string {
+	s, _ := i[field].(string)
+	return s
+}
+
+// StringField returns the value of field, "" when it is absent, and an
+// error naming the field when it is not a string: no other value is turned
+// into one, so that what osimages reads is what the catalog says.
+func (i Image) StringField(field string) (string, error) {
+	v, ok := i[field]
+	if !ok {
+		return "", nil
 	}
-	return out
+	if s, ok := v.(string); ok {
+		return s, nil
+	}
+	return "", fmt.Errorf("field %s holds %s, not a string", field, Describe(v))
+}
+
+// Clone returns a deep copy that can be changed without touching i.
+func (i Image) Clone() Image {
+	if i == nil {
+		return nil
+	}
+	return cloneValue(map[string]any(i)).(map[string]any)
+}
+
+func cloneValue(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(t))
+		for k, e := range t {
+			out[k] = cloneValue(e)
+		}
+		return out
+	case Image:
+		return Image(cloneValue(map[string]any(t)).(map[string]any))
+	case []any:
+		out := make([]any, len(t))
+		for i, e := range t {
+			out[i] = cloneValue(e)
+		}
+		return out
+	default:
+		return v
+	}
+}
+
+// Describe names the kind of a YAML value in messages, with the value
+// when it is a scalar: "the number 15.1", "null", "a map".
+func Describe(v any) string {
+	switch t := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return fmt.Sprintf("the string %q", t)
+	case bool:
+		return fmt.Sprintf("the boolean %t", t)
+	case float64:
+		// 'f' keeps 22000000000 from reading 2.2e+10.
+		if t == math.Trunc(t) && math.Abs(t) < 1e21 {
+			return "the number " + strconv.FormatFloat(t, 'f', -1, 64)
+		}
+		return fmt.Sprintf("the number %v", t)
+	case float32, int, int64, int32, uint64:
+		return fmt.Sprintf("the number %v", t)
+	case map[string]any, Image:
+		return "a map"
+	case []any:
+		return "a list"
+	default:
+		return fmt.Sprintf("a %T", t)
+	}
 }
 
 // FieldsFromAnnotations keeps the annotations whose key contains "sylva" and
@@ -75,21 +154,6 @@ var KeyPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{1,50}[a-z0-9]$`)
 func ValidateKey(key string) error {
 	if !KeyPattern.MatchString(key) {
 		return fmt.Errorf("key must match %s", KeyPattern.String())
-	}
-	return nil
-}
-
-var hexDigits = map[string]int{FieldSHA256: 64, FieldMD5: 32}
-
-// ValidateDigestField says why the value of a digest field (sha256, md5) is
-// malformed, or nil. Other fields are free-form.
-func ValidateDigestField(field, value string) error {
-	n, ok := hexDigits[field]
-	if !ok {
-		return nil
-	}
-	if len(value) != n || strings.Trim(value, "0123456789abcdef") != "" {
-		return fmt.Errorf("%s %q is not %d lowercase hex digits", field, value, n)
 	}
 	return nil
 }

@@ -37,13 +37,31 @@ func TestInfoRoundTrip(t *testing.T) {
 	if err != nil || back["b-image"]["size"] != "12" || back["a-image"]["uri"] != "oci://r/a:1" {
 		t.Errorf("round trip: %v %v", back, err)
 	}
-	// Hand-written documents leave numbers and booleans unquoted.
-	loose, err := ParseInfo([]byte("os_images:\n  x: {size: 22000000000, hardened: true, os-release: 15.6}\n"))
-	if err != nil || loose["x"]["size"] != "22000000000" || loose["x"]["hardened"] != "true" || loose["x"]["os-release"] != "15.6" {
-		t.Errorf("loose scalars: %v %v", loose, err)
+	// Hand-written documents leave numbers and booleans unquoted, hold
+	// maps and nulls: every value is kept as YAML gives it, never turned
+	// into another (15.10 is not made "15.1"); readers check the types of
+	// the fields they read.
+	loose, err := ParseInfo([]byte("os_images:\n  x: {size: 22000000000, hardened: true, os-release: 15.10, labels: [a], extra: {a: b}, gone: null}\n  gone-entry: ~\n"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := ParseInfo([]byte("os_images:\n  x: {labels: [a]}\n")); err == nil || !strings.Contains(err.Error(), "os_images.x.labels") {
-		t.Errorf("a list field: %v", err)
+	x := loose["x"]
+	if x["size"] != float64(22000000000) || x["hardened"] != true || x["os-release"] != 15.1 || x["gone"] != nil || len(x) != 6 {
+		t.Errorf("loose fields: %v", x)
+	}
+	if y, ok := loose["gone-entry"]; !ok || y != nil {
+		t.Errorf("a null entry is kept as a nil Image: %v %v", y, ok)
+	}
+	if _, err := x.StringField("size"); err == nil || !strings.Contains(err.Error(), "size") || !strings.Contains(err.Error(), "the number 22000000000") {
+		t.Errorf("StringField of a number: %v", err)
+	}
+	if x.Get("size") != "" || x.Get("hardened") != "" {
+		t.Error("Get returns only strings")
+	}
+	for _, doc := range []string{"os_images: [a]\n", "os_images:\n  x: just-a-string\n"} {
+		if _, err := ParseInfo([]byte(doc)); err == nil || !strings.Contains(err.Error(), "os_images") {
+			t.Errorf("%q: %v", doc, err)
+		}
 	}
 }
 
@@ -86,8 +104,64 @@ func TestValidate(t *testing.T) {
 			t.Errorf("key %q accepted", k)
 		}
 	}
-	if ValidateDigestField(FieldSHA256, strings.Repeat("a", 64)) != nil || ValidateDigestField(FieldSHA256, strings.Repeat("A", 64)) == nil ||
-		ValidateDigestField(FieldMD5, strings.Repeat("0", 31)) == nil || ValidateDigestField(FieldOS, "anything") != nil {
-		t.Error("digest validation")
+	if _, err := ParseSHA256(strings.Repeat("a", 64)); err != nil {
+		t.Error(err)
+	}
+	if ValidateMD5(strings.Repeat("0", 31)) == nil || ValidateMD5(strings.Repeat("0", 32)) != nil {
+		t.Error("md5 validation")
+	}
+}
+
+// (A) is os-images-info's os_images with the cluster values' own merged on
+// top, as Flux merges valuesFrom and inline values: image by image, field
+// by field, maps merged, anything else (a null included) replacing.
+func TestMergeA(t *testing.T) {
+	info := Catalog{
+		"a":    {"sha256": "aaa", "filename": "a.raw", "os": "ubuntu", "labels": map[string]any{"x": "1", "y": "2"}},
+		"b":    {"sha256": "bbb", "filename": "b.raw"},
+		"gone": {"sha256": "ggg"},
+	}
+	values := map[string]any{"os_images": map[string]any{
+		"a":    map[string]any{"filename": "renamed.raw", "os": nil, "labels": map[string]any{"y": "3"}},
+		"c":    map[string]any{"sha256": "ccc"},
+		"gone": nil,
+	}}
+	got, err := MergeA(info, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := got["a"]
+	if a["sha256"] != "aaa" || a["filename"] != "renamed.raw" || a["os"] != nil || len(a) != 4 {
+		t.Errorf("a, merged field by field: %v", a)
+	}
+	if labels := a["labels"].(map[string]any); labels["x"] != "1" || labels["y"] != "3" {
+		t.Errorf("a map field merges key by key: %v", labels)
+	}
+	if _, ok := a["os"]; !ok {
+		t.Error("a null field is kept as a value (a selector that reads it fails, as in Sylva)")
+	}
+	if got["b"]["sha256"] != "bbb" || got["c"]["sha256"] != "ccc" {
+		t.Errorf("images of one side only: %v", got)
+	}
+	if g, ok := got["gone"]; !ok || g != nil {
+		t.Errorf("a null image replaces the image: %v", g)
+	}
+	if info["a"]["filename"] != "a.raw" || info["a"]["labels"].(map[string]any)["y"] != "2" {
+		t.Errorf("MergeA changed its input: %v", info["a"])
+	}
+
+	if got, err := MergeA(info, map[string]any{}); err != nil || len(got) != 3 || got["a"]["filename"] != "a.raw" {
+		t.Errorf("no os_images in the values: %v %v", got, err)
+	}
+	if got, err := MergeA(nil, map[string]any{}); err != nil || got != nil {
+		t.Errorf("no catalog at all is nil: %v %v", got, err)
+	}
+	if got, err := MergeA(nil, values); err != nil || len(got) != 3 {
+		t.Errorf("the values' own os_images alone: %v %v", got, err)
+	}
+	for _, bad := range []any{"x", []any{}, nil, map[string]any{"a": "x"}} {
+		if _, err := MergeA(info, map[string]any{"os_images": bad}); err == nil || !strings.Contains(err.Error(), ".os_images") {
+			t.Errorf("os_images %v: %v", bad, err)
+		}
 	}
 }

@@ -37,7 +37,10 @@ func ParseSize(value string) (int64, error) {
 // FieldArchiveSize), 0 when absent or empty. Its error names the field and
 // the value; callers add which image it is.
 func (i Image) Size(field string) (int64, error) {
-	v := i[field]
+	v, err := i.StringField(field)
+	if err != nil {
+		return 0, err
+	}
 	n, err := ParseSize(v)
 	if err != nil {
 		return 0, fmt.Errorf("%s %q %w", field, truncateValue(v), err)

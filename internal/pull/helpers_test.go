@@ -71,9 +71,9 @@ func publish(t *testing.T, reg *devregistry.Registry, repo string, content []byt
 }
 
 func sourceOf(uri string, f osimage.Image) Source {
-	size, _ := strconv.ParseInt(f[osimage.FieldSize], 10, 64)
-	archive, _ := strconv.ParseInt(f[osimage.FieldArchiveSize], 10, 64)
-	return Source{URI: uri, SHA256: f[osimage.FieldSHA256], MD5: f[osimage.FieldMD5], Compression: f[osimage.FieldCompression], Size: size, ArchiveSize: archive}
+	size, _ := strconv.ParseInt(f.Get(osimage.FieldSize), 10, 64)
+	archive, _ := strconv.ParseInt(f.Get(osimage.FieldArchiveSize), 10, 64)
+	return Source{URI: uri, SHA256: f.Get(osimage.FieldSHA256), MD5: f.Get(osimage.FieldMD5), Compression: f.Get(osimage.FieldCompression), Size: size, ArchiveSize: archive}
 }
 
 func openStore(t *testing.T) *imagestore.Store {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // Source is an image to pull and what it must turn out to be.
@@ -219,7 +220,7 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 // PullInto pulls src into store under filename, and commits it once
 // verified. An image already in the store is not downloaded again.
 func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename string, src Source, progress Progress) (imagestore.Entry, Result, error) {
-	if err := imagestore.ValidateFilename(filename); err != nil {
+	if err := osimage.ValidateFilename(filename); err != nil {
 		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	if e, ok := store.Get(src.SHA256); ok {
@@ -243,16 +244,16 @@ func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename
 }
 
 func normalize(src *Source) error {
-	src.SHA256 = strings.ToLower(strings.TrimSpace(src.SHA256))
-	src.MD5 = strings.ToLower(strings.TrimSpace(src.MD5))
 	if src.SHA256 == "" {
 		return fmt.Errorf("pulling %s: no sha256 given: the image needs a sha256 field to be verified", display(src.URI))
 	}
-	if !isHex(src.SHA256, 64) {
-		return fmt.Errorf("pulling %s: sha256 %q is not 64 hexadecimal digits", display(src.URI), src.SHA256)
+	if _, err := osimage.ParseSHA256(src.SHA256); err != nil {
+		return fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
-	if src.MD5 != "" && !isHex(src.MD5, 32) {
-		return fmt.Errorf("pulling %s: md5 %q is not 32 hexadecimal digits", display(src.URI), src.MD5)
+	if src.MD5 != "" {
+		if err := osimage.ValidateMD5(src.MD5); err != nil {
+			return fmt.Errorf("pulling %s: %w", display(src.URI), err)
+		}
 	}
 	if src.Compression != "" && src.Compression != "gz" {
 		return fmt.Errorf("pulling %s: compression %q is not supported: use gz, or none", display(src.URI), src.Compression)
@@ -274,18 +275,6 @@ func display(uri string) string {
 		return u.Redacted()
 	}
 	return uri
-}
-
-func isHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // object is what to download: how to request it, its length (-1 when

@@ -559,8 +559,8 @@ func TestPullReportsArtifactErrors(t *testing.T) {
 			want string
 		}{
 			{Source{URI: "oci://x/y:1"}, "no sha256"},
-			{Source{URI: "oci://x/y:1", SHA256: "abc"}, "64 hexadecimal"},
-			{Source{URI: "oci://x/y:1", SHA256: sha, MD5: "xyz"}, "32 hexadecimal"},
+			{Source{URI: "oci://x/y:1", SHA256: "abc"}, "64 lowercase hex"},
+			{Source{URI: "oci://x/y:1", SHA256: sha, MD5: "xyz"}, "32 lowercase hex"},
 			{Source{URI: "oci://x/y:1", SHA256: sha, Compression: "xz"}, `compression "xz"`},
 			{Source{URI: "ftp://x/y", SHA256: sha}, "oci://, http:// or https://"},
 			{Source{URI: "oci://x/y", SHA256: sha}, "no tag or digest"},

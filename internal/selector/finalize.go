@@ -12,6 +12,10 @@ import (
 type Cluster struct {
 	// K8sVersion is the cluster's k8s_version, such as v1.32.5+rke2r1.
 	K8sVersion string
+	// K8sVersionSet says that k8s_version is given even though it is
+	// empty: as in Sylva, "" is then the k8s-version pattern (which only
+	// an empty field matches). An empty K8sVersion without it is missing.
+	K8sVersionSet bool
 	// BootstrapProvider is capi_providers.bootstrap_provider, such as cabpr.
 	BootstrapProvider string
 	// AutoselectRegistries is os_image_selector_autoselect_registries, a
@@ -70,7 +74,7 @@ func Finalize(sel Selector, c Cluster) (Selector, error) {
 	out := sel
 	var err error
 	if !out.Has(osimage.FieldK8sVersion) {
-		if c.K8sVersion == "" {
+		if c.K8sVersion == "" && !c.K8sVersionSet {
 			return Selector{}, fmt.Errorf("k8s_version is not set, so the OS image selector cannot be completed with k8s-version")
 		}
 		if out, err = out.with(osimage.FieldK8sVersion, K8sVersionPattern(c.K8sVersion)); err != nil {

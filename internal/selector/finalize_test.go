@@ -139,7 +139,7 @@ func TestFinalizeMatching(t *testing.T) {
 	} {
 		img := base.Clone()
 		img["k8s-version"] = version
-		if got := sel.Matches("k", img); got != want {
+		if got, err := sel.Matches("k", img); err != nil || got != want {
 			t.Errorf("k8s-version %s: match %v, want %v", version, got, want)
 		}
 	}
@@ -148,7 +148,7 @@ func TestFinalizeMatching(t *testing.T) {
 	img := base.Clone()
 	delete(img, "oci-image-registry-key")
 	img["k8s-version"] = "1.32.5+rke2r1"
-	if !sel.Matches("k", img) {
+	if ok, err := sel.Matches("k", img); err != nil || !ok {
 		t.Error("an image without oci-image-registry-key must match the default .*")
 	}
 }

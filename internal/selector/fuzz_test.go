@@ -37,14 +37,17 @@ func FuzzSelector(f *testing.F) {
 		if err != nil {
 			return
 		}
-		got := sel.Matches(key, img)
+		got, err := sel.Matches(key, img)
+		if err != nil {
+			t.Fatalf("%s.Matches(%q): %v (every field is a string)", sel, img, err)
+		}
 		want := true
 		for k, p := range sel.Map() {
 			v := Unset
 			if k == KeyImageKey {
 				v = key
 			} else if f, ok := img[k]; ok {
-				v = f
+				v = f.(string)
 			}
 			if !regexp.MustCompile("^(" + p + ")$").MatchString(v) {
 				want = false
@@ -54,7 +57,7 @@ func FuzzSelector(f *testing.F) {
 			t.Fatalf("%s.Matches(%q) = %v, the regexps say %v", sel, img, got, want)
 		}
 		_, _ = Pick(sel, cat, ".fuzz")
-		_ = List{sel, {}}.Select(cat)
+		_, _ = List{sel, {}}.Select(cat)
 		_, _ = Resolve(cat, k1, &sel, ".fuzz")
 		fin, err := Finalize(sel, Cluster{K8sVersion: k8s, BootstrapProvider: bootstrap, AutoselectRegistries: regs})
 		if err != nil {

@@ -29,7 +29,7 @@ func TestPick(t *testing.T) {
 		},
 		{
 			name: "empty catalog", sel: map[string]any{}, cat: osimage.Catalog{},
-			errWant: ".ctx: no OS image could be found matching selectors",
+			errWant: ".ctx: os_images is empty",
 		},
 		{
 			name: "two matches, no tie-breaking", sel: map[string]any{"os": "ubuntu"}, cat: testCatalog,
@@ -82,8 +82,9 @@ func TestResolve(t *testing.T) {
 			errWant: ".ctx: we need one OS image, but 2 were found matching selectors",
 		},
 		{
+			// As Sylva: the selector picks, then the keys are compared.
 			name: "both, image_key unknown", imageKey: "debian", sel: sel(map[string]any{"os": "opensuse"}),
-			errWant: ".ctx: nothing in os_images for image_key debian",
+			errWant: ".ctx: both .os_image_selector and .image_key are set, but the resulting image key differ",
 		},
 		{name: "neither", errWant: ".ctx: neither .image_key nor .os_image_selector is set"},
 		{name: "empty selector is a selector", sel: sel(map[string]any{}), errWant: ".ctx: we need one OS image, but 3 were found"},

@@ -4,7 +4,9 @@
 package selector
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,7 +55,10 @@ type term struct {
 
 // Parse validates raw, a selector as YAML decoding gives it (a map of key ->
 // string or boolean), and compiles its patterns. A nil raw is the empty
-// selector; a nil value removes its key, as a null does in Helm values.
+// selector, which matches every image, as Sylva's select-os-images has it.
+// A null pattern is refused, as Sylva refuses it: a null that a more
+// specific level of values wrote over a more general one's pattern does not
+// remove it (see capm3 for when a whole os_image_selector is unset).
 // path names the selector in error messages.
 func Parse(raw any, path string) (Selector, error) {
 	if raw == nil {
@@ -61,10 +66,14 @@ func Parse(raw any, path string) (Selector, error) {
 	}
 	m, ok := raw.(map[string]any)
 	if !ok {
-		return Selector{}, fmt.Errorf("%s: an OS image selector must be a map of image field to pattern, got %s", path, describe(raw))
+		return Selector{}, fmt.Errorf("%s: an OS image selector must be a map of image field to pattern, got %s", path, osimage.Describe(raw))
 	}
 	// Helm users quote booleans often enough that "true" is accepted too.
+	// A null is refused like any null pattern.
 	extra, err := values.Bool(m, KeyUseExtraKeys, path+"."+KeyUseExtraKeys, false)
+	if v, ok := m[KeyUseExtraKeys]; ok && v == nil {
+		err = fmt.Errorf("%s.%s: must be true or false, got null", path, KeyUseExtraKeys)
+	}
 	if err != nil {
 		return Selector{}, err
 	}
@@ -76,7 +85,7 @@ func Parse(raw any, path string) (Selector, error) {
 	var s Selector
 	for _, k := range keys {
 		v := m[k]
-		if k == KeyUseExtraKeys || v == nil {
+		if k == KeyUseExtraKeys {
 			continue
 		}
 		if !extra && !baseKeys[k] {
@@ -89,7 +98,7 @@ func Parse(raw any, path string) (Selector, error) {
 		case bool:
 			pattern = strconv.FormatBool(t)
 		default:
-			return Selector{}, fmt.Errorf("%s: OS selector key '%s': the pattern must be a string or a boolean, got %s", path, k, describe(v))
+			return Selector{}, fmt.Errorf("%s: OS selector key '%s': the pattern must be a string or a boolean, got %s", path, k, osimage.Describe(v))
 		}
 		t, err := newTerm(k, pattern)
 		if err != nil {
@@ -109,43 +118,86 @@ func newTerm(key, pattern string) (term, error) {
 }
 
 // Matches says whether the image named key matches every term of s.
-func (s Selector) Matches(key string, img osimage.Image) bool {
-	// Plain-word terms go first: they are cheap and reject most images of a
-	// catalog before any regexp runs.
+//
+// It reads the image as Sylva's selector-matches-os-image does: keys in
+// sorted order, the first pattern that does not match ends the test, and a
+// field that it reads must be a string or a boolean (a boolean reads as
+// "true" or "false"); any other value is an error naming the image and the
+// field. A field that no term reads is never looked at, so an image ruled
+// out by an earlier key is not checked further, exactly as in Sylva.
+func (s Selector) Matches(key string, img osimage.Image) (bool, error) {
+	if img == nil {
+		return false, fmt.Errorf("os_images.%s: the image entry is null, not a map of image fields; remove it or give its fields", key)
+	}
+	// Plain-word terms are checked first when no term before them could
+	// fail: they are cheap and reject most images of a catalog before any
+	// regexp runs. Which term rejects an image only matters for errors,
+	// and a term can only fail on a field of the wrong type, which this
+	// pass checks on the way.
 	for i := range s.terms {
-		if t := &s.terms[i]; t.isLiteral && !t.match(value(t.key, key, img)) {
-			return false
+		t := &s.terms[i]
+		v, err := value(t.key, key, img)
+		if err != nil {
+			return s.matchInOrder(key, img)
+		}
+		if t.isLiteral && !t.match(v) {
+			return false, nil
 		}
 	}
 	for i := range s.terms {
-		if t := &s.terms[i]; !t.isLiteral && !t.match(value(t.key, key, img)) {
-			return false
+		if t := &s.terms[i]; !t.isLiteral {
+			v, _ := value(t.key, key, img)
+			if !t.match(v) {
+				return false, nil
+			}
 		}
 	}
-	return true
+	return true, nil
+}
+
+// matchInOrder is Matches term by term in key order, for an image that
+// holds a field of the wrong type: it is an error only if every term
+// before it matches.
+func (s Selector) matchInOrder(key string, img osimage.Image) (bool, error) {
+	for i := range s.terms {
+		t := &s.terms[i]
+		v, err := value(t.key, key, img)
+		if err != nil {
+			return false, fmt.Errorf("os_images.%s.%s: %w", key, t.key, err)
+		}
+		if !t.match(v) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // value is what the term for field is matched against.
-func value(field, key string, img osimage.Image) string {
+func value(field, key string, img osimage.Image) (string, error) {
 	if field == KeyImageKey {
-		return key
+		return key, nil
 	}
-	if v, ok := img[field]; ok {
-		return v
+	v, ok := img[field]
+	if !ok {
+		return Unset, nil
 	}
-	return Unset
+	switch t := v.(type) {
+	case string:
+		return t, nil
+	case bool:
+		return strconv.FormatBool(t), nil
+	}
+	hint := ""
+	if _, ok := v.(float64); ok {
+		hint = ` (quote it in the catalog, as in "15.10", so that its text is kept)`
+	}
+	return "", fmt.Errorf("an OS image selector reads this field, which holds %s, not a string or a boolean%s", osimage.Describe(v), hint)
 }
 
-// Select returns the sorted keys of the images of cat that s matches.
-func (s Selector) Select(cat osimage.Catalog) []string {
-	var keys []string
-	for k, img := range cat {
-		if s.Matches(k, img) {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-	return keys
+// Select returns the sorted keys of the images of cat that s matches, or
+// the error of the first image (in key order) that cannot be tested.
+func (s Selector) Select(cat osimage.Catalog) ([]string, error) {
+	return List{s}.Select(cat)
 }
 
 // Has says whether s holds a pattern for key.
@@ -205,39 +257,45 @@ func (s Selector) String() string {
 // List is a set of selectors that matches an image when any of them does.
 type List []Selector
 
-// Matches says whether any selector of l matches the image.
-func (l List) Matches(key string, img osimage.Image) bool {
-	for _, s := range l {
-		if s.Matches(key, img) {
-			return true
-		}
+// Select returns the sorted keys of the images of cat that any selector of
+// l matches. As Sylva's select-os-images, it tests every image against
+// every selector, and fails on an empty catalog and on the first image
+// that cannot be tested (selectors in order, images in key order).
+func (l List) Select(cat osimage.Catalog) ([]string, error) {
+	if len(cat) == 0 {
+		return nil, errEmptyCatalog
 	}
-	return false
-}
-
-// Select returns the sorted keys of the images of cat that l matches.
-func (l List) Select(cat osimage.Catalog) []string {
 	var keys []string
-	for k, img := range cat {
-		if l.Matches(k, img) {
-			keys = append(keys, k)
+	var seen map[string]bool // only needed when several selectors may match one image
+	if len(l) > 1 {
+		seen = map[string]bool{}
+	}
+	for _, s := range l {
+		var firstBad string
+		var badErr error
+		for k, img := range cat {
+			ok, err := s.Matches(k, img)
+			if err != nil {
+				// Map order is random; the smallest key keeps the
+				// error the same from run to run.
+				if badErr == nil || k < firstBad {
+					firstBad, badErr = k, err
+				}
+				continue
+			}
+			if ok && !seen[k] {
+				if seen != nil {
+					seen[k] = true
+				}
+				keys = append(keys, k)
+			}
+		}
+		if badErr != nil {
+			return nil, badErr
 		}
 	}
-	sort.Strings(keys)
-	return keys
+	slices.Sort(keys)
+	return keys, nil
 }
 
-func describe(v any) string {
-	switch t := v.(type) {
-	case map[string]any:
-		return "a map"
-	case []any:
-		return "a list"
-	case string:
-		return strconv.Quote(t)
-	case nil:
-		return "null"
-	default:
-		return fmt.Sprintf("%v (%T)", t, t)
-	}
-}
+var errEmptyCatalog = errors.New("os_images is empty: there is no OS image to select from")

@@ -40,7 +40,10 @@ func TestParse(t *testing.T) {
 			},
 		},
 		{name: "booleans become true/false", raw: map[string]any{"hardened": true, "os": false}, want: map[string]string{"hardened": "true", "os": "false"}},
-		{name: "null value removes the key", raw: map[string]any{"os": nil, "flavor": "plain"}, want: map[string]string{"flavor": "plain"}},
+		// Sylva's validate-selector refuses a null pattern; so does a level
+		// merge that leaves one (a null does not remove a more general
+		// level's pattern there).
+		{name: "null value is refused", raw: map[string]any{"os": nil, "flavor": "plain"}, errHas: []string{".sel:", "'os'", "string or a boolean", "null"}},
 		{
 			name:    "unknown key refused",
 			raw:     map[string]any{"os": "ubuntu", "size": "1"},
@@ -57,7 +60,7 @@ func TestParse(t *testing.T) {
 			want: map[string]string{"size": "1", "commit-id": "abc"},
 		},
 		{name: "_use_extra_keys_ quoted", raw: map[string]any{"size": "1", "_use_extra_keys_": "true"}, want: map[string]string{"size": "1"}},
-		{name: "_use_extra_keys_ null", raw: map[string]any{"os": "x", "_use_extra_keys_": nil}, want: map[string]string{"os": "x"}},
+		{name: "_use_extra_keys_ null", raw: map[string]any{"os": "x", "_use_extra_keys_": nil}, errHas: []string{"._use_extra_keys_", "null"}},
 		{name: "_use_extra_keys_ not a boolean", raw: map[string]any{"_use_extra_keys_": "yes"}, errHas: []string{".sel", "._use_extra_keys_", "true or false"}},
 		{name: "not a map", raw: "os=ubuntu", errHas: []string{".sel:", "must be a map"}},
 		{name: "list", raw: []any{map[string]any{"os": "x"}}, errHas: []string{".sel:", "a list"}},
@@ -146,8 +149,8 @@ func TestMatches(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := mustParse(t, tt.sel)
-			if got := s.Matches(tt.key, img); got != tt.want {
-				t.Errorf("%s.Matches = %v, want %v", s, got, tt.want)
+			if got, err := s.Matches(tt.key, img); err != nil || got != tt.want {
+				t.Errorf("%s.Matches = %v, %v; want %v", s, got, err, tt.want)
 			}
 		})
 	}
@@ -160,14 +163,83 @@ func TestList(t *testing.T) {
 		"c": {"os": "leapmicro"},
 	}
 	l := List{mustParse(t, map[string]any{"os": "ubuntu"}), mustParse(t, map[string]any{"_os_images_key_": "b"})}
-	if got := strings.Join(l.Select(cat), ","); got != "a,b" {
-		t.Errorf("Select = %s, want a,b", got)
+	if got, err := l.Select(cat); err != nil || strings.Join(got, ",") != "a,b" {
+		t.Errorf("Select = %v, %v; want a,b", got, err)
 	}
-	if l.Matches("c", cat["c"]) {
-		t.Error("c matched")
+	if got, err := (List{}).Select(cat); err != nil || len(got) != 0 {
+		t.Errorf("an empty list must match nothing: %v, %v", got, err)
 	}
-	if (List{}).Matches("a", cat["a"]) {
-		t.Error("an empty list must match nothing")
+	if _, err := l.Select(osimage.Catalog{}); err == nil || !strings.Contains(err.Error(), "os_images is empty") {
+		t.Errorf("an empty catalog: %v", err)
+	}
+}
+
+// A field that a selector reads must be a string or a boolean: anything
+// else is an error naming the image and the field, raised only where
+// Sylva's selector-matches-os-image raises it (keys in sorted order, the
+// first pattern that does not match ends the test). No value is ever
+// re-formatted: the number 15.10 is neither "15.10" nor "15.1".
+func TestMatchesFieldTypes(t *testing.T) {
+	img := osimage.Image{
+		"os": "ubuntu", "os-release": 15.1, "hardened": true, "flavor": nil,
+		"extra": map[string]any{"a": "b"}, "tags": []any{"x"}, "commit-tag": 7.0,
+	}
+	tests := []struct {
+		name   string
+		sel    map[string]any
+		want   bool
+		errHas []string
+	}{
+		{name: "a boolean field reads true", sel: map[string]any{"hardened": "true"}, want: true},
+		{name: "a boolean field matches a boolean", sel: map[string]any{"hardened": true}, want: true},
+		{name: "a boolean field matches a pattern", sel: map[string]any{"hardened": "t.*"}, want: true},
+		{name: "a number field is an error", sel: map[string]any{"os-release": `15\.10`}, errHas: []string{"os_images.k.os-release", "the number 15.1", "quote it"}},
+		{name: "a number is not read as its decimal form", sel: map[string]any{"os-release": `15\.1`}, errHas: []string{"os_images.k.os-release"}},
+		{name: "a null field is an error, even for the empty pattern", sel: map[string]any{"flavor": ""}, errHas: []string{"os_images.k.flavor", "null"}},
+		{name: "a map field is an error", sel: map[string]any{"_use_extra_keys_": true, "extra": ".*"}, errHas: []string{"os_images.k.extra", "a map"}},
+		{name: "a list field is an error", sel: map[string]any{"_use_extra_keys_": true, "tags": ".*"}, errHas: []string{"os_images.k.tags", "a list"}},
+		{name: "a field no key reads is not checked", sel: map[string]any{"os": "ubuntu"}, want: true},
+		// commit-tag < os < os-release: os rules the image out before
+		// os-release is read; commit-tag is read first and fails.
+		{name: "ruled out by an earlier key: not checked", sel: map[string]any{"os": "debian", "os-release": ".*"}, want: false},
+		{name: "read after earlier keys match: checked", sel: map[string]any{"os": "ubuntu", "os-release": ".*"}, errHas: []string{"os_images.k.os-release"}},
+		{name: "read before the key that rules it out: checked", sel: map[string]any{"commit-tag": ".*", "os": "debian"}, errHas: []string{"os_images.k.commit-tag", "the number 7"}},
+		{name: "a literal later in order does not hide the error", sel: map[string]any{"_use_extra_keys_": true, "extra": ".*", "os": "debian"}, errHas: []string{"os_images.k.extra"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := mustParse(t, tt.sel)
+			got, err := s.Matches("k", img)
+			if tt.errHas != nil {
+				if err == nil {
+					t.Fatalf("Matches = %v, want an error", got)
+				}
+				for _, sub := range tt.errHas {
+					if !strings.Contains(err.Error(), sub) {
+						t.Errorf("error %q lacks %q", err, sub)
+					}
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("Matches = %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// A null os_images entry is an error naming it as soon as any selector
+// runs over the catalog, as in Sylva; the same catalog still serves an
+// image_key lookup of another image.
+func TestNullImageEntry(t *testing.T) {
+	cat := osimage.Catalog{"a": {"os": "ubuntu"}, "gone": nil}
+	for _, sel := range []map[string]any{{"os": "//unset"}, {"os": "ubuntu"}, {}} {
+		if _, err := mustParse(t, sel).Select(cat); err == nil || !strings.Contains(err.Error(), "os_images.gone") || !strings.Contains(err.Error(), "null") {
+			t.Errorf("%v: %v, want an error naming os_images.gone", sel, err)
+		}
+	}
+	if key, err := Resolve(cat, "a", nil, ".ctx"); err != nil || key != "a" {
+		t.Errorf("image_key lookup: %q, %v", key, err)
 	}
 }
 

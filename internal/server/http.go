@@ -73,11 +73,14 @@ func (s *Server) sendDeadline(next http.Handler) http.Handler {
 }
 
 func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
-	sum, file := r.PathValue("sha256"), r.PathValue("file")
-	if osimage.ValidateDigestField(osimage.FieldSHA256, sum) != nil {
+	// The one parser of image paths reads the path as sent, so that the
+	// server answers exactly the URLs render writes (osimage.ImagePath).
+	req, ok := osimage.ParseImagePath(r.URL.EscapedPath())
+	if !ok {
 		http.NotFound(w, r)
 		return
 	}
+	sum, file := string(req.SHA256), req.Name()
 	info, ok := s.lookup(sum)
 	if !ok || !info.served {
 		http.NotFound(w, r)
@@ -172,8 +175,9 @@ func withoutEmptySuffixes(h string) (string, bool) {
 	return "bytes=" + strings.Join(kept, ","), true
 }
 
-// isImagePath says whether a request path is an image download, for the
-// byte counter.
-func isImagePath(p string) bool {
-	return strings.HasPrefix(p, "/images/") && !strings.HasSuffix(p, ".sha256sum") && !strings.HasSuffix(p, ".md5sum")
+// isImagePath says whether a request path (as sent, escaped) is an image
+// download, for the byte counter.
+func isImagePath(escaped string) bool {
+	f, ok := osimage.ParseImagePath(escaped)
+	return ok && f.Checksum == ""
 }

@@ -38,7 +38,7 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 			t.Errorf("GET %s.sha256sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
 		resp, body = h.get("/images/" + a.SHA256 + "/" + name + ".md5sum")
-		if want := a.Image["md5"] + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
+		if want := a.Image.Get("md5") + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.md5sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
 	}

@@ -115,7 +115,7 @@ func (m *Metrics) instrument(next http.Handler) http.Handler {
 		cw := &countingWriter{ResponseWriter: w, code: http.StatusOK}
 		next.ServeHTTP(cw, r)
 		m.requests.WithLabelValues(strconv.Itoa(cw.code)).Inc()
-		if isImagePath(r.URL.Path) {
+		if isImagePath(r.URL.EscapedPath()) {
 			m.bytesServed.Add(float64(cw.bytes))
 		}
 	})

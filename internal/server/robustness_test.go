@@ -162,7 +162,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	}
 	fields := p.Fields.Clone()
 	fields[osimage.FieldURI] = "oci://" + p.Ref
-	return Wanted{SHA256: fields[osimage.FieldSHA256], Key: key, Image: fields, SelectedBy: []string{"test"}}
+	return Wanted{SHA256: fields.Get(osimage.FieldSHA256), Key: key, Image: fields, SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {

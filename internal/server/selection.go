@@ -41,7 +41,7 @@ type Wanted struct {
 }
 
 // Filename is the filename of the image's record (that of Key).
-func (w Wanted) Filename() string { return w.Image[osimage.FieldFilename] }
+func (w Wanted) Filename() string { return w.Image.Get(osimage.FieldFilename) }
 
 // ServedAs returns the filenames the image is served under: Filenames, or
 // the record's own filename for an image known only from the store.
@@ -102,7 +102,12 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	for _, path := range slices.Sorted(maps.Keys(choices)) {
 		c := choices[path]
 		if c.Selector != nil {
-			for _, key := range c.Selector.Select(cat) {
+			keys, err := c.Selector.Select(cat)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", path, err))
+				continue
+			}
+			for _, key := range keys {
 				if c.ImageKey == "" || c.ImageKey == key {
 					add(key, path)
 				}
@@ -127,7 +132,12 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 			errs = append(errs, err)
 			continue
 		}
-		for _, key := range sel.Select(cat) {
+		keys, err := sel.Select(cat)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		for _, key := range keys {
 			add(key, path)
 		}
 	}
@@ -135,12 +145,13 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	out := map[string]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
-		sum := img[osimage.FieldSHA256]
-		if err := osimage.ValidateDigestField(osimage.FieldSHA256, sum); err != nil || sum == "" {
-			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256 (%q)", key, sum))
+		sha, err := img.SHA256()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256: %w", key, err))
 			continue
 		}
-		if err := imagestore.ValidateFilename(img[osimage.FieldFilename]); err != nil {
+		sum := string(sha)
+		if _, err := img.Filename(); err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: %w", key, err))
 			continue
 		}
@@ -152,14 +163,18 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 		out[sum] = Wanted{SHA256: sum, Key: key, Image: img, SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
-		sum, name := cat[key][osimage.FieldSHA256], cat[key][osimage.FieldFilename]
-		w, ok := out[sum]
-		if !ok || slices.Contains(w.Filenames, name) || imagestore.ValidateFilename(name) != nil {
+		sha, err := cat[key].SHA256()
+		if err != nil {
+			continue
+		}
+		w, ok := out[string(sha)]
+		name, err := cat[key].Filename()
+		if !ok || err != nil || slices.Contains(w.Filenames, name) {
 			continue
 		}
 		w.Filenames = append(w.Filenames, name)
 		slices.Sort(w.Filenames)
-		out[sum] = w
+		out[string(sha)] = w
 	}
 	return out, errors.Join(errs...)
 }
@@ -191,7 +206,7 @@ func PullWith(choose func() *pull.Puller, trust func() (catalog.Trust, error)) P
 // signatureCheck is the check of w's manifest that the management values
 // ask for, nil when no key applies to it.
 func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
-	uri := w.Image[osimage.FieldURI]
+	uri := w.Image.Get(osimage.FieldURI)
 	if !strings.HasPrefix(uri, "oci://") {
 		return nil, nil
 	}
@@ -199,7 +214,7 @@ func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context
 	if err != nil {
 		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
 	}
-	keys, err := t.KeysRequired(w.Image[osimage.FieldRegistryKey], uri)
+	keys, err := t.KeysRequired(w.Image.Get(osimage.FieldRegistryKey), uri)
 	if err != nil {
 		return nil, fmt.Errorf("%w (nothing was downloaded)", err)
 	}
@@ -230,13 +245,13 @@ func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context
 // PullSource is what the puller needs to know of w.
 func PullSource(w Wanted) pull.Source {
 	return pull.Source{
-		URI:            w.Image[osimage.FieldURI],
+		URI:            w.Image.Get(osimage.FieldURI),
 		SHA256:         w.SHA256,
-		MD5:            w.Image[osimage.FieldMD5],
-		Compression:    w.Image[osimage.FieldCompression],
+		MD5:            w.Image.Get(osimage.FieldMD5),
+		Compression:    w.Image.Get(osimage.FieldCompression),
 		Size:           w.Int64Field(osimage.FieldSize),
 		ArchiveSize:    w.Int64Field(osimage.FieldArchiveSize),
-		ManifestDigest: w.Image[osimage.FieldManifestDigest],
+		ManifestDigest: w.Image.Get(osimage.FieldManifestDigest),
 	}
 }
 

@@ -761,7 +761,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			size = img.entry.Size
 		}
 		out = append(out, Status{
-			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image[osimage.FieldURI],
+			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
 			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
 			KeptBy: s.keptByLocked(sum, img),

@@ -81,7 +81,7 @@ func (f *fakeSource) pull(ctx context.Context, w Wanted, dst *imagestore.Writer,
 		return "", 0, err
 	}
 	progress(int64(len(content)), int64(len(content)))
-	return w.Image["md5"], int64(len(content)), nil
+	return w.Image.Get("md5"), int64(len(content)), nil
 }
 
 type clock struct {
@@ -289,7 +289,7 @@ func TestServeLifecycle(t *testing.T) {
 	if _, body := h.get(imageURL(a) + ".sha256sum"); string(body) != a.SHA256+"  ubuntu-a.raw\n" {
 		t.Errorf(".sha256sum: %q", body)
 	}
-	if _, body := h.get(imageURL(a) + ".md5sum"); string(body) != a.Image["md5"]+"  ubuntu-a.raw\n" {
+	if _, body := h.get(imageURL(a) + ".md5sum"); string(body) != a.Image.Get("md5")+"  ubuntu-a.raw\n" {
 		t.Errorf(".md5sum: %q", body)
 	}
 	if resp, _ := h.get("/images/" + a.SHA256 + "/other-name.raw"); resp.StatusCode != 404 {

@@ -85,7 +85,7 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (Wanted, dev
 	img[osimage.FieldURI] = "oci://" + p.Ref
 	img[osimage.FieldRegistryKey] = "sylva"
 	img[osimage.FieldManifestDigest] = p.ManifestDigest.String()
-	return Wanted{SHA256: img[osimage.FieldSHA256], Key: key, Image: img, SelectedBy: []string{"test"}}, p
+	return Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: key, Image: img, SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -161,7 +161,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	} {
 		h.waitPhase(tc.w.SHA256, PhaseFailed)
 		reason := reasonOf(h, tc.w.SHA256)
-		for _, want := range []string{"Invalid signature for " + tc.w.Image[osimage.FieldURI] + ": " + tc.want, "os_images_oci_registries.sylva.cosign_publickey", "nothing was downloaded"} {
+		for _, want := range []string{"Invalid signature for " + tc.w.Image.Get(osimage.FieldURI) + ": " + tc.want, "os_images_oci_registries.sylva.cosign_publickey", "nothing was downloaded"} {
 			if !strings.Contains(reason, want) {
 				t.Errorf("%s: reason lacks %q: %s", tc.w.Key, want, reason)
 			}
@@ -225,7 +225,7 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	for k, v := range moved.Fields {
 		fresh.Image[k] = v
 	}
-	fresh.SHA256 = moved.Fields[osimage.FieldSHA256]
+	fresh.SHA256 = moved.Fields.Get(osimage.FieldSHA256)
 	h.want(fresh)
 	h.waitPhase(fresh.SHA256, PhaseReady)
 }

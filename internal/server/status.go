@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	_ "embed"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 //go:embed status.html
@@ -29,10 +30,10 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 		return s
 	},
 	"join": strings.Join,
-	// html/template leaves ?, # and % of a URL path as they are: a filename
-	// holding them must be escaped to stay one path segment.
-	"pathEscape": url.PathEscape,
-	"ago":        func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+
+	// The link is the URL render writes, the filename escaped.
+	"imagePath": func(sha, filename string) string { return osimage.ImagePath(osimage.SHA256(sha), filename) },
 }).Parse(statusHTML))
 
 type statusView struct {

@@ -40,12 +40,12 @@ func TestServerRequireSignatures(t *testing.T) {
 	}
 	img := p.Fields.Clone()
 	img[osimage.FieldURI] = "oci://" + p.Ref
-	w := Wanted{SHA256: img[osimage.FieldSHA256], Key: "elsewhere", Image: img, SelectedBy: []string{"test"}}
+	w := Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: "elsewhere", Image: img, SelectedBy: []string{"test"}}
 	h := s.start(t, s.trust(t, "security: {os_images: {require_signatures: true}}\n"))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)
 	reason := reasonOf(h, w.SHA256)
-	for _, want := range []string{"Invalid signature for " + w.Image[osimage.FieldURI], "security.os_images.require_signatures is true", "nothing was downloaded"} {
+	for _, want := range []string{"Invalid signature for " + w.Image.Get(osimage.FieldURI), "security.os_images.require_signatures is true", "nothing was downloaded"} {
 		if !strings.Contains(reason, want) {
 			t.Errorf("reason lacks %q: %s", want, reason)
 		}
