@@ -305,7 +305,7 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	})
 	h.want(bomb, good)
 	h.waitPhase(bomb.SHA256, PhaseFailed)
-	if st := h.status(bomb.SHA256); !strings.Contains(st.Reason, "the image declares no size, so it is bounded by --max-image-size (16.0 MiB)") {
+	if st := h.status(bomb.SHA256); !strings.Contains(st.Reason, "the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (16.0 MiB)") {
 		t.Errorf("bomb: %q", st.Reason)
 	}
 	h.waitPhase(good.SHA256, PhaseReady)
@@ -317,21 +317,32 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	}
 }
 
-// TestReservationHoldsTheBound: an image without a size reserves
-// --max-image-size, so that it is refused up front where the disk could
-// not hold what it may write, with a message that says why.
+// TestReservationHoldsTheBound: an image without a size is bounded by
+// --max-image-size or, when less, by the space there is: a small one is
+// served on a volume smaller than --max-image-size, and one larger than the
+// space is cut at it, with a message that says why, leaving nothing behind.
 func TestReservationHoldsTheBound(t *testing.T) {
 	src := newFakeSource()
-	w := src.add("no-size", []byte("small, but nobody says so"), false)
-	delete(w.Image, osimage.FieldSize)
-	h := start(t, t.TempDir(), src, func(c *Config) {
+	small := src.add("no-size", []byte("small, but nobody says so"), false)
+	delete(small.Image, osimage.FieldSize)
+	large := src.add("no-size-large", devregistry.DiskContent(4<<20, 3), false)
+	delete(large.Image, osimage.FieldSize)
+	delete(large.Image, osimage.FieldArchiveSize)
+	dir := t.TempDir()
+	h := start(t, dir, src, func(c *Config) {
 		c.MaxImageSize = 1 << 30
-		c.MaxStorage = 512 << 20
+		c.MaxStorage = 1 << 20
+		c.Concurrency = 1
 	})
-	h.want(w)
-	h.waitPhase(w.SHA256, PhaseFailed)
-	if st := h.status(w.SHA256); !strings.Contains(st.Reason, "as the image declares no size") || !strings.Contains(st.Reason, "--max-storage") {
+	h.want(small)
+	h.waitPhase(small.SHA256, PhaseReady)
+	h.want(small, large)
+	h.waitPhase(large.SHA256, PhaseFailed)
+	if st := h.status(large.SHA256); !strings.Contains(st.Reason, "the image declares no size") || !strings.Contains(st.Reason, "larger than the bound") {
 		t.Errorf("reason %q", st.Reason)
+	}
+	if left, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(left) != 0 {
+		t.Errorf("the cut download left %v in tmp/", left)
 	}
 }
 

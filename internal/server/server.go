@@ -363,7 +363,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 
 	bound, need, err := s.bounds(w)
 	if err == nil {
-		err = s.reserveSpace(sum, w, bound, need)
+		bound, err = s.reserveSpace(sum, w, bound, need)
 	}
 	var entry imagestore.Entry
 	if err == nil {
@@ -460,7 +460,7 @@ func (s *Server) pullInto(ctx context.Context, w Wanted, bound int64, pulled fun
 	md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
 	pulled()
 	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
-		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size (%s): declare its size, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
+		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
@@ -521,7 +521,13 @@ func addSizes(a, b int64) int64 {
 // --max-storage) cannot hold the image at all, the error fails it; when it
 // could but for what downloads in progress reserved, the error is a
 // *spaceWait and the image waits, without failing, until one of them ends.
-func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
+//
+// An image that declares no size is bounded by --max-image-size, which is
+// more than most data volumes hold: when nothing else is reserved, its
+// bound shrinks to the space there is, so that it is tried (and fails only
+// if it really is larger) instead of being refused outright. It returns the
+// bound reserved.
+func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
@@ -532,16 +538,38 @@ func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
 	for _, img := range s.images {
 		reserved = addSizes(reserved, img.reservedForSpace)
 	}
-	wait := func(msg string) error {
+	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
 		s.images[sum].waitingForSpace = true
-		return &spaceWait{msg: msg}
+		return 0, &spaceWait{msg: msg}
+	}
+	avail, err := s.cfg.Store.Available()
+	if err != nil {
+		return 0, fmt.Errorf("checking free disk space: %w", err)
+	}
+	free := int64(min(avail, math.MaxInt64))
+	if !declaresSize(w) {
+		archive := need - bound
+		room := free - s.cfg.FreeSpaceMargin
+		if s.cfg.MaxStorage > 0 {
+			room = min(room, s.cfg.MaxStorage-s.cfg.Store.Used())
+		}
+		if room -= archive; room < bound {
+			if reserved > 0 {
+				return wait(fmt.Sprintf("waiting for disk space: the image declares no size, so it may take all the space that is free (up to --max-image-size %s) once the downloads in progress, which reserved %s, end",
+					bytesIEC(bound), bytesIEC(reserved)))
+			}
+			if room > 0 {
+				bound, need = room, room+archive
+				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", bytesIEC(bound))
+			}
+		}
 	}
 	if s.cfg.MaxStorage > 0 {
 		used := s.cfg.Store.Used()
 		if addSizes(used, need) > s.cfg.MaxStorage {
-			return fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
+			return 0, fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
 				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
 		}
 		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
@@ -549,13 +577,8 @@ func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
 				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
 		}
 	}
-	avail, err := s.cfg.Store.Available()
-	if err != nil {
-		return fmt.Errorf("checking free disk space: %w", err)
-	}
-	free := int64(min(avail, math.MaxInt64))
 	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
-		return fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
+		return 0, fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
 			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
 	}
 	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
@@ -563,7 +586,7 @@ func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) error {
 			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
 	}
 	s.images[sum].reservedForSpace = need
-	return nil
+	return bound, nil
 }
 
 // spaceWait says that an image waits for the space that downloads in
