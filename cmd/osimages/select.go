@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -103,37 +103,37 @@ func runSelect(o selectOptions, stdout io.Writer) error {
 
 // selectChoice builds the image_key/selector pair to try, from --selector
 // terms or from a level of cluster values, which it returns too.
-func selectChoice(o selectOptions) (capm3.Choice, string, values.Values, error) {
+func selectChoice(o selectOptions) (levels.Choice, string, values.Values, error) {
 	if len(o.clusterValues) > 0 {
 		if len(o.selectors) > 0 {
-			return capm3.Choice{}, "", nil, errors.New("--selector and --cluster-values exclude each other: a level's selector is taken whole")
+			return levels.Choice{}, "", nil, errors.New("--selector and --cluster-values exclude each other: a level's selector is taken whole")
 		}
 		if o.level == "" {
-			return capm3.Choice{}, "", nil, errors.New("--cluster-values needs --level, such as .control_plane.capm3 or .machine_deployments.md0.capm3")
+			return levels.Choice{}, "", nil, errors.New("--cluster-values needs --level, such as .control_plane.capm3 or .machine_deployments.md0.capm3")
 		}
 		v, err := values.LoadFiles(o.clusterValues...)
 		if err != nil {
-			return capm3.Choice{}, "", nil, err
+			return levels.Choice{}, "", nil, err
 		}
-		c, err := capm3.LevelChoice(v, o.level)
+		c, err := levels.ChoiceAt(v, o.level)
 		return c, o.level, v, err
 	}
 	if o.level != "" {
-		return capm3.Choice{}, "", nil, errors.New("--level needs --cluster-values")
+		return levels.Choice{}, "", nil, errors.New("--level needs --cluster-values")
 	}
 	if len(o.selectors) == 0 {
-		return capm3.Choice{}, "", nil, errors.New("give the selector with --selector KEY=PATTERN, or a level with --cluster-values and --level")
+		return levels.Choice{}, "", nil, errors.New("give the selector with --selector KEY=PATTERN, or a level with --cluster-values and --level")
 	}
 	raw := map[string]any{}
 	for _, term := range o.selectors {
 		k, v, ok := strings.Cut(term, "=")
 		if !ok || k == "" {
-			return capm3.Choice{}, "", nil, fmt.Errorf("--selector %q: want KEY=PATTERN, such as os=ubuntu", term)
+			return levels.Choice{}, "", nil, fmt.Errorf("--selector %q: want KEY=PATTERN, such as os=ubuntu", term)
 		}
 		raw[k] = v
 	}
 	sel, err := selector.Parse(raw, "--selector")
-	return capm3.Choice{Selector: &sel}, "--selector", nil, err
+	return levels.Choice{Selector: &sel}, "--selector", nil, err
 }
 
 // readCatalogFile reads os_images from a values document or from an

@@ -11,10 +11,10 @@ package capm3
 import (
 	"errors"
 	"fmt"
-	"sort"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -89,15 +89,15 @@ func Render(in Input) ([]Template, error) {
 			errs = append(errs, fmt.Errorf("namespace %q: %s", in.Namespace, msg))
 		}
 	}
-	levels, lerrs := splitLevels(in.Values)
+	lvs, lerrs := levels.Split(in.Values)
 	errs = append(errs, lerrs...)
 	// Levels are rendered even when a cluster value is wrong, so that one
 	// run reports every mistake; nothing is returned unless all is well.
 
 	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, apiVersion: apiVersion}
-	out := make([]Template, 0, len(levels))
+	out := make([]Template, 0, len(lvs))
 	byName := map[string]string{}
-	for _, lv := range levels {
+	for _, lv := range lvs {
 		spec, key, err := r.spec(lv)
 		if err != nil {
 			errs = append(errs, err)
@@ -105,36 +105,36 @@ func Render(in Input) ([]Template, error) {
 		}
 		hash, err := specHash(spec)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", lv.path, err))
+			errs = append(errs, fmt.Errorf("%s: %w", lv.Path, err))
 			continue
 		}
 		if cl.name == "" {
 			continue // already reported
 		}
 		role := "cp"
-		if lv.md != "" {
-			role = lv.md
+		if lv.MachineDeployment != "" {
+			role = lv.MachineDeployment
 		}
 		name := cl.name + "-" + role + "-" + hash
 		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("%s: template name %q is not a valid object name: %v", lv.path, name, msgs))
+			errs = append(errs, fmt.Errorf("%s: template name %q is not a valid object name: %v", lv.Path, name, msgs))
 			continue
 		}
 		// Only a machine deployment named "cp" can collide, with the
 		// control plane; two owners of one template would make deleting
 		// either of them unsafe.
 		if other, ok := byName[name]; ok {
-			errs = append(errs, fmt.Errorf("%s: template name %s is also the name of the template of %s; rename the machine deployment", lv.path, name, other))
+			errs = append(errs, fmt.Errorf("%s: template name %s is also the name of the template of %s; rename the machine deployment", lv.Path, name, other))
 			continue
 		}
-		byName[name] = lv.path
+		byName[name] = lv.Path
 		meta := map[string]any{"name": name}
 		if in.Namespace != "" {
 			meta["namespace"] = in.Namespace
 		}
 		out = append(out, Template{
-			Level:             lv.path,
-			MachineDeployment: lv.md,
+			Level:             lv.Path,
+			MachineDeployment: lv.MachineDeployment,
 			ImageKey:          key,
 			Object: map[string]any{
 				"apiVersion": apiVersion,
@@ -176,7 +176,7 @@ func readCluster(v values.Values) (cluster, []error) {
 	if cl.name, err = values.String(v, "name", ".name"); err != nil {
 		errs = append(errs, err)
 	}
-	cl.finalize, cl.finalizeErr = readFinalize(v)
+	cl.finalize, cl.finalizeErr = levels.Finalization(v)
 	providers, err := values.Map(v, "capi_providers", ".capi_providers")
 	if err != nil {
 		return cl, append(errs, err)
@@ -191,94 +191,4 @@ func readCluster(v values.Values) (cluster, []error) {
 		errs = append(errs, fmt.Errorf(".capi_providers.infra_provider: is %q, and only capm3 clusters have Metal3MachineTemplates", infra))
 	}
 	return cl, errs
-}
-
-// readFinalize reads what finalizing a selector takes from the cluster's
-// values. They are used as written, never re-formatted: a k8s_version
-// written as the number 1.30 is refused, not read as "1.3".
-func readFinalize(v values.Values) (selector.Cluster, error) {
-	var c selector.Cluster
-	var errs []error
-	str := func(m values.Values, key, path string) string {
-		switch t := m[key].(type) {
-		case nil:
-			return ""
-		case string:
-			return t
-		default:
-			errs = append(errs, fmt.Errorf("%s: must be a string (quote it), got %s", path, osimage.Describe(t)))
-			return ""
-		}
-	}
-	c.K8sVersion = str(v, "k8s_version", ".k8s_version")
-	_, c.K8sVersionSet = v["k8s_version"].(string)
-	if providers, err := values.Map(v, "capi_providers", ".capi_providers"); err != nil {
-		errs = append(errs, err)
-	} else {
-		c.BootstrapProvider = str(providers, "bootstrap_provider", ".capi_providers.bootstrap_provider")
-	}
-	// Sylva takes the registries pattern with `default ".*"`: a value that
-	// is not set in a template's sense is the default; a boolean is a
-	// pattern like any selector value.
-	switch t := v["os_image_selector_autoselect_registries"].(type) {
-	case bool:
-		if t {
-			c.AutoselectRegistries = "true"
-		}
-	default:
-		if isSet(t) {
-			c.AutoselectRegistries = str(v, "os_image_selector_autoselect_registries", ".os_image_selector_autoselect_registries")
-		}
-	}
-	return c, errors.Join(errs...)
-}
-
-// level is the merged capm3 values of one template.
-type level struct {
-	path   string // values path, for error messages
-	md     string // machine deployment name, empty for the control plane
-	values values.Values
-}
-
-// splitLevels deep-merges, for each template, the capm3 maps that apply to
-// it, most general first.
-func splitLevels(v values.Values) ([]level, []error) {
-	var errs []error
-	root, err := values.Map(v, "capm3", ".capm3")
-	if err != nil {
-		errs = append(errs, err)
-	}
-	sub := func(parent values.Values, key, path string) values.Values {
-		m, err := values.Map(parent, key, path)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		return m
-	}
-	cp := sub(sub(v, "control_plane", ".control_plane"), "capm3", ".control_plane.capm3")
-	mdDefault := sub(sub(v, "machine_deployment_default", ".machine_deployment_default"), "capm3", ".machine_deployment_default.capm3")
-	mds := sub(v, "machine_deployments", ".machine_deployments")
-
-	// The levels merge as sylva-library's mergeOverwrite merges them: a
-	// null in a more specific level is kept (and, as a pattern, refused).
-	levels := []level{{path: ".control_plane.capm3", values: values.Overlay(root, cp)}}
-	names := make([]string, 0, len(mds))
-	for name, md := range mds {
-		// A null machine deployment is one removed by a later values
-		// file, as Helm does.
-		if md != nil {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	mdBase := values.Overlay(root, mdDefault)
-	for _, name := range names {
-		path := ".machine_deployments." + name
-		own := sub(sub(mds, name, path), "capm3", path+".capm3")
-		levels = append(levels, level{path: path + ".capm3", md: name, values: values.Overlay(mdBase, own)})
-	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
-	return levels, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -647,10 +648,10 @@ func TestLevelSemantics(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := vals(t, tt.extra...)
-			c, err := LevelChoice(v, tt.level)
+			c, err := levels.ChoiceAt(v, tt.level)
 			if tt.errHas != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.errHas) {
-					t.Fatalf("LevelChoice: %v, want an error with %q", err, tt.errHas)
+					t.Fatalf("ChoiceAt: %v, want an error with %q", err, tt.errHas)
 				}
 				return
 			}

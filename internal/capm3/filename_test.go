@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -16,14 +17,14 @@ import (
 // cluster) is no error for them; rendering still needs it.
 func TestPickingNeedsNoClusterName(t *testing.T) {
 	v := vals(t, "name: null")
-	choices, err := LevelChoices(v)
+	choices, err := levels.Choices(v)
 	if err != nil {
 		t.Fatalf("LevelChoices without a cluster name: %v", err)
 	}
 	if len(choices) != 3 {
 		t.Errorf("%d level choices, want 3", len(choices))
 	}
-	if _, err := Picks(v, testCatalog()); err != nil {
+	if _, err := levels.Picks(v, testCatalog()); err != nil {
 		t.Errorf("Picks without a cluster name: %v", err)
 	}
 	_, err = Render(Input{Values: v, Catalog: testCatalog(), Served: servedAll()})

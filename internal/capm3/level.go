@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -35,7 +36,7 @@ type renderer struct {
 
 // spec returns the spec of the template of one level, and the key in (A)
 // of the image it picked (empty when the image is given by hand).
-func (r *renderer) spec(lv level) (map[string]any, string, error) {
+func (r *renderer) spec(lv levels.Level) (map[string]any, string, error) {
 	var errs []error
 	fail := func(err error) { errs = append(errs, err) }
 
@@ -49,33 +50,33 @@ func (r *renderer) spec(lv level) (map[string]any, string, error) {
 		tspec["image"] = image
 	}
 
-	if raw, ok := lv.values["hostSelector"]; ok && raw != nil {
-		if hs, err := hostSelector(raw, lv.path+".hostSelector"); err != nil {
+	if raw, ok := lv.Values["hostSelector"]; ok && raw != nil {
+		if hs, err := hostSelector(raw, lv.Path+".hostSelector"); err != nil {
 			fail(err)
 		} else {
 			tspec["hostSelector"] = hs
 		}
 	}
-	if raw, ok := lv.values["dataTemplate"]; ok && raw != nil {
-		if dt, err := r.dataTemplate(raw, lv.path+".dataTemplate"); err != nil {
+	if raw, ok := lv.Values["dataTemplate"]; ok && raw != nil {
+		if dt, err := r.dataTemplate(raw, lv.Path+".dataTemplate"); err != nil {
 			fail(err)
 		} else {
 			tspec["dataTemplate"] = dt
 		}
 	}
-	if mode, err := values.String(lv.values, "automatedCleaningMode", lv.path+".automatedCleaningMode"); err != nil {
+	if mode, err := values.String(lv.Values, "automatedCleaningMode", lv.Path+".automatedCleaningMode"); err != nil {
 		fail(err)
 	} else if mode != "" {
 		if mode != "metadata" && mode != "disabled" {
-			fail(fmt.Errorf("%s.automatedCleaningMode: must be metadata or disabled, got %q", lv.path, mode))
+			fail(fmt.Errorf("%s.automatedCleaningMode: must be metadata or disabled, got %q", lv.Path, mode))
 		} else {
 			tspec["automatedCleaningMode"] = mode
 		}
 	}
-	if raw, ok := lv.values["nodeReuse"]; ok && raw != nil {
+	if raw, ok := lv.Values["nodeReuse"]; ok && raw != nil {
 		// nodeReuse belongs to the template itself, not to the
 		// Metal3Machines it stamps out.
-		if b, err := values.Bool(lv.values, "nodeReuse", lv.path+".nodeReuse", false); err != nil {
+		if b, err := values.Bool(lv.Values, "nodeReuse", lv.Path+".nodeReuse", false); err != nil {
 			fail(err)
 		} else {
 			spec["nodeReuse"] = b
@@ -88,9 +89,9 @@ func (r *renderer) spec(lv level) (map[string]any, string, error) {
 }
 
 // image returns the image block of a level, from (A) or given by hand.
-func (r *renderer) image(lv level) (map[string]any, string, error) {
-	v, path := lv.values, lv.path
-	choice, err := levelChoice(lv, r.cluster.finalize, r.cluster.finalizeErr)
+func (r *renderer) image(lv levels.Level) (map[string]any, string, error) {
+	v, path := lv.Values, lv.Path
+	choice, err := lv.Choice(r.cluster.finalize, r.cluster.finalizeErr)
 	if err != nil {
 		return nil, "", err
 	}
@@ -121,121 +122,6 @@ func (r *renderer) image(lv level) (map[string]any, string, error) {
 	}
 	img, err := r.servedImage(key, v, path)
 	return img, key, err
-}
-
-// isSet says whether a value counts as set where Sylva's templates test it
-// with `if`: null, false, "", 0 and an empty map or list do not. So
-// `os_image_selector: {}` (or false, or null) leaves a level without a
-// selector, at any level and after the levels are merged, exactly as
-// sylva-library's `if $def.os_image_selector` has it.
-func isSet(v any) bool {
-	switch t := v.(type) {
-	case nil:
-		return false
-	case bool:
-		return t
-	case string:
-		return t != ""
-	case float64:
-		return t != 0
-	case int:
-		return t != 0
-	case int64:
-		return t != 0
-	case map[string]any:
-		return len(t) > 0
-	case []any:
-		return len(t) > 0
-	}
-	return true
-}
-
-// levelChoice reads how a level designates its image in (A), as Sylva's
-// compute-image-key does: the os_image_selector, when set, finalized for
-// the cluster (c, or finalizeErr when the cluster's values for it are
-// wrong); the image_key, when set.
-func levelChoice(lv level, c selector.Cluster, finalizeErr error) (Choice, error) {
-	var choice Choice
-	rawSel := lv.values["os_image_selector"]
-	switch raw := lv.values["image_key"].(type) {
-	case nil:
-	case string:
-		choice.ImageKey = raw
-	default:
-		// Beside a selector, Sylva only compares an image_key that is set
-		// (so false or 0 is ignored there); alone, it would use whatever
-		// the value prints as. A key is a string: anything else is
-		// refused, not re-formatted.
-		if !isSet(rawSel) || isSet(raw) {
-			return Choice{}, fmt.Errorf("%s.image_key: must be the key of an image in os_images, got %s", lv.path, osimage.Describe(raw))
-		}
-	}
-	if raw := rawSel; isSet(raw) {
-		s, err := selector.Parse(raw, lv.path+".os_image_selector")
-		if err != nil {
-			return Choice{}, err
-		}
-		if finalizeErr != nil {
-			return Choice{}, fmt.Errorf("%s.os_image_selector: cannot be completed for the cluster: %w", lv.path, finalizeErr)
-		}
-		if s, err = selector.Finalize(s, c); err != nil {
-			return Choice{}, fmt.Errorf("%s.os_image_selector: %w", lv.path, err)
-		}
-		choice.Selector = &s
-	}
-	return choice, nil
-}
-
-// Choice is how one level designates its image in (A).
-type Choice struct {
-	// ImageKey is the level's image_key, empty when unset.
-	ImageKey string
-	// Selector is the level's os_image_selector, finalized; nil when unset.
-	Selector *selector.Selector
-}
-
-// IsSet says whether the level designates an image in (A) at all.
-func (c Choice) IsSet() bool { return c.ImageKey != "" || c.Selector != nil }
-
-// LevelChoice returns the image_key and finalized selector that Render uses
-// for the level at path (.control_plane.capm3 or
-// .machine_deployments.NAME.capm3), so that tools can show what a level
-// would pick. A level that designates no image in (A) (it gives its image
-// by hand, or none) has a Choice that is not set.
-func LevelChoice(v values.Values, path string) (Choice, error) {
-	fc, ferr := readFinalize(v)
-	levels, errs := splitLevels(v)
-	var paths []string
-	for _, lv := range levels {
-		if lv.path == path {
-			return levelChoice(lv, fc, ferr)
-		}
-		paths = append(paths, lv.path)
-	}
-	if len(errs) > 0 {
-		return Choice{}, errors.Join(errs...)
-	}
-	return Choice{}, fmt.Errorf("level %q: no such level in the cluster values (levels: %s)", path, strings.Join(paths, ", "))
-}
-
-// LevelChoices returns the choice of every level that designates its image
-// in (A), keyed by level path; levels that give their image by hand have
-// none. The error joins the faults of the other levels.
-func LevelChoices(v values.Values) (map[string]Choice, error) {
-	fc, ferr := readFinalize(v)
-	levels, errs := splitLevels(v)
-	choices := map[string]Choice{}
-	for _, lv := range levels {
-		c, err := levelChoice(lv, fc, ferr)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if c.IsSet() {
-			choices[lv.path] = c
-		}
-	}
-	return choices, errors.Join(errs...)
 }
 
 // servedImage is the image block of image key of (A), served by the
@@ -295,22 +181,8 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 
 // checkServed enforces contract §8: (B) only ever makes rendering fail.
 func (r *renderer) checkServed(sha, key, path string) error {
-	if err := CheckServed(r.served, sha, key); err != nil {
+	if err := r.served.Check(sha, key); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-// CheckServed says whether served serves the image of sha256 sha (key in
-// (A)) and has it available, with the error texts of contract §9 that
-// rendering fails with.
-func CheckServed(served osimage.ServedSet, sha, key string) error {
-	entry, ok := served[sha]
-	if !ok {
-		return fmt.Errorf("image %s/%s is currently not served by mgmt cluster os-image-server", sha, key)
-	}
-	if !entry.Available {
-		return fmt.Errorf("image %s/%s is known to the mgmt cluster os-image-server but not available yet: it is still being prepared (downloading), or preparing it failed; see the os-image-server status", sha, key)
 	}
 	return nil
 }
@@ -511,33 +383,4 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// Pick is the image one level picks from (A).
-type Pick struct {
-	// Level is the values path of the level.
-	Level    string
-	ImageKey string
-	// SHA256 is the image's sha256 in (A), empty when it has none.
-	SHA256 string
-}
-
-// Picks returns, in level order, the image that each level designating
-// one in (A) picks, exactly as Render would, but without the served check:
-// they are what the cluster needs the management cluster to serve. The
-// error joins the faults of the levels that cannot pick.
-func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
-	choices, err := LevelChoices(v)
-	errs := []error{err}
-	var out []Pick
-	for _, path := range sortedKeys(choices) {
-		c := choices[path]
-		key, err := selector.Resolve(catalog, c.ImageKey, c.Selector, path)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, Pick{Level: path, ImageKey: key, SHA256: catalog[key].Get(osimage.FieldSHA256)})
-	}
-	return out, errors.Join(errs...)
 }

@@ -8,7 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -70,7 +69,7 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		default:
 			img.State = StateServed
 		}
-		if err := capm3.CheckServed(served.Set, img.SHA256, img.ImageKey); err != nil {
+		if err := served.Set.Check(img.SHA256, img.ImageKey); err != nil {
 			img.Message = err.Error()
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -98,7 +98,7 @@ func Needs(in Inputs) ([]Need, error) {
 			errs = append(errs, fmt.Errorf("%s: the namespace has no %s ConfigMap and the values no os_images, so no image can be picked; publish the cluster's catalog (a ConfigMap labelled %s)", c.Source, osimage.InfoConfigMapName, CatalogValuesLabel))
 			continue
 		}
-		picks, err := capm3.Picks(c.Values, cat)
+		picks, err := levels.Picks(c.Values, cat)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 		}

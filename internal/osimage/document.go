@@ -83,6 +83,20 @@ type ServedImage struct {
 // ServedSet is capm3_os_image_server_images: image sha256 -> entry.
 type ServedSet map[string]ServedImage
 
+// Check says whether s serves the image of sha256 sha (key in (A)) and
+// has it available, with the error texts of contract §9 that rendering
+// fails with; the fleet check reports them too.
+func (s ServedSet) Check(sha, key string) error {
+	entry, ok := s[sha]
+	if !ok {
+		return fmt.Errorf("image %s/%s is currently not served by mgmt cluster os-image-server", sha, key)
+	}
+	if !entry.Available {
+		return fmt.Errorf("image %s/%s is known to the mgmt cluster os-image-server but not available yet: it is still being prepared (downloading), or preparing it failed; see the os-image-server status", sha, key)
+	}
+	return nil
+}
+
 type servedDocument struct {
 	Images ServedSet `json:"capm3_os_image_server_images"`
 }

@@ -14,9 +14,9 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -95,7 +95,7 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 	byKey := map[string][]string{}
 	add := func(key, by string) { byKey[key] = append(byKey[key], by) }
 
-	choices, err := capm3.LevelChoices(mgmt)
+	choices, err := levels.Choices(mgmt)
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -3,7 +3,7 @@ package sylvalib_test
 import (
 	"strings"
 
-	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -78,7 +78,7 @@ func osimagesLevel(c Case, v values.Values) Outcome {
 	if err != nil {
 		return failed(err)
 	}
-	choice, err := capm3.LevelChoice(v, c.Level())
+	choice, err := levels.ChoiceAt(v, c.Level())
 	if err != nil {
 		return failed(err)
 	}
