@@ -23,7 +23,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -98,7 +98,7 @@ func runPlan(ctx context.Context, o planOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	wanted, selErr := server.Select(mgmt, proposedCatalog)
+	wanted, selErr := selection.Select(mgmt, proposedCatalog)
 	if selErr != nil {
 		fmt.Fprintf(stderr, "warning: the proposed values select with problems (the image server would serve the rest):\n%v\n", selErr)
 	}

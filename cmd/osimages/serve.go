@@ -26,6 +26,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -220,7 +221,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	g.Go(func() error {
 		err := inputs.Watch(gctx, hup, func(in server.Loaded) error {
 			cat, vals := in.Catalog, in.Values
-			wanted, selErr := server.Select(vals, cat)
+			wanted, selErr := selection.Select(vals, cat)
 			if err := srv.Admit(gctx, wanted); err != nil {
 				return err
 			}

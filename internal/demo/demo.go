@@ -32,6 +32,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -226,7 +227,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust c
 		os.RemoveAll(dir)
 		return nil, "", nil, fmt.Errorf("embedded demo management values: %w", err)
 	}
-	wanted, err := server.Select(mgmt, cat)
+	wanted, err := selection.Select(mgmt, cat)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, "", nil, err

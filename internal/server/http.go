@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -180,4 +181,19 @@ func withoutEmptySuffixes(h string) (string, bool) {
 func isImagePath(escaped string) bool {
 	f, ok := osimage.ParseImagePath(escaped)
 	return ok && f.Checksum == ""
+}
+
+// servedFile tells which file of an image a request names: one of its
+// filenames, or the .sha256sum or .md5sum of one (suffix). The filename
+// itself wins over a checksum reading of it.
+func servedFile(names []string, file string) (name, suffix string, ok bool) {
+	if slices.Contains(names, file) {
+		return file, "", true
+	}
+	for _, suffix := range []string{".sha256sum", ".md5sum"} {
+		if name, cut := strings.CutSuffix(file, suffix); cut && slices.Contains(names, name) {
+			return name, suffix, true
+		}
+	}
+	return "", "", false
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -113,7 +114,7 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if err != nil {
 		return Loaded{}, nil, err
 	}
-	if errs := ValuesNearMisses(vals); len(errs) > 0 {
+	if errs := selection.ValuesNearMisses(vals); len(errs) > 0 {
 		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("values %s: %w", strings.Join(in.ValueFiles, ", "), errors.Join(errs...))}
 	}
 	// The fingerprint is taken from what was parsed, so it can never

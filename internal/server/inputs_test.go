@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selection"
 )
 
 // TestServesEveryFilenameOfAnImage: two keys name one sha256 under two
@@ -42,6 +45,9 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 			t.Errorf("GET %s.md5sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
 	}
+	if name, suffix, ok := servedFile(a.ServedAs(), "good.raw.sha256sum"); !ok || name != "good.raw" || suffix != ".sha256sum" {
+		t.Errorf("servedFile: %q %q %v", name, suffix, ok)
+	}
 	for _, name := range []string{"other.raw", "good.raw.sha512sum", "renamed"} {
 		if resp, _ := h.get("/images/" + a.SHA256 + "/" + name); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s: %d, want 404", name, resp.StatusCode)
@@ -49,36 +55,6 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 	}
 	if _, page := h.get("/"); !strings.Contains(string(page), `href="/images/`+a.SHA256+`/renamed.raw"`) {
 		t.Errorf("the status page does not list the second filename:\n%s", page)
-	}
-}
-
-// TestSelectServesEveryFilenameOfTheSHA256 is the scenario of a key that
-// sorts first, with the same sha256 and another filename: the first
-// filename stays served.
-func TestSelectServesEveryFilenameOfTheSHA256(t *testing.T) {
-	cat := testCatalog()
-	renamed := cat["ubuntu-plain-132"].Clone()
-	renamed["filename"] = "renamed.raw"
-	cat["a-renamed"] = renamed
-	// Not selected itself, but naming the same file: served under its
-	// filename too. A bad filename is never served.
-	unselected := cat["ubuntu-plain-132"].Clone()
-	unselected["os"], unselected["filename"] = "other", "third.raw"
-	cat["z-unselected"] = unselected
-	bad := cat["ubuntu-plain-132"].Clone()
-	bad["os"], bad["filename"] = "other", "../x"
-	cat["z-bad"] = bad
-
-	got, err := Select(mgmtValues(t, ""), cat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := got[hexSum("ubuntu-plain-132")]
-	if want := []string{"renamed.raw", "third.raw", "ubuntu-plain-132.raw"}; strings.Join(w.Filenames, ",") != strings.Join(want, ",") {
-		t.Errorf("filenames %v, want %v", w.Filenames, want)
-	}
-	if name, suffix, ok := servedFile(w.ServedAs(), "ubuntu-plain-132.raw.sha256sum"); !ok || name != "ubuntu-plain-132.raw" || suffix != ".sha256sum" {
-		t.Errorf("servedFile: %q %q %v", name, suffix, ok)
 	}
 }
 
@@ -110,7 +86,7 @@ func newTestStore(t *testing.T) *imagestore.Store {
 	return store
 }
 
-func catalogDoc(t *testing.T, ws ...Wanted) string {
+func catalogDoc(t *testing.T, ws ...selection.Wanted) string {
 	t.Helper()
 	cat := osimage.Catalog{}
 	for _, w := range ws {
@@ -144,7 +120,7 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 	watchErr := make(chan error, 1)
 	go func() {
 		watchErr <- in.Watch(ctx, nil, func(l Loaded) error {
-			wanted, _ := Select(l.Values, l.Catalog)
+			wanted, _ := selection.Select(l.Values, l.Catalog)
 			if err := h.srv.Admit(ctx, wanted); err != nil {
 				return err
 			}
@@ -269,10 +245,10 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 // TestAdmitRefusesASetTooLargeForAConfigMap names the size and the count.
 func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	srv := New(Config{Store: newTestStore(t), Pull: newFakeSource().pull})
-	wanted := map[string]Wanted{}
+	wanted := map[string]selection.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
-		wanted[sum] = Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
+		wanted[sum] = selection.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
 	var r *RefusedError
@@ -324,4 +300,9 @@ func TestServedOutputDocuments(t *testing.T) {
 	if _, known := files.Serves(hexSum("x"), "c.raw"); known {
 		t.Error("an image the document does not list is not known")
 	}
+}
+
+func hexSum(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
 
@@ -44,7 +45,7 @@ type Store interface {
 // PullFunc downloads and verifies one image into dst, in one pass, and
 // reports the verified md5 and size of the file written. progress gets the
 // network bytes received and the total expected (0 when unknown).
-type PullFunc func(ctx context.Context, w Wanted, dst *imagestore.Writer, progress func(received, total int64)) (md5 string, size int64, err error)
+type PullFunc func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (md5 string, size int64, err error)
 
 // References tells which objects still reference an image. A deselected
 // image that is referenced is kept on disk and served, however long ago it
@@ -132,7 +133,7 @@ const (
 
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
-	Wanted
+	selection.Wanted
 	phase           Phase
 	received, total int64
 	// lastByte is when the download in progress last received a byte (or
@@ -224,7 +225,7 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted:       Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
+			Wanted:       selection.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
 			phase:        PhaseReady,
 			stored:       true,
 			entry:        e,
@@ -242,7 +243,7 @@ func New(cfg Config) *Server {
 // stop being served (a download of theirs is cancelled; their file is
 // collected after the grace period). selectErr is what selection could not
 // do, shown on the status page.
-func (s *Server) SetDesired(wanted map[string]Wanted, selectErr error) {
+func (s *Server) SetDesired(wanted map[string]selection.Wanted, selectErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -427,7 +428,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 // pullInto downloads w into a new temporary file of the store, bounded to
 // bound bytes, and commits it once verified; anything short of that leaves
 // nothing behind. pulled is called once the network part is over.
-func (s *Server) pullInto(ctx context.Context, w Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
+func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
 	dst, err := s.cfg.Store.Create(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
@@ -480,7 +481,7 @@ func (s *Server) pullInto(ctx context.Context, w Wanted, bound int64, pulled fun
 // declared size, or MaxImageSize when it declares none) and what its
 // download reserves on disk (that bound plus archive-size). Malformed sizes
 // and a size above MaxImageSize are refused.
-func (s *Server) bounds(w Wanted) (bound, need int64, err error) {
+func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
 	size, err := w.Image.Size(osimage.FieldSize)
 	if err != nil {
 		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
@@ -501,7 +502,7 @@ func (s *Server) bounds(w Wanted) (bound, need int64, err error) {
 }
 
 // declaresSize says whether w gives the size of its file (0 means unknown).
-func declaresSize(w Wanted) bool {
+func declaresSize(w selection.Wanted) bool {
 	n, err := w.Image.Size(osimage.FieldSize)
 	return err == nil && n > 0
 }
@@ -527,7 +528,7 @@ func addSizes(a, b int64) int64 {
 // bound shrinks to the space there is, so that it is tried (and fails only
 // if it really is larger) instead of being refused outright. It returns the
 // bound reserved.
-func (s *Server) reserveSpace(sum string, w Wanted, bound, need int64) (int64, error) {
+func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))

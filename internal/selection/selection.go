@@ -1,31 +1,24 @@
-// Package server is the image server of the management cluster: it selects
-// the images to serve from the management cluster's own values, has them
-// pulled and verified into content-addressed storage, serves them over HTTP
-// to Ironic, and publishes what it serves (contract §6).
-package server
+// Package selection computes the served set: the images of the management
+// cluster's catalog that its own levels designate (finalized as render
+// finalizes them) or that one of its additional selectors matches, each
+// with every filename its sha256 is known by. The image server serves that
+// set; plan and the demo compute it the same way.
+package selection
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
-
-	"github.com/opencontainers/go-digest"
 
 	"github.com/sylva-projects/osimages/internal/catalog"
-	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/levels"
-	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selector"
-	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
-// Wanted is one image the server must serve.
+// Wanted is one image of the served set: one the server must serve.
 type Wanted struct {
 	SHA256 string
 	// Key is the image's key in the management cluster's os_images; when
@@ -55,23 +48,8 @@ func (w Wanted) ServedAs() []string {
 	return nil
 }
 
-// servedFile tells which file of an image a request names: one of its
-// filenames, or the .sha256sum or .md5sum of one (suffix). The filename
-// itself wins over a checksum reading of it.
-func servedFile(names []string, file string) (name, suffix string, ok bool) {
-	if slices.Contains(names, file) {
-		return file, "", true
-	}
-	for _, suffix := range []string{".sha256sum", ".md5sum"} {
-		if name, cut := strings.CutSuffix(file, suffix); cut && slices.Contains(names, name) {
-			return name, suffix, true
-		}
-	}
-	return "", "", false
-}
-
 // Int64Field reads a size field, 0 when absent or malformed; a download
-// refuses malformed sizes before it asks for them (Server.bounds).
+// refuses malformed sizes before it asks for them.
 func (w Wanted) Int64Field(field string) int64 {
 	n, _ := w.Image.Size(field)
 	return n
@@ -177,82 +155,6 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 		out[string(sha)] = w
 	}
 	return out, errors.Join(errs...)
-}
-
-// PullWith adapts a puller to a PullFunc. choose is asked for the puller at
-// each pull, since oci_registry_insecure can change with the values; trust
-// likewise gives the cosign keys of the management values in force. Before
-// any byte of an OCI image is downloaded, the manifest the tag resolves to
-// must be the one the image record pins (oci-manifest-digest), and must
-// carry a signature made with every key that applies to the image
-// (catalog.Trust.KeysFor). While trust reports an error, OCI images are not
-// pulled at all. A nil trust checks no signature (the demo, which has no
-// keys).
-func PullWith(choose func() *pull.Puller, trust func() (catalog.Trust, error)) PullFunc {
-	return func(ctx context.Context, w Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
-		src := PullSource(w)
-		if trust != nil {
-			check, err := signatureCheck(w, trust)
-			if err != nil {
-				return "", 0, err
-			}
-			src.CheckManifest = check
-		}
-		res, err := choose().Pull(ctx, src, dst, progress)
-		return res.MD5, res.Size, err
-	}
-}
-
-// signatureCheck is the check of w's manifest that the management values
-// ask for, nil when no key applies to it.
-func signatureCheck(w Wanted, trust func() (catalog.Trust, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
-	uri := w.Image.Get(osimage.FieldURI)
-	if !strings.HasPrefix(uri, "oci://") {
-		return nil, nil
-	}
-	t, err := trust()
-	if err != nil {
-		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
-	}
-	keys, err := t.KeysRequired(w.Image.Get(osimage.FieldRegistryKey), uri)
-	if err != nil {
-		return nil, fmt.Errorf("%w (nothing was downloaded)", err)
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	parsed := make([]*signature.PublicKey, len(keys))
-	for i, k := range keys {
-		if parsed[i], err = signature.ParsePublicKey([]byte(k.PublicKey)); err != nil {
-			return nil, fmt.Errorf("pulling %s: %s: %w", uri, k.Path(), err)
-		}
-	}
-	return func(ctx context.Context, client *oci.Client, d digest.Digest) error {
-		for i, key := range parsed {
-			err := signature.Verifier{Client: client}.Verify(ctx, uri, d, key)
-			var refused *signature.Error
-			if errors.As(err, &refused) {
-				return fmt.Errorf("%w (key from %s of the management values; nothing was downloaded)", err, keys[i].Path())
-			}
-			if err != nil {
-				return fmt.Errorf("verifying the signature: %w", err)
-			}
-		}
-		return nil
-	}, nil
-}
-
-// PullSource is what the puller needs to know of w.
-func PullSource(w Wanted) pull.Source {
-	return pull.Source{
-		URI:            w.Image.Get(osimage.FieldURI),
-		SHA256:         w.SHA256,
-		MD5:            w.Image.Get(osimage.FieldMD5),
-		Compression:    w.Image.Get(osimage.FieldCompression),
-		Size:           w.Int64Field(osimage.FieldSize),
-		ArchiveSize:    w.Int64Field(osimage.FieldArchiveSize),
-		ManifestDigest: w.Image.Get(osimage.FieldManifestDigest),
-	}
 }
 
 // ValuesNearMisses reports the near-misses (values.NearMiss) of the keys

@@ -1,4 +1,4 @@
-package server
+package selection
 
 import (
 	"crypto/sha256"
@@ -127,5 +127,32 @@ os_image_server_additional_selectors:
 	}
 	if k := slices.Sorted(maps.Keys(got)); len(k) != 1 || got[k[0]].Key != "ubuntu-hardened-132" {
 		t.Errorf("selected %v", keys(got))
+	}
+}
+
+// TestSelectServesEveryFilenameOfTheSHA256 is the scenario of a key that
+// sorts first, with the same sha256 and another filename: the first
+// filename stays served.
+func TestSelectServesEveryFilenameOfTheSHA256(t *testing.T) {
+	cat := testCatalog()
+	renamed := cat["ubuntu-plain-132"].Clone()
+	renamed["filename"] = "renamed.raw"
+	cat["a-renamed"] = renamed
+	// Not selected itself, but naming the same file: served under its
+	// filename too. A bad filename is never served.
+	unselected := cat["ubuntu-plain-132"].Clone()
+	unselected["os"], unselected["filename"] = "other", "third.raw"
+	cat["z-unselected"] = unselected
+	bad := cat["ubuntu-plain-132"].Clone()
+	bad["os"], bad["filename"] = "other", "../x"
+	cat["z-bad"] = bad
+
+	got, err := Select(mgmtValues(t, ""), cat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := got[hexSum("ubuntu-plain-132")]
+	if want := []string{"renamed.raw", "third.raw", "ubuntu-plain-132.raw"}; strings.Join(w.Filenames, ",") != strings.Join(want, ",") {
+		t.Errorf("filenames %v, want %v", w.Filenames, want)
 	}
 }
