@@ -28,6 +28,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -189,11 +190,11 @@ func runServe(ctx context.Context, o serveOptions) error {
 	// The cosign keys in force, from the values last applied. Until the
 	// first values are read, no OCI image can be pulled: fail closed.
 	var trust atomic.Pointer[trustState]
-	currentTrust := func() (catalog.Trust, error) {
+	currentTrust := func() (signature.Policy, error) {
 		if t := trust.Load(); t != nil {
 			return t.trust, t.err
 		}
-		return catalog.Trust{}, errors.New("the management values are not read yet")
+		return signature.Policy{}, errors.New("the management values are not read yet")
 	}
 	metrics := server.NewMetrics()
 	cfg := limits
@@ -227,19 +228,19 @@ func runServe(ctx context.Context, o serveOptions) error {
 			}
 			insecure, _ := values.Bool(vals, "oci_registry_insecure", "oci_registry_insecure", false)
 			useInsecure.Store(insecure)
-			t, trustErr := catalog.TrustFromValues(vals)
+			t, trustErr := catalog.PolicyFromValues(vals)
 			trust.Store(&trustState{trust: t, err: trustErr})
 			switch {
 			case trustErr != nil:
 				trustErr = fmt.Errorf("OCI images are not pulled until the cosign keys can be read: %w", trustErr)
 				log.Error("signature policy unreadable", "error", trustErr)
-			case t.Skip && t.Keys() > 0:
-				log.Warn(catalog.SkipPath+" is true: cosign signatures are NOT checked", "registriesWithKey", t.Keys())
-			case t.Keys() > 0 || t.Require:
+			case t.Skip && len(t.Keys) > 0:
+				log.Warn(catalog.SkipPath+" is true: cosign signatures are NOT checked", "registriesWithKey", len(t.Keys))
+			case len(t.Keys) > 0 || t.Require:
 				// Name the scope of the check: an OCI image under no keyed
 				// registry is not checked unless signatures are required.
 				var keyed []string
-				for _, k := range t.Registries {
+				for _, k := range t.Keys {
 					keyed = append(keyed, k.Registry+"="+k.URL)
 				}
 				others := "pulled unchecked (" + catalog.RequirePath + ": true refuses them)"
@@ -342,7 +343,7 @@ func (o serveOptions) limits() (server.Config, error) {
 // trustState is the signature policy read from the values last applied, or
 // why it could not be.
 type trustState struct {
-	trust catalog.Trust
+	trust signature.Policy
 	err   error
 }
 

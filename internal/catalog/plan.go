@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -31,9 +32,9 @@ type Source struct {
 	// annotations of the same name.
 	Declared osimage.Image `json:"declared,omitempty"`
 	// SigningKeys are the cosign keys the image's manifest must be signed
-	// with (Trust.KeysFor); empty when none applies or the check is off.
-	// They are part of the inputs hash: a new key resolves again.
-	SigningKeys []SigningKey `json:"signingKeys,omitempty"`
+	// with (signature.Policy.KeysFor); empty when none applies or the check
+	// is off. They are part of the inputs hash: a new key resolves again.
+	SigningKeys signature.Keys `json:"signingKeys,omitempty"`
 }
 
 // IsOCI says whether the image's metadata comes from an OCI manifest.
@@ -107,11 +108,11 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 	if err != nil {
 		fail(err)
 	}
-	skip, require, err := signaturePolicy(v)
+	skip, require, err := signatureSwitches(v)
 	if err != nil {
 		fail(err)
 	}
-	trust := trustOf(registries, skip, require)
+	policy := policyOf(registries, skip, require)
 
 	sources := map[string]Source{}
 	// registryPrefix is, for a diskimage-builder image, where its registry
@@ -210,7 +211,7 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 	}
 
 	plan := Plan{Insecure: insecure, SkipSigningCheck: skip, RequireSignatures: require}
-	for _, k := range trust.Registries {
+	for _, k := range policy.Keys {
 		plan.KeyedRegistries = append(plan.KeyedRegistries, k.Registry)
 	}
 	for _, key := range slices.Sorted(maps.Keys(sources)) {
@@ -218,7 +219,7 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 		if filter != nil && !filter.MatchString(s.Key) && (s.RegistryKey == "" || !filter.MatchString(s.RegistryKey)) {
 			continue
 		}
-		s.SigningKeys = trust.KeysFor(s.RegistryKey, s.URI)
+		s.SigningKeys = policy.KeysFor(s.RegistryKey, s.URI)
 		plan.Sources = append(plan.Sources, s)
 	}
 	return plan, nil
@@ -324,8 +325,8 @@ func hasScheme(uri string, schemes ...string) bool {
 type registry struct {
 	url, tag string
 	enabled  bool
-	// cosignKey is the PEM of cosign_publickey, "" when none.
-	cosignKey string
+	// cosignKey is the key of cosign_publickey, nil when none.
+	cosignKey *signature.Key
 }
 
 // registriesFromValues reads os_images_oci_registries, rendering url and
@@ -352,7 +353,7 @@ func registriesFromValues(r *values.Renderer, v values.Values, needTag bool) (ma
 		if needTag {
 			reg.tag, e3 = renderField(r, entry, "tag", path)
 		}
-		reg.cosignKey, e4 = cosignKey(entry, path)
+		reg.cosignKey, e4 = cosignKey(key, entry, path)
 		if err := errors.Join(e1, e2, e3, e4); err != nil {
 			errs = append(errs, err)
 			continue

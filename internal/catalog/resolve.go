@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/errdef"
@@ -30,9 +29,7 @@ type ManifestFetcher interface {
 
 // SignatureVerifier checks that manifest d of uri's repository is signed
 // with key; signature.Verifier is one.
-type SignatureVerifier interface {
-	Verify(ctx context.Context, uri string, d digest.Digest, key *signature.PublicKey) error
-}
+type SignatureVerifier = signature.KeyVerifier
 
 // ResolveOptions bound the work of Resolve.
 type ResolveOptions struct {
@@ -66,7 +63,7 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 		g.Go(func() error {
 			if plan.RequireSignatures && src.IsOCI() && len(src.SigningKeys) == 0 {
 				// Refused before any request: no key could verify it.
-				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: UnsignedError(src.URI).Error()}
+				failures[i] = &Failure{Key: src.Key, URI: src.URI, Cause: signature.UnsignedError(src.URI).Error()}
 				return nil
 			}
 			img, err := resolveOne(gctx, src, fetcher, opts.Signatures, opts.Timeout)
@@ -125,7 +122,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		}
 		// The signature is checked against the digest of the manifest whose
 		// annotations are read: what is published is what was signed.
-		if err := verifySignatures(ctx, src, m.Descriptor.Digest, sigs); err != nil {
+		if err := src.SigningKeys.Check(ctx, sigs, src.URI, m.Descriptor.Digest, signAdvice); err != nil {
 			return nil, err
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)
@@ -164,29 +161,8 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 	return img, nil
 }
 
-// verifySignatures checks the signature of manifest d with every key that
-// applies to src. A refusal keeps Sylva's words and says where the key
-// comes from and how to get out of it.
-func verifySignatures(ctx context.Context, src Source, d digest.Digest, sigs SignatureVerifier) error {
-	for _, k := range src.SigningKeys {
-		key, err := signature.ParsePublicKey([]byte(k.PublicKey))
-		if err != nil {
-			return fmt.Errorf("%s: %w", k.Path(), err)
-		}
-		if sigs == nil {
-			return fmt.Errorf("Invalid signature for %s: no signature verifier configured, and %s is set", src.URI, k.Path())
-		}
-		err = sigs.Verify(ctx, src.URI, d, key)
-		var refused *signature.Error
-		if errors.As(err, &refused) {
-			return fmt.Errorf("%w (key from %s; sign the artifact with its private key, fix the key, or set %s: true to publish unsigned images)", err, k.Path(), SkipPath)
-		}
-		if err != nil {
-			return fmt.Errorf("verifying the signature: %w", err)
-		}
-	}
-	return nil
-}
+// signAdvice ends the refusal of a signature: how to get out of it.
+const signAdvice = "; sign the artifact with its private key, fix the key, or set " + SkipPath + ": true to publish unsigned images"
 
 // checkShape refuses what the image server would refuse at download time
 // anyway: an index (one tag for several platforms) and a manifest with

@@ -217,33 +217,3 @@ security: {os_images: {skip_signing_check: perhaps}}`, "security.os_images.skip_
 		}
 	}
 }
-
-func TestTrustKeysFor(t *testing.T) {
-	tr := Trust{Registries: []SigningKey{
-		{Registry: "sylva", URL: "oci://r.example.org/sylva/dib", PublicKey: "k1"},
-		{Registry: "other", URL: "oci://r.example.org/other/", PublicKey: "k2"},
-	}}
-	for _, tc := range []struct {
-		regKey, uri string
-		want        []string
-	}{
-		{"sylva", "oci://r.example.org/sylva/dib/img:1", []string{"sylva"}},
-		{"", "oci://r.example.org/sylva/dib/img:1", []string{"sylva"}},
-		{"", "oci://r.example.org/sylva/dibs/img:1", nil}, // a longer path is not under it
-		{"other", "oci://r.example.org/sylva/dib/img:1", []string{"sylva", "other"}},
-		{"", "oci://r.example.org/other/img:1", []string{"other"}},
-		{"sylva", "https://files.example.org/img.raw", nil},
-	} {
-		var got []string
-		for _, k := range tr.KeysFor(tc.regKey, tc.uri) {
-			got = append(got, k.Registry)
-		}
-		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
-			t.Errorf("KeysFor(%q, %q) = %v, want %v", tc.regKey, tc.uri, got, tc.want)
-		}
-	}
-	tr.Skip = true
-	if got := tr.KeysFor("sylva", "oci://r.example.org/sylva/dib/img:1"); got != nil {
-		t.Errorf("skipped: %v", got)
-	}
-}

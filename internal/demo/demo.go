@@ -172,7 +172,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	}
 	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info (cosign signatures verified)\n", len(resolved))
 
-	trust, err := catalog.TrustFromValues(env.Values)
+	trust, err := catalog.PolicyFromValues(env.Values)
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 // serve runs the image server over a temporary data directory, selecting
 // with the demo's management values, and waits until every selected image is
 // ready.
-func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust catalog.Trust, listen string) (*server.Server, string, func(), error) {
+func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust signature.Policy, listen string) (*server.Server, string, func(), error) {
 	dir, err := os.MkdirTemp("", "osimages-demo-data-")
 	if err != nil {
 		return nil, "", nil, err
@@ -221,7 +221,7 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust c
 		return nil, "", nil, err
 	}
 	puller := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
-	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }, func() (catalog.Trust, error) { return trust, nil }), FreeSpaceMargin: 1 << 20})
+	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }, func() (signature.Policy, error) { return trust, nil }), FreeSpaceMargin: 1 << 20})
 	mgmt, err := values.Parse(mgmtYAML)
 	if err != nil {
 		os.RemoveAll(dir)

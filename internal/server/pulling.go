@@ -2,13 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -18,19 +16,18 @@ import (
 )
 
 // PullWith adapts a puller to a PullFunc. choose is asked for the puller at
-// each pull, since oci_registry_insecure can change with the values; trust
-// likewise gives the cosign keys of the management values in force. Before
-// any byte of an OCI image is downloaded, the manifest the tag resolves to
-// must be the one the image record pins (oci-manifest-digest), and must
-// carry a signature made with every key that applies to the image
-// (catalog.Trust.KeysFor). While trust reports an error, OCI images are not
-// pulled at all. A nil trust checks no signature (the demo, which has no
-// keys).
-func PullWith(choose func() *pull.Puller, trust func() (catalog.Trust, error)) PullFunc {
+// each pull, since oci_registry_insecure can change with the values; policy
+// likewise gives the signature policy of the management values in force.
+// Before any byte of an OCI image is downloaded, the manifest the tag
+// resolves to must be the one the image record pins (oci-manifest-digest),
+// and must carry a signature made with every key that applies to the image
+// (signature.Policy.KeysFor). While policy reports an error, OCI images are
+// not pulled at all. A nil policy checks no signature.
+func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error)) PullFunc {
 	return func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
 		src := PullSource(w)
-		if trust != nil {
-			check, err := signatureCheck(w, trust)
+		if policy != nil {
+			check, err := signatureCheck(w, policy)
 			if err != nil {
 				return "", 0, err
 			}
@@ -43,40 +40,24 @@ func PullWith(choose func() *pull.Puller, trust func() (catalog.Trust, error)) P
 
 // signatureCheck is the check of w's manifest that the management values
 // ask for, nil when no key applies to it.
-func signatureCheck(w selection.Wanted, trust func() (catalog.Trust, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
+func signatureCheck(w selection.Wanted, policy func() (signature.Policy, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
 	uri := w.Image.Get(osimage.FieldURI)
 	if !strings.HasPrefix(uri, "oci://") {
 		return nil, nil
 	}
-	t, err := trust()
+	p, err := policy()
 	if err != nil {
 		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
 	}
-	keys, err := t.KeysRequired(w.Image.Get(osimage.FieldRegistryKey), uri)
+	keys, err := p.KeysRequired(w.Image.Get(osimage.FieldRegistryKey), uri)
 	if err != nil {
 		return nil, fmt.Errorf("%w (nothing was downloaded)", err)
 	}
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	parsed := make([]*signature.PublicKey, len(keys))
-	for i, k := range keys {
-		if parsed[i], err = signature.ParsePublicKey([]byte(k.PublicKey)); err != nil {
-			return nil, fmt.Errorf("pulling %s: %s: %w", uri, k.Path(), err)
-		}
-	}
 	return func(ctx context.Context, client *oci.Client, d digest.Digest) error {
-		for i, key := range parsed {
-			err := signature.Verifier{Client: client}.Verify(ctx, uri, d, key)
-			var refused *signature.Error
-			if errors.As(err, &refused) {
-				return fmt.Errorf("%w (key from %s of the management values; nothing was downloaded)", err, keys[i].Path())
-			}
-			if err != nil {
-				return fmt.Errorf("verifying the signature: %w", err)
-			}
-		}
-		return nil
+		return keys.Check(ctx, signature.Verifier{Client: client}, uri, d, " of the management values; nothing was downloaded")
 	}, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/testenv"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -91,7 +92,7 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (selection.W
 
 // trust reads the management values' signature policy: the sylva registry
 // holds dib/ with our key.
-func (s signedSetup) trust(t *testing.T, extra string) func() (catalog.Trust, error) {
+func (s signedSetup) trust(t *testing.T, extra string) func() (signature.Policy, error) {
 	t.Helper()
 	doc := fmt.Sprintf("os_images_oci_registries:\n  sylva:\n    url: oci://%s/dib\n    tag: \"1.0\"\n    cosign_publickey: |\n      %s\n%s",
 		s.reg.Host, strings.ReplaceAll(strings.TrimSpace(s.ours.PublicKeyPEM), "\n", "\n      "), extra)
@@ -99,14 +100,14 @@ func (s signedSetup) trust(t *testing.T, extra string) func() (catalog.Trust, er
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := catalog.TrustFromValues(v)
+	tr, err := catalog.PolicyFromValues(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func() (catalog.Trust, error) { return tr, nil }
+	return func() (signature.Policy, error) { return tr, nil }
 }
 
-func (s signedSetup) start(t *testing.T, trust func() (catalog.Trust, error)) *harness {
+func (s signedSetup) start(t *testing.T, trust func() (signature.Policy, error)) *harness {
 	t.Helper()
 	return start(t, t.TempDir(), newFakeSource(), func(c *Config) {
 		c.Pull = PullWith(func() *pull.Puller { return s.puller }, trust)
@@ -246,8 +247,8 @@ func TestServerFailsClosedWithoutTrust(t *testing.T) {
 	s := newSignedSetup(t)
 	w, p := s.publish(t, "image", 1)
 	testenv.Sign(t, s.reg, s.ours, p, devregistry.SignOptions{})
-	broken := func() (catalog.Trust, error) {
-		return catalog.Trust{}, fmt.Errorf("os_images_oci_registries.sylva.cosign_publickey: not a PEM public key")
+	broken := func() (signature.Policy, error) {
+		return signature.Policy{}, fmt.Errorf("os_images_oci_registries.sylva.cosign_publickey: not a PEM public key")
 	}
 	h := s.start(t, broken)
 	h.want(w)
