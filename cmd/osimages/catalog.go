@@ -21,17 +21,16 @@ import (
 )
 
 type catalogOptions struct {
-	valueFiles     []string
-	namespace      string
-	filter         string
-	apply          bool
-	force          bool
-	allowEmpty     bool
-	kubeconfig     string
-	caFile         string
-	registryConfig string
-	concurrency    int
-	timeout        time.Duration
+	valueFiles  []string
+	namespace   string
+	filter      string
+	apply       bool
+	force       bool
+	allowEmpty  bool
+	kubeconfig  string
+	registry    oci.Options
+	concurrency int
+	timeout     time.Duration
 }
 
 func newCatalogCommand() *cobra.Command {
@@ -68,7 +67,7 @@ nothing is printed or applied), 2 the values are wrong.`,
 	f.BoolVar(&o.force, "force", false, "with --apply, resolve and write even when the inputs are unchanged")
 	f.BoolVar(&o.allowEmpty, "allow-empty", false, "with --apply, replace an os-images-info that lists images with an empty one (refused otherwise)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
-	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	addRegistryFlags(f, &o.registry)
 	f.IntVar(&o.concurrency, "concurrency", 8, "manifests fetched at once")
 	f.DurationVar(&o.timeout, "timeout", 60*time.Second, "time allowed to resolve one image, retries included")
 	_ = cmd.MarkFlagRequired("values")
@@ -127,8 +126,8 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 
 	client, err := oci.NewClient(oci.Options{
 		Insecure:        plan.Insecure,
-		CAFile:          o.caFile,
-		RegistryConfig:  o.registryConfig,
+		CAFile:          o.registry.CAFile,
+		RegistryConfig:  o.registry.RegistryConfig,
 		MaxConnsPerHost: o.concurrency,
 	})
 	if err != nil {
@@ -166,7 +165,7 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "warning: the values declare no image (os_images, sylva_diskimagebuilder_images%s): os-images-info is empty\n", filterNote(o.filter))
 	}
 	if apply != nil {
-		return failureErrorOrNil(apply(cm))
+		return failureError(apply(cm))
 	}
 	out, err := yaml.Marshal(cm)
 	if err != nil {
@@ -174,13 +173,6 @@ func runCatalog(ctx context.Context, o catalogOptions, stdout, stderr io.Writer)
 	}
 	_, err = stdout.Write(out)
 	return err
-}
-
-func failureErrorOrNil(err error) error {
-	if err == nil {
-		return nil
-	}
-	return failureError(err)
 }
 
 func filterNote(filter string) string {

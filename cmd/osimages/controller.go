@@ -13,6 +13,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/propagate"
+	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
 
@@ -22,7 +23,7 @@ type controllerOptions struct {
 	leaderID                  string
 	servedCopy                string
 	namespaceSelector         string
-	caFile, registryConfig    string
+	registry                  oci.Options
 	catalogConcurrency        int
 	catalogTimeout            time.Duration
 	catalogRunTimeout         time.Duration
@@ -76,7 +77,7 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	f.DurationVar(&o.resync, "resync", 10*time.Minute, "look at every object at least this often, events or not")
 	f.IntVar(&o.workers, "workers", 4, "namespaces reconciled at once, per part")
 	addManagerFlags(f, &o.propagateOptions)
-	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	addRegistryFlags(f, &o.registry)
 	f.IntVar(&o.catalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
 	f.DurationVar(&o.catalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")
 	f.DurationVar(&o.catalogRunTimeout, "catalog-run-timeout", 5*time.Minute, "catalog: time allowed to one namespace's run; a run past it is stopped, reported and retried with backoff")
@@ -94,7 +95,7 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 	if o.catalogTimeout <= 0 || o.catalogRunTimeout <= 0 {
 		return inputError(fmt.Errorf("--catalog-timeout %s and --catalog-run-timeout %s: must be positive", o.catalogTimeout, o.catalogRunTimeout))
 	}
-	maxInput, err := quantity("--max-input-size", o.maxInputSize)
+	maxInput, err := serve.Quantity("--max-input-size", o.maxInputSize)
 	if err != nil {
 		return inputError(err)
 	}
@@ -140,7 +141,7 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 	if o.catalog {
 		c := &controller.CatalogOptions{Concurrency: o.catalogConcurrency, Timeout: o.catalogTimeout, RunTimeout: o.catalogRunTimeout}
 		for _, insecure := range []bool{false, true} {
-			client, err := oci.NewClient(oci.Options{Insecure: insecure, CAFile: o.caFile, RegistryConfig: o.registryConfig, MaxConnsPerHost: o.catalogConcurrency})
+			client, err := oci.NewClient(oci.Options{Insecure: insecure, CAFile: o.registry.CAFile, RegistryConfig: o.registry.RegistryConfig, MaxConnsPerHost: o.catalogConcurrency})
 			if err != nil {
 				return inputError(err)
 			}

@@ -36,8 +36,7 @@ type planOptions struct {
 	clusters          []string
 	kubeconfig        string
 	namespaceSelector string
-	caFile            string
-	registryConfig    string
+	registry          oci.Options
 	timeout           time.Duration
 }
 
@@ -80,7 +79,7 @@ Exit codes: 0 no cluster would fail, 1 a cluster would fail or cannot be told,
 	f.StringArrayVar(&o.clusters, "cluster", nil, "a workload cluster from files, NS=values.yaml[,more.yaml]; repeat for each (then the cluster is not read)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config or in-cluster)")
 	f.StringVar(&o.namespaceSelector, "namespace-selector", controller.WorkloadClusterLabel, "label selector of the workload-cluster namespaces")
-	addRegistryFlags(f, &o.caFile, &o.registryConfig)
+	addRegistryFlags(f, &o.registry)
 	f.DurationVar(&o.timeout, "timeout", 60*time.Second, "time allowed to resolve one image of the proposed catalog")
 	_ = cmd.MarkFlagRequired("values")
 	return cmd
@@ -203,7 +202,7 @@ func planCatalog(ctx context.Context, o planOptions, mgmt values.Values) (osimag
 	if err != nil {
 		return nil, inputError(err)
 	}
-	client, err := oci.NewClient(oci.Options{Insecure: plan.Insecure, CAFile: o.caFile, RegistryConfig: o.registryConfig})
+	client, err := oci.NewClient(oci.Options{Insecure: plan.Insecure, CAFile: o.registry.CAFile, RegistryConfig: o.registry.RegistryConfig})
 	if err != nil {
 		return nil, inputError(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -95,15 +96,15 @@ func TestServeStopsPromptlyOnSignal(t *testing.T) {
 			d.cmd.Process.Signal(sig)
 			select {
 			case <-d.done:
-			case <-time.After(shutdownGrace + 5*time.Second):
+			case <-time.After(serve.ShutdownGrace + 5*time.Second):
 				d.cmd.Process.Kill()
 				<-d.done
 				t.Fatalf("still running %v after %s; log of %d bytes, %d \"download started\" lines", time.Since(began), sig, d.stderr.Len(), strings.Count(d.stderr.String(), "download started"))
 			}
 			took := time.Since(began)
 			t.Logf("exited %v after %s", took, sig)
-			if took > shutdownGrace+2*time.Second {
-				t.Errorf("exited %v after %s: more than the %v grace given to HTTP responses in flight", took, sig, shutdownGrace)
+			if took > serve.ShutdownGrace+2*time.Second {
+				t.Errorf("exited %v after %s: more than the %v grace given to HTTP responses in flight", took, sig, serve.ShutdownGrace)
 			}
 			if code := d.cmd.ProcessState.ExitCode(); code != 0 {
 				t.Errorf("exit code %d after %s, want 0:\n%s", code, sig, d.stderr.String())

@@ -108,6 +108,36 @@ func NewClient(opts Options) (*Client, error) {
 	return &Client{insecure: opts.Insecure, auth: client, http: httpClient, userAgent: ua}, nil
 }
 
+// Clients are the two clients of one set of options: one that verifies
+// TLS and one for oci_registry_insecure, which the values can switch while
+// a process runs (the image server, the controller).
+type Clients struct {
+	Secure, Insecure *Client
+}
+
+// NewClients builds both clients of opts; opts.Insecure is not read.
+func NewClients(opts Options) (Clients, error) {
+	opts.Insecure = false
+	secure, err := NewClient(opts)
+	if err != nil {
+		return Clients{}, err
+	}
+	opts.Insecure = true
+	insecure, err := NewClient(opts)
+	if err != nil {
+		return Clients{}, err
+	}
+	return Clients{Secure: secure, Insecure: insecure}, nil
+}
+
+// For returns the client of oci_registry_insecure: insecure.
+func (c Clients) For(insecure bool) *Client {
+	if insecure {
+		return c.Insecure
+	}
+	return c.Secure
+}
+
 // ParseReference parses an image reference, with or without the oci://
 // scheme, that must name a tag or a digest.
 func ParseReference(uri string) (registry.Reference, error) {

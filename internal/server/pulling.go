@@ -2,18 +2,103 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/signature"
+	"github.com/sylva-projects/osimages/internal/values"
 )
+
+// Registries is how the server reaches registries under the management
+// values in force: with TLS verified or not (oci_registry_insecure), and
+// under which signature policy. Until Apply has read the first values, no
+// OCI image is pulled: the server fails closed.
+type Registries struct {
+	secure, insecure *pull.Puller
+	useInsecure      atomic.Bool
+	policy           atomic.Pointer[policyState]
+	log              *slog.Logger
+}
+
+// policyState is the signature policy read from the values last applied,
+// or why it could not be.
+type policyState struct {
+	policy signature.Policy
+	err    error
+}
+
+// NewRegistries pulls through clients. A connection that stalls is resumed
+// (a new request at the same offset) after half the stall timeout; the
+// server cuts the download at the full one.
+func NewRegistries(clients oci.Clients, stall time.Duration, log *slog.Logger) *Registries {
+	puller := func(c *oci.Client) *pull.Puller {
+		return &pull.Puller{OCI: c, HTTP: c.HTTPClient(), IdleTimeout: stall / 2, ManifestTimeout: stall}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Registries{secure: puller(clients.Secure), insecure: puller(clients.Insecure), log: log}
+}
+
+// Pull is the PullFunc of the registries as the values last applied say.
+func (r *Registries) Pull() PullFunc {
+	return PullWith(r.puller, func() (signature.Policy, error) {
+		if p := r.policy.Load(); p != nil {
+			return p.policy, p.err
+		}
+		return signature.Policy{}, errors.New("the management values are not read yet")
+	})
+}
+
+func (r *Registries) puller() *pull.Puller {
+	if r.useInsecure.Load() {
+		return r.insecure
+	}
+	return r.secure
+}
+
+// Apply puts in force the registry settings of the management values:
+// oci_registry_insecure and the signature policy, whose scope it logs. It
+// returns why the policy cannot be read: OCI images are then not pulled
+// until values that can be read are applied.
+func (r *Registries) Apply(vals values.Values) error {
+	insecure, _ := values.Bool(vals, "oci_registry_insecure", "oci_registry_insecure", false)
+	r.useInsecure.Store(insecure)
+	p, err := catalog.PolicyFromValues(vals)
+	r.policy.Store(&policyState{policy: p, err: err})
+	switch {
+	case err != nil:
+		err = fmt.Errorf("OCI images are not pulled until the cosign keys can be read: %w", err)
+		r.log.Error("signature policy unreadable", "error", err)
+	case p.Skip && len(p.Keys) > 0:
+		r.log.Warn(signature.SkipPath+" is true: cosign signatures are NOT checked", "registriesWithKey", len(p.Keys))
+	case len(p.Keys) > 0 || p.Require:
+		// Name the scope of the check: an OCI image under no keyed
+		// registry is not checked unless signatures are required.
+		var keyed []string
+		for _, k := range p.Keys {
+			keyed = append(keyed, k.Registry+"="+k.URL)
+		}
+		others := "pulled unchecked (" + signature.RequirePath + ": true refuses them)"
+		if p.Require {
+			others = "refused (" + signature.RequirePath + ")"
+		}
+		r.log.Info("cosign signatures are checked before the download of images under these registries", "registries", keyed, "otherOCIImages", others)
+	}
+	return err
+}
 
 // PullWith adapts a puller to a PullFunc. choose is asked for the puller at
 // each pull, since oci_registry_insecure can change with the values; policy
