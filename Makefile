@@ -3,8 +3,10 @@ GO ?= go
 
 .PHONY: build image demo test tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet clean
 
+# Production builds leave the demo out (-tags nodemo): no in-process registry
+# ships to management clusters. `go run ./cmd/osimages demo` keeps it.
 build:
-	$(GO) build -o bin/osimages ./cmd/osimages
+	$(GO) build -tags nodemo -o bin/osimages ./cmd/osimages
 
 # The container image, without a container daemon: a static binary on an
 # empty base (internal/containerimage). Push bin/image/oci with
@@ -16,7 +18,7 @@ IMAGE_REF ?= osimages:$(IMAGE_TAG)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 image:
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) $(GO) build -trimpath -ldflags "-s -w" -o bin/linux_$(GOARCH)/osimages ./cmd/osimages
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) $(GO) build -tags nodemo -trimpath -ldflags "-s -w" -o bin/linux_$(GOARCH)/osimages ./cmd/osimages
 	$(GO) run ./hack/image --binary bin/linux_$(GOARCH)/osimages --arch $(GOARCH) \
 	  --layout bin/image/oci --tarball bin/image/osimages-$(GOARCH).tar --tag $(IMAGE_REF) \
 	  --labels org.opencontainers.image.title=osimages,org.opencontainers.image.version=$(VERSION),org.opencontainers.image.source=https://gitlab.com/sylva-projects/osimages

@@ -23,7 +23,7 @@ import (
 func staticBinary(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "osimages")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "../../cmd/osimages")
+	cmd := exec.Command("go", "build", "-tags", "nodemo", "-trimpath", "-ldflags", "-s -w", "-o", bin, "../../cmd/osimages")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building osimages: %v\n%s", err, out)
