@@ -14,9 +14,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -28,11 +30,9 @@ import (
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	imageserver "github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -172,11 +172,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	}
 	fmt.Fprintf(log, "demo: catalog resolved %d images into ConfigMap os-images-info (cosign signatures verified)\n", len(resolved))
 
-	trust, err := catalog.PolicyFromValues(env.Values)
-	if err != nil {
-		return err
-	}
-	srv, base, stop, err := serve(ctx, resolved, client, trust, opts.Listen)
+	srv, base, stop, err := serve(ctx, env, infoCM, opts.Listen)
 	if err != nil {
 		return err
 	}
@@ -207,54 +203,65 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	return nil
 }
 
-// serve runs the image server over a temporary data directory, selecting
-// with the demo's management values, and waits until every selected image is
-// ready.
-func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust signature.Policy, listen string) (*server.Server, string, func(), error) {
+// serve runs the image server as `osimages serve` does (internal/serve),
+// over a temporary data directory, with the demo's catalog and management
+// values as its input files, and waits until every selected image is ready.
+func serve(ctx context.Context, env *Environment, infoCM *corev1.ConfigMap, listen string) (*server.Server, string, func(), error) {
 	dir, err := os.MkdirTemp("", "osimages-demo-data-")
 	if err != nil {
 		return nil, "", nil, err
 	}
-	store, err := imagestore.Open(dir)
-	if err != nil {
+	fail := func(err error) (*server.Server, string, func(), error) {
 		os.RemoveAll(dir)
 		return nil, "", nil, err
 	}
-	puller := &pull.Puller{OCI: client, HTTP: client.HTTPClient()}
-	srv := server.New(server.Config{Store: store, Pull: server.PullWith(func() *pull.Puller { return puller }, func() (signature.Policy, error) { return trust, nil }), FreeSpaceMargin: 1 << 20})
 	mgmt, err := values.Parse(mgmtYAML)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, "", nil, fmt.Errorf("embedded demo management values: %w", err)
+		return fail(fmt.Errorf("embedded demo management values: %w", err))
 	}
-	wanted, err := selection.Select(mgmt, cat)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, "", nil, err
+	// The management cluster's own values name the registries, their keys
+	// and oci_registry_insecure, as Sylva's do: the server takes its
+	// signature policy from them. The catalog inputs are the catalog's.
+	mgmt = values.Merge(env.Values, mgmt)
+	delete(mgmt, "os_images")
+	delete(mgmt, "sylva_diskimagebuilder_images")
+	osImages, valuesFile := filepath.Join(dir, "os-images-info.yaml"), filepath.Join(dir, "mgmt-values.yaml")
+	for file, obj := range map[string]any{osImages: infoCM, valuesFile: mgmt} {
+		data, err := yaml.Marshal(obj)
+		if err == nil {
+			err = os.WriteFile(file, data, 0o600)
+		}
+		if err != nil {
+			return fail(err)
+		}
 	}
-	srv.SetDesired(wanted, nil)
-
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, "", nil, err
+		return fail(err)
+	}
+	d, err := imageserver.Open(imageserver.Options{
+		Data: filepath.Join(dir, "data"), Listener: ln, OSImages: osImages, ValueFiles: []string{valuesFile},
+		Concurrency: server.DefaultConcurrency, GCGrace: server.DefaultGCGrace, StallTimeout: server.DefaultStallTimeout,
+		FreeSpaceMargin: "1Mi", MaxImageSize: "64Gi", MinRate: "64Ki", Poll: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		ln.Close()
+		return fail(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	httpServer := srv.HTTPServer()
-	done := make(chan struct{}, 2)
-	go func() { _ = httpServer.Serve(ln); done <- struct{}{} }()
-	go func() { _ = srv.Run(runCtx); done <- struct{}{} }()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
 	stop := func() {
 		cancel()
-		httpServer.Close()
 		<-done
-		<-done
-		store.Close()
+		ln.Close()
 		os.RemoveAll(dir)
 	}
+	srv := d.Server()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		statuses, _ := srv.Statuses()
@@ -268,14 +275,20 @@ func serve(ctx context.Context, cat osimage.Catalog, client *oci.Client, trust s
 				ready++
 			}
 		}
-		if ready == len(wanted) {
+		if ready > 0 && ready == len(statuses) {
 			break
+		}
+		select {
+		case err := <-done:
+			done <- err
+			stop()
+			return nil, "", nil, fmt.Errorf("demo image server stopped: %v", err)
+		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
 			return nil, "", nil, fmt.Errorf("demo images not ready in time: %+v", statuses)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	return srv, "http://" + ln.Addr().String(), stop, nil
 }
