@@ -6,19 +6,22 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/klog/v2"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/sylva-projects/osimages/internal/controller"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
 
 type controllerOptions struct {
-	propagateOptions
+	manager                   kube.ManagerFlags
+	config                    string
+	adopt                     bool
+	resync                    time.Duration
+	workers                   int
 	catalog, propagate, check bool
 	leaderID                  string
 	servedCopy                string
@@ -76,7 +79,7 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	f.StringVar(&o.leaderID, "leader-election-id", controller.DefaultLeaderElectionID, "name of the leader-election Lease")
 	f.DurationVar(&o.resync, "resync", 10*time.Minute, "look at every object at least this often, events or not")
 	f.IntVar(&o.workers, "workers", 4, "namespaces reconciled at once, per part")
-	addManagerFlags(f, &o.propagateOptions)
+	o.manager.AddFlags(f, osimage.ServedConfigMapNamespace)
 	addRegistryFlags(f, &o.registry)
 	f.IntVar(&o.catalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
 	f.DurationVar(&o.catalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")
@@ -105,23 +108,10 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 	if !o.catalog && !o.propagate && !o.check {
 		return inputError(fmt.Errorf("--catalog, --propagate and --check are all false: nothing to run"))
 	}
-	logger, err := newLogger(cmd.ErrOrStderr(), o.logFormat, o.verbosity)
-	if err != nil {
+	if err := o.manager.Validate(); err != nil {
 		return inputError(err)
 	}
-	opts := controller.Options{
-		Workers:      o.workers,
-		Resync:       o.resync,
-		MaxInputSize: int(maxInput),
-		ManagerOptions: kube.ManagerOptions{
-			LeaderElection:          o.leaderElect,
-			LeaderElectionNamespace: o.leaderNamespace,
-			LeaderElectionID:        o.leaderID,
-			MetricsAddr:             o.metricsAddr,
-			HealthAddr:              o.healthAddr,
-			Logger:                  logger,
-		},
-	}
+	opts := controller.Options{Workers: o.workers, Resync: o.resync, MaxInputSize: int(maxInput)}
 	if o.propagate {
 		rules := propagate.DefaultRules()
 		if o.config != "" {
@@ -140,30 +130,19 @@ func runController(cmd *cobra.Command, o controllerOptions) error {
 	}
 	if o.catalog {
 		c := &controller.CatalogOptions{Concurrency: o.catalogConcurrency, Timeout: o.catalogTimeout, RunTimeout: o.catalogRunTimeout}
-		for _, insecure := range []bool{false, true} {
-			client, err := oci.NewClient(oci.Options{Insecure: insecure, CAFile: o.registry.CAFile, RegistryConfig: o.registry.RegistryConfig, MaxConnsPerHost: o.catalogConcurrency})
-			if err != nil {
-				return inputError(err)
-			}
-			reg := controller.Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
-			if insecure {
-				c.Insecure = reg
-			} else {
-				c.Secure = reg
-			}
+		clients, err := oci.NewClients(oci.Options{CAFile: o.registry.CAFile, RegistryConfig: o.registry.RegistryConfig, MaxConnsPerHost: o.catalogConcurrency})
+		if err != nil {
+			return inputError(err)
 		}
+		c.Secure = controller.Registry{Manifests: clients.Secure, Signatures: signature.Verifier{Client: clients.Secure}}
+		c.Insecure = controller.Registry{Manifests: clients.Insecure, Signatures: signature.Verifier{Client: clients.Insecure}}
 		opts.Catalog = c
 	}
-	cfg, err := kube.RESTConfig(o.kubeconfig)
+	cfg, mgr, err := o.manager.Setup(cmd.ErrOrStderr(), o.leaderID)
 	if err != nil {
 		return inputError(err)
 	}
-	cfg.QPS, cfg.Burst = o.qps, o.burst
-	ctrllog.SetLogger(logger)
-	klog.SetLogger(logger)
-	logger.Info("starting", "catalog", o.catalog, "propagate", o.propagate, "check", o.check)
-	if err := controller.Run(cmd.Context(), cfg, opts); err != nil {
-		return failureError(err)
-	}
-	return nil
+	opts.ManagerOptions = mgr
+	mgr.Logger.Info("starting", "catalog", o.catalog, "propagate", o.propagate, "check", o.check)
+	return failureError(controller.Run(cmd.Context(), cfg, opts))
 }
