@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -44,6 +45,11 @@ type Inputs struct {
 	// inputs: nil once it is in force, the *RefusedError otherwise
 	// (Server.ReportInputs shows it on the status page and in metrics).
 	Report func(refused error)
+
+	// configMaps is the informer's store of the watched ConfigMap, once
+	// Watch started it: readings come from it, not from a GET per event
+	// and per poll.
+	configMaps cache.Store
 }
 
 // Loaded is one reading of the inputs.
@@ -138,9 +144,20 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 	}
 	key := *in.OSImagesConfigMap
 	source := "ConfigMap " + key.String()
-	cm, err := kube.GetConfigMap(ctx, in.Client, key)
-	if err != nil {
-		return nil, source, err
+	var cm *corev1.ConfigMap
+	if in.configMaps != nil {
+		obj, exists, err := in.configMaps.GetByKey(key.String())
+		if err != nil {
+			return nil, source, err
+		}
+		if exists {
+			cm, _ = obj.(*corev1.ConfigMap)
+		}
+	} else {
+		var err error
+		if cm, err = kube.GetConfigMap(ctx, in.Client, key); err != nil {
+			return nil, source, err
+		}
 	}
 	if cm == nil {
 		return nil, source, fmt.Errorf("%w: %s does not exist yet (the catalog Job, the controller or Sylva's os-images-info unit writes it)", ErrNoCatalogYet, source)
@@ -178,9 +195,11 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 	}
 	events := make(chan struct{}, 1)
 	if in.OSImagesConfigMap != nil {
-		if err := in.watchConfigMap(ctx, events); err != nil {
+		store, err := in.watchConfigMap(ctx, events)
+		if err != nil {
 			return err
 		}
+		in.configMaps = store
 	}
 	// good is the fingerprint of the inputs in force; bad that of the last
 	// inputs refused, and said the message of that refusal, so that a
@@ -250,7 +269,9 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 	}
 }
 
-func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) error {
+// watchConfigMap starts an informer on the watched ConfigMap alone, which
+// signals events, and returns its store once it is synced.
+func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) (cache.Store, error) {
 	key := *in.OSImagesConfigMap
 	factory := informers.NewSharedInformerFactoryWithOptions(in.Client, 10*time.Minute,
 		informers.WithNamespace(key.Namespace),
@@ -269,11 +290,11 @@ func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) err
 		UpdateFunc: func(_, obj any) { notify(obj) },
 		DeleteFunc: notify,
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return fmt.Errorf("watching ConfigMap %s: cache did not sync", key)
+		return nil, fmt.Errorf("watching ConfigMap %s: cache did not sync", key)
 	}
-	return nil
+	return informer.GetStore(), nil
 }
