@@ -1,0 +1,85 @@
+package server
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Garbage collection: stored images deselected for longer than the grace
+// period, and referenced by no Metal3 object, are deleted.
+
+func (s *Server) gcLoop(ctx context.Context) {
+	interval := min(s.cfg.GCGrace/4, time.Minute)
+	tick := time.NewTicker(max(interval, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			s.CollectGarbage()
+		}
+	}
+}
+
+// CollectGarbage deletes the stored images deselected for longer than the
+// grace period. A client still downloading one keeps its open file.
+func (s *Server) CollectGarbage() {
+	s.mu.Lock()
+	if !s.ready {
+		// Until a desired set is known, every stored image looks
+		// deselected: a catalog that is late must not cost the images.
+		s.mu.Unlock()
+		return
+	}
+	now := s.cfg.Now()
+	var victims []string
+	for sum, img := range s.images {
+		if !img.selected && img.stored && now.Sub(img.deselectedAt) >= s.cfg.GCGrace {
+			victims = append(victims, sum)
+		}
+	}
+	s.mu.Unlock()
+	if refs := s.cfg.References; refs != nil && len(victims) > 0 {
+		if !refs.Synced() {
+			s.log.Warn("garbage collection postponed: the Metal3 objects that may reference images are not all known yet", "candidates", len(victims))
+			return
+		}
+		victims = slices.DeleteFunc(victims, func(sum string) bool {
+			by := strings.Join(refs.ReferencedBy(sum), ", ")
+			s.mu.Lock()
+			img, ok := s.images[sum]
+			changed := ok && img.keptBy != by
+			if changed {
+				img.keptBy = by
+			}
+			s.mu.Unlock()
+			if changed && by != "" {
+				s.log.Info("image kept: still referenced by "+by, "sha256", sum)
+			}
+			return by != ""
+		})
+	}
+	for _, sum := range victims {
+		if err := s.cfg.Store.Delete(sum); err != nil {
+			s.log.Error("garbage collection failed", "sha256", sum, "error", err)
+			continue
+		}
+		s.mu.Lock()
+		if img, ok := s.images[sum]; ok && !img.selected {
+			delete(s.images, sum)
+		}
+		s.mu.Unlock()
+		s.log.Info("image deleted after the grace period", "sha256", sum)
+	}
+}
+
+// keptByLocked names what keeps a deselected, stored image.
+func (s *Server) keptByLocked(sum string, img *image) []string {
+	if img.selected || !img.stored || s.cfg.References == nil {
+		return nil
+	}
+	return s.cfg.References.ReferencedBy(sum)
+}

@@ -1,0 +1,82 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// Publishing: the served set is written to the Publisher whenever it
+// changes.
+
+// Served is the served set as published: every selected image, available
+// only once verified and stored.
+func (s *Server) Served() osimage.ServedSet {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.servedLocked()
+}
+
+// outputLocked is what is published: the served set and the filenames of
+// its images.
+func (s *Server) outputLocked() osimage.ServedOutput {
+	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}}
+	for sum := range out.Set {
+		out.Filenames[sum] = s.images[sum].ServedAs()
+	}
+	return out
+}
+
+func (s *Server) servedLocked() osimage.ServedSet {
+	out := osimage.ServedSet{}
+	for sum, img := range s.images {
+		if img.selected {
+			out[sum] = osimage.ServedImage{Available: img.phase == PhaseReady && img.stored, ImageKey: img.Key}
+		}
+	}
+	return out
+}
+
+func (s *Server) publishLoop(ctx context.Context) {
+	if s.cfg.Publisher == nil {
+		return
+	}
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.changed:
+		case <-retry.C:
+		}
+		s.mu.Lock()
+		ready := s.ready
+		served := s.outputLocked()
+		same := s.published.Set != nil && served.Equal(s.published)
+		s.mu.Unlock()
+		if !ready || same {
+			continue
+		}
+		if err := s.cfg.Publisher.Publish(ctx, served); err != nil {
+			s.log.Error("publishing the served set failed; retrying", "error", err)
+			retry.Reset(5 * time.Second)
+			continue
+		}
+		s.mu.Lock()
+		s.published = served
+		s.mu.Unlock()
+		s.log.Info("served set published", "images", len(served.Set), "available", countAvailable(served.Set))
+	}
+}
+
+func countAvailable(s osimage.ServedSet) int {
+	n := 0
+	for _, e := range s {
+		if e.Available {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selection"
+)
+
+// Disk space: what each download may take, reserved before it starts, so
+// that downloads together never fill the disk nor exceed --max-storage.
+
+// bounds reads w's sizes and returns the most bytes its file may have (its
+// declared size, or MaxImageSize when it declares none) and what its
+// download reserves on disk (that bound plus archive-size). Malformed sizes
+// and a size above MaxImageSize are refused.
+func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
+	size, err := w.Image.Size(osimage.FieldSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	archive, err := w.Image.Size(osimage.FieldArchiveSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	if size > s.cfg.MaxImageSize {
+		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
+			w.Key, bytesIEC(size), size, bytesIEC(s.cfg.MaxImageSize))
+	}
+	bound = size
+	if bound == 0 {
+		bound = s.cfg.MaxImageSize
+	}
+	return bound, addSizes(bound, archive), nil
+}
+
+// declaresSize says whether w gives the size of its file (0 means unknown).
+func declaresSize(w selection.Wanted) bool {
+	n, err := w.Image.Size(osimage.FieldSize)
+	return err == nil && n > 0
+}
+
+// addSizes adds sizes without wrapping around.
+func addSizes(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// reserveSpace reserves need bytes for the download of sum, or says why it
+// cannot. need covers the bound the store enforces on the file (see
+// bounds), so that a download never takes the space of another;
+// archive-size counts too, as a cautious margin. When the disk (or
+// --max-storage) cannot hold the image at all, the error fails it; when it
+// could but for what downloads in progress reserved, the error is a
+// *spaceWait and the image waits, without failing, until one of them ends.
+//
+// An image that declares no size is bounded by --max-image-size, which is
+// more than most data volumes hold: when nothing else is reserved, its
+// bound shrinks to the space there is, so that it is tried (and fails only
+// if it really is larger) instead of being refused outright. It returns the
+// bound reserved.
+func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64) (int64, error) {
+	why := "archive-size + size"
+	if !declaresSize(w) {
+		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var reserved int64
+	for _, img := range s.images {
+		reserved = addSizes(reserved, img.reservedForSpace)
+	}
+	wait := func(msg string) (int64, error) {
+		// Set under the lock that releaseSpace takes, so that a release
+		// cannot slip between this check and the wait.
+		s.images[sum].waitingForSpace = true
+		return 0, &spaceWait{msg: msg}
+	}
+	avail, err := s.cfg.Store.Available()
+	if err != nil {
+		return 0, fmt.Errorf("checking free disk space: %w", err)
+	}
+	free := int64(min(avail, math.MaxInt64))
+	if !declaresSize(w) {
+		archive := need - bound
+		room := free - s.cfg.FreeSpaceMargin
+		if s.cfg.MaxStorage > 0 {
+			room = min(room, s.cfg.MaxStorage-s.cfg.Store.Used())
+		}
+		if room -= archive; room < bound {
+			if reserved > 0 {
+				return wait(fmt.Sprintf("waiting for disk space: the image declares no size, so it may take all the space that is free (up to --max-image-size %s) once the downloads in progress, which reserved %s, end",
+					bytesIEC(bound), bytesIEC(reserved)))
+			}
+			if room > 0 {
+				bound, need = room, room+archive
+				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", bytesIEC(bound))
+			}
+		}
+	}
+	if s.cfg.MaxStorage > 0 {
+		used := s.cfg.Store.Used()
+		if addSizes(used, need) > s.cfg.MaxStorage {
+			return 0, fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
+		}
+		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
+			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
+				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
+		}
+	}
+	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
+		return 0, fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
+	}
+	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
+		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
+			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
+	}
+	s.images[sum].reservedForSpace = need
+	return bound, nil
+}
+
+// spaceWait says that an image waits for the space that downloads in
+// progress reserved.
+type spaceWait struct{ msg string }
+
+func (e *spaceWait) Error() string { return e.msg }
+
+// releaseSpace gives back what the download of sum reserved; the images
+// waiting for space try again.
+func (s *Server) releaseSpace(sum string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	img, ok := s.images[sum]
+	if !ok || img.reservedForSpace == 0 {
+		return
+	}
+	img.reservedForSpace = 0
+	for _, other := range s.images {
+		other.waitingForSpace = false
+	}
+	s.signal(s.kick)
+}
+
+func bytesIEC(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
