@@ -20,6 +20,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/controller"
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -125,11 +126,11 @@ func runPlan(ctx context.Context, o planOptions, stdout, stderr io.Writer) error
 		if err != nil {
 			return inputError(fmt.Errorf("--namespace-selector %q: %w", o.namespaceSelector, err))
 		}
-		cluster, err := newKubeTarget(o.kubeconfig)
+		cluster, err := kube.NewTarget(o.kubeconfig)
 		if err != nil {
 			return inputError(err)
 		}
-		doc, err := cluster.configMapValues(ctx, o.servedCM)
+		doc, err := cluster.ConfigMapData(ctx, o.servedCM, osimage.ValuesKey)
 		if err != nil {
 			return failureError(err)
 		}
@@ -230,8 +231,8 @@ func clustersFromFiles(specs []string) ([]fleet.Inputs, error) {
 }
 
 // clustersFromAPI reads what the check controller reads, once.
-func clustersFromAPI(ctx context.Context, k *kubeTarget, sel labels.Selector) ([]fleet.Inputs, error) {
-	c, err := client.New(k.config, client.Options{})
+func clustersFromAPI(ctx context.Context, k *kube.Target, sel labels.Selector) ([]fleet.Inputs, error) {
+	c, err := client.New(k.Config, client.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -26,8 +26,6 @@ const (
 	Group   = "infrastructure.cluster.x-k8s.io"
 	V1Beta1 = Group + "/v1beta1"
 	V1Beta2 = Group + "/v1beta2"
-	// DefaultAPIVersion is what Sylva's chart renders today.
-	DefaultAPIVersion = V1Beta1
 )
 
 // Input is everything a rendering depends on.

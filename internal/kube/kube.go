@@ -139,3 +139,31 @@ func ApplyObjects(ctx context.Context, cfg *rest.Config, objs []*unstructured.Un
 	}
 	return nil
 }
+
+// Target is the cluster a command reads from or writes to.
+type Target struct {
+	Config *rest.Config
+	Client kubernetes.Interface
+}
+
+// NewTarget connects to the cluster of kubeconfig.
+func NewTarget(kubeconfig string) (*Target, error) {
+	cfg, err := RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Target{Config: cfg, Client: client}, nil
+}
+
+// ConfigMapData reads the dataKey document of ConfigMap NS/NAME.
+func (t *Target) ConfigMapData(ctx context.Context, nsName, dataKey string) ([]byte, error) {
+	key, err := ParseObjectKey(nsName)
+	if err != nil {
+		return nil, err
+	}
+	return ConfigMapValues(ctx, t.Client, key, dataKey)
+}
