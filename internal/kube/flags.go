@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -93,4 +94,17 @@ func NewLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
 		return logr.FromSlogHandler(slog.NewTextHandler(w, opts)), nil
 	}
 	return logr.Logger{}, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+// Quantity reads the value of flag as a Kubernetes quantity (500Gi); ""
+// is 0.
+func Quantity(flag, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: want a quantity such as 500Gi: %w", flag, s, err)
+	}
+	return q.Value(), nil
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -291,22 +290,22 @@ func (o Options) limits() (server.Config, error) {
 	if o.StallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout %s: give a positive duration, such as 60s", o.StallTimeout))
 	}
-	maxStorage, err := Quantity("--max-storage", o.MaxStorage)
+	maxStorage, err := kube.Quantity("--max-storage", o.MaxStorage)
 	if err == nil && o.MaxStorage != "" && maxStorage <= 0 {
 		err = fmt.Errorf("--max-storage %q: give a positive quantity such as 500Gi, or leave it out for no bound but the disk", o.MaxStorage)
 	}
 	errs = append(errs, err)
-	margin, err := Quantity("--free-space-margin", o.FreeSpaceMargin)
+	margin, err := kube.Quantity("--free-space-margin", o.FreeSpaceMargin)
 	if err == nil && margin < 0 {
 		err = fmt.Errorf("--free-space-margin %q is negative: give 0 for no margin", o.FreeSpaceMargin)
 	}
 	errs = append(errs, err)
-	maxImage, err := Quantity("--max-image-size", o.MaxImageSize)
+	maxImage, err := kube.Quantity("--max-image-size", o.MaxImageSize)
 	if err == nil && maxImage <= 0 {
 		err = fmt.Errorf("--max-image-size %q: give a positive quantity such as 64Gi", o.MaxImageSize)
 	}
 	errs = append(errs, err)
-	minRate, err := Quantity("--min-rate", o.MinRate)
+	minRate, err := kube.Quantity("--min-rate", o.MinRate)
 	if err == nil && minRate < 0 {
 		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.MinRate)
 	}
@@ -318,19 +317,6 @@ func (o Options) limits() (server.Config, error) {
 		Concurrency: o.Concurrency, GCGrace: o.GCGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
 		MaxImageSize: maxImage, StallTimeout: o.StallTimeout, MinRate: minRate,
 	}, nil
-}
-
-// Quantity reads the value of flag as a Kubernetes quantity (500Gi); ""
-// is 0.
-func Quantity(flag, s string) (int64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	q, err := resource.ParseQuantity(s)
-	if err != nil {
-		return 0, fmt.Errorf("%s %q: want a quantity such as 500Gi: %w", flag, s, err)
-	}
-	return q.Value(), nil
 }
 
 // references returns the tracker of the Metal3 objects that reference

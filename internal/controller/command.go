@@ -1,0 +1,110 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/propagate"
+	"github.com/sylva-projects/osimages/internal/signature"
+)
+
+// CommandOptions are those of `osimages controller`, as its flags give
+// them. Errors name the flags.
+type CommandOptions struct {
+	Manager                   kube.ManagerFlags
+	Catalog, Propagate, Check bool
+	LeaderElectionID          string
+	Resync                    time.Duration
+	Workers                   int
+	// PropagateConfig is the propagation rules file ("": Sylva's rule);
+	// Adopt takes over copies osimages did not create.
+	PropagateConfig string
+	Adopt           bool
+	// ServedCopy and NamespaceSelector are those of the check.
+	ServedCopy, NamespaceSelector string
+	Registry                      oci.Options
+	CatalogConcurrency            int
+	CatalogTimeout                time.Duration
+	CatalogRunTimeout             time.Duration
+	// MaxInputSize is a quantity, such as 512Ki.
+	MaxInputSize string
+}
+
+// RunCommand checks o, then runs the parts it switches on until ctx ends,
+// logging to stderr. Wrong flags are an exitcode.InputError, a controller
+// that fails an exitcode.FailureError.
+func RunCommand(ctx context.Context, o CommandOptions, stderr io.Writer) error {
+	opts, err := o.options()
+	if err != nil {
+		return exitcode.InputError(err)
+	}
+	cfg, mgr, err := o.Manager.Setup(stderr, o.LeaderElectionID)
+	if err != nil {
+		return exitcode.InputError(err)
+	}
+	opts.ManagerOptions = mgr
+	mgr.Logger.Info("starting", "catalog", o.Catalog, "propagate", o.Propagate, "check", o.Check)
+	return exitcode.FailureError(Run(ctx, cfg, opts))
+}
+
+// options checks o and returns the Options it gives, but the manager's.
+func (o CommandOptions) options() (Options, error) {
+	if o.Workers < 1 || o.CatalogConcurrency < 1 {
+		return Options{}, fmt.Errorf("--workers %d and --catalog-concurrency %d: must be at least 1", o.Workers, o.CatalogConcurrency)
+	}
+	if o.Resync <= 0 {
+		return Options{}, fmt.Errorf("--resync %s: must be positive", o.Resync)
+	}
+	if o.CatalogTimeout <= 0 || o.CatalogRunTimeout <= 0 {
+		return Options{}, fmt.Errorf("--catalog-timeout %s and --catalog-run-timeout %s: must be positive", o.CatalogTimeout, o.CatalogRunTimeout)
+	}
+	maxInput, err := kube.Quantity("--max-input-size", o.MaxInputSize)
+	if err != nil {
+		return Options{}, err
+	}
+	if maxInput <= 0 || maxInput > 1<<30 {
+		return Options{}, fmt.Errorf("--max-input-size %s: must be between 1 and 1Gi", o.MaxInputSize)
+	}
+	if !o.Catalog && !o.Propagate && !o.Check {
+		return Options{}, fmt.Errorf("--catalog, --propagate and --check are all false: nothing to run")
+	}
+	if err := o.Manager.Validate(); err != nil {
+		return Options{}, err
+	}
+	opts := Options{Workers: o.Workers, Resync: o.Resync, MaxInputSize: int(maxInput)}
+	if o.Propagate {
+		rules, err := propagate.LoadRulesOrDefault(o.PropagateConfig)
+		if err != nil {
+			return Options{}, err
+		}
+		opts.Propagate = &propagate.Options{Rules: rules, Adopt: o.Adopt, Resync: o.Resync, Workers: o.Workers}
+	}
+	if o.Check {
+		sel, err := labels.Parse(o.NamespaceSelector)
+		if err != nil {
+			return Options{}, fmt.Errorf("--check-namespace-selector %q: %w", o.NamespaceSelector, err)
+		}
+		opts.Check = &CheckOptions{Namespaces: sel, ServedCopy: o.ServedCopy, Resync: o.Resync}
+	}
+	if o.Catalog {
+		reg := o.Registry
+		reg.MaxConnsPerHost = o.CatalogConcurrency
+		clients, err := oci.NewClients(reg)
+		if err != nil {
+			return Options{}, err
+		}
+		opts.Catalog = &CatalogOptions{
+			Concurrency: o.CatalogConcurrency, Timeout: o.CatalogTimeout, RunTimeout: o.CatalogRunTimeout,
+			Secure:   Registry{Manifests: clients.Secure, Signatures: signature.Verifier{Client: clients.Secure}},
+			Insecure: Registry{Manifests: clients.Insecure, Signatures: signature.Verifier{Client: clients.Insecure}},
+		}
+	}
+	return opts, nil
+}
