@@ -18,7 +18,6 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -215,32 +214,6 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		}
 		return res, nil
 	}
-}
-
-// PullInto pulls src into store under filename, and commits it once
-// verified. An image already in the store is not downloaded again.
-func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename string, src Source, progress Progress) (imagestore.Entry, Result, error) {
-	if err := osimage.ValidateFilename(filename); err != nil {
-		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
-	}
-	if e, ok := store.Get(src.SHA256); ok {
-		return e, Result{SHA256: e.SHA256, MD5: e.MD5, Size: e.Size}, nil
-	}
-	w, err := store.Create(src.SHA256)
-	if err != nil {
-		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
-	}
-	defer w.Abort()
-	res, err := p.Pull(ctx, src, w, progress)
-	if err != nil {
-		return imagestore.Entry{}, res, err
-	}
-	e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: filename, Size: res.Size, VerifiedAt: time.Now()}
-	if err := w.Commit(e); err != nil {
-		return imagestore.Entry{}, res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
-	}
-	e, _ = store.Get(res.SHA256)
-	return e, res, nil
 }
 
 func normalize(src *Source) error {

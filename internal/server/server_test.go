@@ -5,7 +5,6 @@ import (
 	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -510,7 +509,6 @@ func TestDeselectCancelsDownload(t *testing.T) {
 	if _, ok := h.store.Get(a.SHA256); ok || len(h.store.List()) != 0 {
 		t.Error("a cancelled download left a stored image")
 	}
-	var _ = errors.New
 }
 
 // staticRefs is a References for the state-machine test; the real one

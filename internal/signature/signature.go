@@ -57,8 +57,6 @@ const (
 	// ReferrerArtifactType is the artifact type of a signature attached with
 	// cosign's OCI 1.1 referrers mode.
 	ReferrerArtifactType = "application/vnd.dev.cosign.artifact.sig.v1+json"
-	// PayloadType is critical.type of a cosign payload.
-	PayloadType = payload.CosignSignatureType
 	// sigstoreBundlePrefix starts the artifact type of a Sigstore bundle
 	// (application/vnd.dev.sigstore.bundle.v0.3+json), what cosign v3
 	// attaches by default.
