@@ -6,6 +6,8 @@ import (
 	"errors"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sylva-projects/osimages/internal/exitcode"
 )
 
 // The production builds (the container image, make build) leave the demo
@@ -16,7 +18,7 @@ func newDemoCommand() *cobra.Command {
 		Short: "Not in this build: run the demo from source with 'go run ./cmd/osimages demo'",
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(*cobra.Command, []string) error {
-			return failureError(errors.New("this osimages binary is built without the demo (-tags nodemo, as the container image and 'make build' are), so that no registry ships to management clusters; run the demo from a source checkout: go run ./cmd/osimages demo"))
+			return exitcode.FailureError(errors.New("this osimages binary is built without the demo (-tags nodemo, as the container image and 'make build' are), so that no registry ships to management clusters; run the demo from a source checkout: go run ./cmd/osimages demo"))
 		},
 		DisableFlagParsing: true,
 	}

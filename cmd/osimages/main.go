@@ -21,8 +21,3 @@ func main() {
 		os.Exit(exitcode.Of(err))
 	}
 }
-
-var (
-	inputError   = exitcode.InputError
-	failureError = exitcode.FailureError
-)
