@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet clean
+.PHONY: build image demo test docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -28,6 +28,11 @@ demo:
 
 test:
 	hack/test.sh
+
+# docs/cli.md is generated from the cobra commands (cmd/osimages/docs_test.go);
+# make test fails when it is stale.
+docs:
+	$(GO) test -count=1 -run '^TestCLIDocs$$' ./cmd/osimages -args -update
 
 tools:
 	hack/tools.sh

@@ -154,7 +154,7 @@ const (
 
 // TestSylvaLibraryDifferential runs every case through the real
 // sylva-library and through osimages, and passes when each difference is
-// one of the documented ones (differences, also in the README).
+// one of the documented ones (differences, also in docs/selection.md).
 func TestSylvaLibraryDifferential(t *testing.T) {
 	tgz := filepath.Join(testenv.SharedDir(t), "sylva", "sylva-library-0.9.0.tgz")
 	if _, err := os.Stat(tgz); err != nil {

@@ -11,8 +11,8 @@ import (
 )
 
 // Difference is a documented way in which osimages does not do what the
-// real sylva-library does. The README's "Differences from Sylva" table
-// lists the same, by ID, with the reasons.
+// real sylva-library does. The "Differences from Sylva" table of
+// docs/selection.md lists the same, by ID, with the reasons.
 type Difference struct {
 	ID string
 	// Explains says whether the difference accounts for what the two sides
@@ -141,19 +141,21 @@ func compilesAnchored(p string) bool {
 	return err == nil
 }
 
-// TestDifferencesInREADME checks that the README's table lists every
-// documented difference, and no other.
-func TestDifferencesInREADME(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// differencesDoc is where the table of differences is documented.
+const differencesDoc = "docs/selection.md"
+
+// TestDifferencesDocumented checks that the documented table (differencesDoc,
+// "Differences from Sylva") lists every difference, and no other.
+func TestDifferencesDocumented(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", filepath.FromSlash(differencesDoc)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(data)
-	start := strings.Index(readme, "### Differences from Sylva")
-	if start < 0 {
-		t.Fatal(`README.md has no "### Differences from Sylva" section`)
+	heading := regexp.MustCompile(`(?m)^#+ Differences from Sylva\n`).FindIndex(data)
+	if heading == nil {
+		t.Fatalf(`%s has no "Differences from Sylva" section`, differencesDoc)
 	}
-	section := readme[start+1:]
+	section := string(data[heading[1]:])
 	if end := strings.Index(section, "\n#"); end >= 0 {
 		section = section[:end]
 	}
@@ -165,13 +167,16 @@ func TestDifferencesInREADME(t *testing.T) {
 		id := strings.TrimSpace(strings.Split(line, "|")[1])
 		rows[strings.Trim(id, "*")] = true
 	}
+	if len(rows) == 0 {
+		t.Fatalf("the differences table of %s has no rows", differencesDoc)
+	}
 	for _, d := range differences {
 		if !rows[d.ID] {
-			t.Errorf("README.md's differences table lacks %q", d.ID)
+			t.Errorf("the differences table of %s lacks %q", differencesDoc, d.ID)
 		}
 		delete(rows, d.ID)
 	}
 	for id := range rows {
-		t.Errorf("README.md's differences table lists %q, which the differential test does not know", id)
+		t.Errorf("the differences table of %s lists %q, which the differential test does not know", differencesDoc, id)
 	}
 }
