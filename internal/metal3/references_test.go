@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -20,7 +21,8 @@ import (
 // References, on its own against a real apiserver: with no Metal3 API it
 // is synced and empty; once capm3's CRDs are installed it finds them
 // without a restart, and follows each object's image as it is created,
-// changed and deleted.
+// changed and deleted. ServedKinds and List, which the check and plan
+// use, see the same.
 func TestReferencesFollowsMetal3Objects(t *testing.T) {
 	crds, real := testenv.Metal3CRDsOrStandIn()
 	if !real {
@@ -41,6 +43,14 @@ func TestReferencesFollowsMetal3Objects(t *testing.T) {
 	refs := NewReferences(dyn, k.Client.Discovery(), nil)
 	go func() { defer close(done); refs.Run(ctx, 100*time.Millisecond) }()
 	testenv.Eventually(t, "synced with no Metal3 API", 30*time.Second, func() (bool, string) { return refs.Synced(), "" })
+	// The check and plan's view of the same: no kind served, nothing listed.
+	c, err := client.New(k.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kinds, err := ServedKinds(c.RESTMapper()); err != nil || len(kinds) != 0 {
+		t.Fatalf("kinds served without capm3: %v %v", kinds, err)
+	}
 
 	if _, err := envtest.InstallCRDs(k.Config, envtest.CRDInstallOptions{Paths: []string{crds}, ErrorIfPathMissing: true}); err != nil {
 		t.Fatal(err)
@@ -75,6 +85,24 @@ func TestReferencesFollowsMetal3Objects(t *testing.T) {
 		})
 	}
 	want(a, "Metal3Machine refs/m0", "Metal3MachineTemplate refs/t0")
+
+	// The same mapper finds the kinds installed since, and List reads
+	// their objects, kind after kind.
+	kinds, err := ServedKinds(c.RESTMapper())
+	if err != nil || len(kinds) != 2 || kinds[0].Kind != KindMachineTemplate || kinds[1].Kind != KindMachine {
+		t.Fatalf("kinds served with capm3: %v %v", kinds, err)
+	}
+	listed, err := List(ctx, c, "refs", kinds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, u := range listed {
+		names = append(names, u.GetKind()+" "+u.GetName())
+	}
+	if !slices.Equal(names, []string{KindMachineTemplate + " t0", KindMachine + " m0"}) {
+		t.Errorf("listed %v", names)
+	}
 
 	// The template moves to image b: a keeps only the machine.
 	_ = unstructured.SetNestedField(tmpl.Object, "http://osimages/images/"+b+"/x.raw", "spec", "template", "spec", "image", "url")
