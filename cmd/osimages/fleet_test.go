@@ -29,14 +29,13 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-// The fleet suite runs the whole chain as an operator does: the real
+// The fleet scenarios run the whole chain as an operator does: the real
 // apiserver, a real registry, `osimages serve` and `osimages controller`
-// as processes, and `osimages render --apply`. The management namespace
-// and the label of the workload namespaces are its own, so that it shares
-// the apiserver with the other tests without meeting their objects.
+// as processes, and `osimages render --apply`. Each scenario starts a
+// chain of its own (newFleet), with namespaces, a workload label and
+// image contents of its own, so that it runs alone (-run) and shares the
+// apiserver with the other tests without meeting their objects.
 const (
-	fleetMgmtNS   = "fleet-mgmt"
-	fleetLabel    = "osimages-e2e/fleet-workload"
 	fleetServedCM = "capm3-os-image-server-os-images"
 	fleetCopy     = "kyverno-cloned-os-image-server-images"
 	img132        = "ubuntu-noble-plain-rke2-1-32"
@@ -88,7 +87,7 @@ func (g *gate) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// fleetEnv is the running chain.
+// fleetEnv is the running chain of one scenario.
 type fleetEnv struct {
 	t         *testing.T
 	k         *testenv.Kube
@@ -97,9 +96,23 @@ type fleetEnv struct {
 	gate      *gate
 	published map[string]devregistry.Published // "name:tag"
 	serve     *daemon
-	mgmtFile  string
-	extra     map[string]string // hand-declared mgmt keys -> name:tag
+	ctrl      *daemon
+	// metricsAddr is the controller's metrics endpoint.
+	metricsAddr string
+	mgmtFile    string
+	extra       map[string]string // hand-declared mgmt keys -> name:tag
+
+	// mgmtNS is the management namespace, label the label of the
+	// workload namespaces wc1, wc2 and wc3.
+	mgmtNS, label, wc1, wc2, wc3 string
+	// By workload namespace: its cluster values, the diskimage-builder
+	// version it pins and the image it picks.
+	clusters, versions, images map[string]string
+	// initial are the templates newFleet rendered.
+	initial map[string]string
 }
+
+func (e *fleetEnv) workloads() []string { return []string{e.wc1, e.wc2, e.wc3} }
 
 func (e *fleetEnv) publish(name, tag string, seed uint64) devregistry.Published {
 	e.t.Helper()
@@ -209,7 +222,7 @@ func (e *fleetEnv) applyConfigMap(ns, name string, labels map[string]string, doc
 func (e *fleetEnv) setMgmt(version string) {
 	e.t.Helper()
 	doc := e.mgmtValues(version)
-	e.applyConfigMap(fleetMgmtNS, "mgmt-values", map[string]string{fleet.CatalogValuesLabel: ""}, doc)
+	e.applyConfigMap(e.mgmtNS, "mgmt-values", map[string]string{fleet.CatalogValuesLabel: ""}, doc)
 	if err := os.WriteFile(e.mgmtFile, []byte(doc), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
@@ -277,7 +290,7 @@ func (e *fleetEnv) render(ns string, values string) result {
 func (e *fleetEnv) templates() map[string]string {
 	e.t.Helper()
 	out := map[string]string{}
-	for _, ns := range []string{"fleet-wc1", "fleet-wc2", "fleet-wc3"} {
+	for _, ns := range e.workloads() {
 		list, err := e.dyn.Resource(templatesGVR).Namespace(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			e.t.Fatal(err)
@@ -315,77 +328,82 @@ func (e *fleetEnv) namespaceEvents(ns, reason string) []string {
 	return out
 }
 
-func TestFleetEndToEnd(t *testing.T) {
+// newFleet starts the chain of one scenario, named name (a DNS label
+// prefix): a registry with every version of both images (contents drawn
+// from seed, so that no other scenario's objects reference them), the
+// management namespace and three workload clusters pinning different
+// diskimage-builder versions, `osimages serve` and `osimages controller`,
+// and each cluster rendered and checked all served. wc1 (0.7.5) and wc3
+// (0.7.7) run Kubernetes 1.32, wc2 (0.7.6) 1.31; the management cluster
+// is at 0.7.7 and serves each of their images on top of its own, plus
+// the extra keys given (key -> name:tag).
+func newFleet(t *testing.T, name string, seed uint64, extra map[string]string) *fleetEnv {
+	t.Helper()
 	k := apiserver(t)
-	ctx := context.Background()
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := &gate{blocked: map[string]chan struct{}{}}
 	e := &fleetEnv{t: t, k: k, dyn: dyn, gate: g, reg: testenv.Registry(t, devregistry.Options{Middleware: g.middleware}),
-		published: map[string]devregistry.Published{}, mgmtFile: writeFile(t, "mgmt.yaml", ""), extra: map[string]string{}}
+		published: map[string]devregistry.Published{}, mgmtFile: writeFile(t, "mgmt.yaml", ""),
+		mgmtNS: name + "-mgmt", label: "osimages-e2e/" + name, wc1: name + "-wc1", wc2: name + "-wc2", wc3: name + "-wc3"}
 	// Each version's files differ; the file names stay the same.
 	for i, v := range []string{"0.7.5", "0.7.6", "0.7.7", "0.7.8", "0.7.9"} {
-		e.publish(img132, v, uint64(10+i))
-		e.publish(img131, v, uint64(20+i))
+		e.publish(img132, v, seed+uint64(10+i))
+		e.publish(img131, v, seed+uint64(20+i))
 	}
-	for _, ns := range []string{fleetMgmtNS, "fleet-wc1", "fleet-wc2", "fleet-wc3"} {
-		labels := map[string]string{fleetLabel: ""}
-		if ns == fleetMgmtNS {
-			labels = nil
-		}
-		if _, err := k.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	k.Namespace(t, e.mgmtNS, nil)
+	for _, ns := range e.workloads() {
+		k.Namespace(t, ns, map[string]string{e.label: ""})
 	}
 
-	// Workload clusters pin different diskimage-builder versions: wc1 0.7.5
-	// and wc3 0.7.7 on Kubernetes 1.32, wc2 0.7.6 on 1.31. The management
-	// cluster is at 0.7.7 and serves each of their images on top of its own.
 	e.extra = map[string]string{"wc1-ubuntu": img132 + ":0.7.5", "wc2-ubuntu": img131 + ":0.7.6", "wc3-ubuntu": img132 + ":0.7.7"}
+	for key, nameTag := range extra {
+		e.extra[key] = nameTag
+	}
 	e.setMgmt("0.7.7")
 
 	e.serve = startServe(t, freeAddr(t), "--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", e.mgmtFile,
-		"--os-images-configmap", fleetMgmtNS+"/"+osimage.InfoConfigMapName,
-		"--output-configmap", fleetMgmtNS+"/"+fleetServedCM, "--gc-grace", "1s")
+		"--os-images-configmap", e.mgmtNS+"/"+osimage.InfoConfigMapName,
+		"--output-configmap", e.mgmtNS+"/"+fleetServedCM, "--gc-grace", "1s")
 	rules := writeFile(t, "rules.yaml", fmt.Sprintf(`rules:
 - name: fleet
   source: %s/%s
   target: %s
   namespaceSelector: {matchLabels: {%s: ""}}
-`, fleetMgmtNS, fleetServedCM, fleetCopy, fleetLabel))
-	metricsAddr := freeAddr(t)
-	ctrl := startDaemon(t, "controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
-		"--check-namespace-selector", fleetLabel, "--metrics-addr", metricsAddr, "--health-addr", "0", "--log-format", "text")
+`, e.mgmtNS, fleetServedCM, fleetCopy, e.label))
+	e.metricsAddr = freeAddr(t)
+	e.ctrl = startDaemon(t, "controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
+		"--check-namespace-selector", e.label, "--metrics-addr", e.metricsAddr, "--health-addr", "0", "--log-format", "text")
 
-	clusters := map[string]string{
-		"fleet-wc1": e.clusterValues("fleet-wc1", "v1.32.5+rke2r1"),
-		"fleet-wc2": e.clusterValues("fleet-wc2", "v1.31.9+rke2r1"),
-		"fleet-wc3": e.clusterValues("fleet-wc3", "v1.32.5+rke2r1"),
+	e.clusters = map[string]string{
+		e.wc1: e.clusterValues(e.wc1, "v1.32.5+rke2r1"),
+		e.wc2: e.clusterValues(e.wc2, "v1.31.9+rke2r1"),
+		e.wc3: e.clusterValues(e.wc3, "v1.32.5+rke2r1"),
 	}
-	versions := map[string]string{"fleet-wc1": "0.7.5", "fleet-wc2": "0.7.6", "fleet-wc3": "0.7.7"}
-	images := map[string]string{"fleet-wc1": img132, "fleet-wc2": img131, "fleet-wc3": img132}
-	for ns, v := range versions {
-		e.applyConfigMap(ns, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs(v))
-		e.applyConfigMap(ns, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, clusters[ns])
+	e.versions = map[string]string{e.wc1: "0.7.5", e.wc2: "0.7.6", e.wc3: "0.7.7"}
+	e.images = map[string]string{e.wc1: img132, e.wc2: img131, e.wc3: img132}
+	for _, ns := range e.workloads() {
+		e.applyConfigMap(ns, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs(e.versions[ns]))
+		e.applyConfigMap(ns, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, e.clusters[ns])
 	}
-	for ns, v := range versions {
-		sha := e.sha(images[ns] + ":" + v)
-		e.waitCatalog(ns, images[ns], sha)
+	for _, ns := range e.workloads() {
+		sha := e.sha(e.images[ns] + ":" + e.versions[ns])
+		e.waitCatalog(ns, e.images[ns], sha)
 		e.waitCopy(ns, sha, true, true)
-		if r := e.render(ns, clusters[ns]); r.code != 0 {
-			t.Fatalf("render %s: exit %d\n%s\nserve:\n%s\ncontroller:\n%s", ns, r.code, r.stderr, e.serve.stderr, ctrl.stderr)
+		if r := e.render(ns, e.clusters[ns]); r.code != 0 {
+			t.Fatalf("render %s: exit %d\n%s\nserve:\n%s\ncontroller:\n%s", ns, r.code, r.stderr, e.serve.stderr, e.ctrl.stderr)
 		}
 	}
-	initial := e.templates()
-	for ns := range versions {
-		if n := len(namesIn(initial, ns)); n != 2 {
-			t.Fatalf("%s: want 2 templates (cp, md0), got %v", ns, namesIn(initial, ns))
+	e.initial = e.templates()
+	for _, ns := range e.workloads() {
+		if n := len(namesIn(e.initial, ns)); n != 2 {
+			t.Fatalf("%s: want 2 templates (cp, md0), got %v", ns, namesIn(e.initial, ns))
 		}
 	}
 	testenv.Eventually(t, "every check reports all served", 30*time.Second, func() (bool, string) {
-		for ns := range versions {
+		for _, ns := range e.workloads() {
 			r := e.status(ns)
 			if len(r.Images) != 1 || len(r.Problems()) != 0 {
 				return false, fmt.Sprintf("%s: %+v", ns, r)
@@ -393,8 +411,14 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 		return true, ""
 	})
+	return e
+}
 
+// TestFleetEndToEnd runs each scenario on a chain of its own: any one
+// runs alone with -run 'TestFleetEndToEnd/NAME'.
+func TestFleetEndToEnd(t *testing.T) {
 	t.Run("same filename, two versions, two URLs", func(t *testing.T) {
+		e := newFleet(t, "fleet-urls", 100, nil)
 		a, b := e.published[img132+":0.7.5"], e.published[img132+":0.7.7"]
 		if a.Fields[osimage.FieldFilename] != b.Fields[osimage.FieldFilename] || e.sha(img132+":0.7.5") == e.sha(img132+":0.7.7") {
 			t.Fatal("the fixture must give one filename two contents")
@@ -409,31 +433,41 @@ func TestFleetEndToEnd(t *testing.T) {
 	})
 
 	t.Run("management bumps its diskimage-builder version: zero rolling updates", func(t *testing.T) {
+		e := newFleet(t, "fleet-mgmt-bump", 200, nil)
 		e.setMgmt("0.7.8")
 		newMgmt := e.sha(img132 + ":0.7.8")
-		e.waitCatalog(fleetMgmtNS, img132, newMgmt)
-		for ns := range versions {
+		e.waitCatalog(e.mgmtNS, img132, newMgmt)
+		for _, ns := range e.workloads() {
 			e.waitCopy(ns, newMgmt, true, true)
 		}
 		// The operator re-renders every cluster, as a Helm upgrade does.
-		for ns := range versions {
-			if r := e.render(ns, clusters[ns]); r.code != 0 {
+		for _, ns := range e.workloads() {
+			if r := e.render(ns, e.clusters[ns]); r.code != 0 {
 				t.Fatalf("render %s after the management bump: exit %d\n%s", ns, r.code, r.stderr)
 			}
 		}
-		if after := e.templates(); !mapsEqual(after, initial) {
-			t.Fatalf("a management-side change touched workload templates:%s", diffMaps(initial, after))
+		if after := e.templates(); !mapsEqual(after, e.initial) {
+			t.Fatalf("a management-side change touched workload templates:%s", diffMaps(e.initial, after))
 		}
 	})
 
 	t.Run("management stops serving an image a workload cluster uses", func(t *testing.T) {
+		// witness is an image no object references, deselected together
+		// with wc1's: its deletion shows that garbage collection ran past
+		// the grace period over both.
+		e := newFleet(t, "fleet-unserved", 300, map[string]string{"witness": img131 + ":0.7.9"})
+		ctx := context.Background()
+		witness := e.published[img131+":0.7.9"]
+		// Stored before it is deselected, so that it has a file to collect.
+		e.waitCopy(e.wc1, witness.Fields.Get(osimage.FieldSHA256), true, true)
 		sha := e.sha(img132 + ":0.7.5")
 		filename := e.published[img132+":0.7.5"].Fields.Get(osimage.FieldFilename)
 		delete(e.extra, "wc1-ubuntu")
+		delete(e.extra, "witness")
 		proposed := writeFile(t, "proposed.yaml", e.mgmtValues("0.7.8"))
 
 		// plan predicts it.
-		r := run(t, "plan", "-f", proposed, "--kubeconfig", k.Kubeconfig, "--served-configmap", fleetMgmtNS+"/"+fleetServedCM, "--namespace-selector", fleetLabel)
+		r := run(t, "plan", "-f", proposed, "--kubeconfig", e.k.Kubeconfig, "--served-configmap", e.mgmtNS+"/"+fleetServedCM, "--namespace-selector", e.label)
 		if r.code != 1 {
 			t.Fatalf("plan: want exit 1, got %d\n%s\n%s", r.code, r.stdout, r.stderr)
 		}
@@ -442,10 +476,10 @@ func TestFleetEndToEnd(t *testing.T) {
 			ns, verdict, _ := strings.Cut(line, " ")
 			verdicts[ns] += strings.TrimSpace(verdict)
 		}
-		if v := verdicts["fleet-wc1"]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
+		if v := verdicts[e.wc1]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
 			t.Errorf("plan does not predict wc1's failure: %q\n%s\n%s", v, r.stdout, r.stderr)
 		}
-		for _, ns := range []string{"fleet-wc2", "fleet-wc3"} {
+		for _, ns := range []string{e.wc2, e.wc3} {
 			if verdicts[ns] != "unchanged" {
 				t.Errorf("plan: %s should be unchanged, got %q", ns, verdicts[ns])
 			}
@@ -454,31 +488,31 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.setMgmt("0.7.8")
 		start := time.Now()
 		testenv.Eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
-			probs := e.status("fleet-wc1").Problems()
+			probs := e.status(e.wc1).Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotServed, fmt.Sprint(probs)
 		})
 		t.Logf("live check reported the unserved image %.1fs after the change", time.Since(start).Seconds())
 		testenv.Eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
-			evs := e.namespaceEvents("fleet-wc1", "ImageNotServed")
+			evs := e.namespaceEvents(e.wc1, "ImageNotServed")
 			return len(evs) > 0 && strings.Contains(evs[0], "is currently not served by mgmt cluster os-image-server"), fmt.Sprint(evs)
 		})
 		testenv.Eventually(t, "metric osimages_cluster_images_unserved", 10*time.Second, func() (bool, string) {
-			resp, err := http.Get("http://" + metricsAddr + "/metrics")
+			resp, err := http.Get("http://" + e.metricsAddr + "/metrics")
 			if err != nil {
 				return false, err.Error()
 			}
 			body := readAll(t, resp)
-			return strings.Contains(body, `osimages_cluster_images_unserved{namespace="fleet-wc1",state="not-served"} 1`) &&
-				strings.Contains(body, `osimages_cluster_images_unserved{namespace="fleet-wc2",state="not-served"} 0`), grepLines(body, "unserved")
+			return strings.Contains(body, `osimages_cluster_images_unserved{namespace="`+e.wc1+`",state="not-served"} 1`) &&
+				strings.Contains(body, `osimages_cluster_images_unserved{namespace="`+e.wc2+`",state="not-served"} 0`), grepLines(body, "unserved")
 		})
-		for _, ns := range []string{"fleet-wc2", "fleet-wc3"} {
+		for _, ns := range []string{e.wc2, e.wc3} {
 			if p := e.status(ns).Problems(); len(p) != 0 {
 				t.Errorf("%s reports problems it does not have: %v", ns, p)
 			}
 		}
 
 		before := e.templates()
-		r = e.render("fleet-wc1", clusters["fleet-wc1"])
+		r = e.render(e.wc1, e.clusters[e.wc1])
 		wantErr := "image " + sha + "/" + img132 + " is currently not served by mgmt cluster os-image-server"
 		if r.code != 1 || !strings.Contains(r.stderr, wantErr) {
 			t.Fatalf("render wc1: want exit 1 with %q, got %d:\n%s", wantErr, r.code, r.stderr)
@@ -488,8 +522,17 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 
 		// Deselected for longer than the grace period, but referenced by
-		// wc1's templates: kept on disk and served.
-		time.Sleep(2 * time.Second)
+		// wc1's templates: kept on disk and served. The witness, deselected
+		// by the same change, leaves the status page when garbage
+		// collection deletes it: that pass went over wc1's image too.
+		testenv.Eventually(t, "the unreferenced witness collected", 30*time.Second, func() (bool, string) {
+			resp, err := http.Get(e.serve.url("/"))
+			if err != nil {
+				return false, err.Error()
+			}
+			page := readAll(t, resp)
+			return !strings.Contains(page, "<td>witness</td>"), grepLines(page, "deselected")
+		})
 		if got, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 || got != sha {
 			t.Fatalf("a referenced image is no longer served: HTTP %d\n%s", code, e.serve.stderr)
 		}
@@ -498,15 +541,15 @@ func TestFleetEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		page := readAll(t, resp)
-		if !strings.Contains(page, "kept: still referenced by Metal3MachineTemplate fleet-wc1/") {
+		if !strings.Contains(page, "kept: still referenced by Metal3MachineTemplate "+e.wc1+"/") {
 			t.Errorf("status page does not say the image is kept:\n%s", page)
 		}
 
 		// A machine stamped from the old template references the image too.
-		machines := dyn.Resource(templatesGVR.GroupVersion().WithResource("metal3machines")).Namespace("fleet-wc1")
+		machines := e.dyn.Resource(templatesGVR.GroupVersion().WithResource("metal3machines")).Namespace(e.wc1)
 		machine := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": templatesGVR.GroupVersion().String(), "kind": "Metal3Machine",
-			"metadata": map[string]any{"name": "fleet-wc1-md0-machine"},
+			"metadata": map[string]any{"name": e.wc1 + "-md0-machine"},
 			"spec": map[string]any{"image": map[string]any{
 				"url": e.serve.url("/images/" + sha + "/" + filename), "checksum": sha, "checksumType": "sha256", "diskFormat": "raw"}},
 		}}
@@ -517,13 +560,15 @@ func TestFleetEndToEnd(t *testing.T) {
 		// wc1 moves to a served image (the operator's fix) and its old
 		// templates go: the machine still holds the image; once it goes
 		// too, the image is collected.
-		e.applyConfigMap("fleet-wc1", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
-		e.waitCatalog("fleet-wc1", img132, e.sha(img132+":0.7.8"))
-		if r := e.render("fleet-wc1", clusters["fleet-wc1"]); r.code != 0 {
+		e.applyConfigMap(e.wc1, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.8"))
+		e.waitCatalog(e.wc1, img132, e.sha(img132+":0.7.8"))
+		// The management cluster's own image since its bump, downloaded.
+		e.waitCopy(e.wc1, e.sha(img132+":0.7.8"), true, true)
+		if r := e.render(e.wc1, e.clusters[e.wc1]); r.code != 0 {
 			t.Fatalf("render wc1 on a served image: %d\n%s", r.code, r.stderr)
 		}
-		for _, name := range namesIn(before, "fleet-wc1") {
-			if err := dyn.Resource(templatesGVR).Namespace("fleet-wc1").Delete(ctx, strings.TrimPrefix(name, "fleet-wc1/"), metav1.DeleteOptions{}); err != nil {
+		for _, name := range namesIn(before, e.wc1) {
+			if err := e.dyn.Resource(templatesGVR).Namespace(e.wc1).Delete(ctx, strings.TrimPrefix(name, e.wc1+"/"), metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -533,7 +578,7 @@ func TestFleetEndToEnd(t *testing.T) {
 				return false, err.Error()
 			}
 			page := readAll(t, resp)
-			return strings.Contains(page, "kept: still referenced by Metal3Machine fleet-wc1/fleet-wc1-md0-machine<"), grepLines(page, "kept")
+			return strings.Contains(page, "kept: still referenced by Metal3Machine "+e.wc1+"/"+machine.GetName()+"<"), grepLines(page, "kept")
 		})
 		if _, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 {
 			t.Fatalf("an image a machine references is not served: %d", code)
@@ -545,75 +590,75 @@ func TestFleetEndToEnd(t *testing.T) {
 			_, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename))
 			return code == 404, fmt.Sprint(code)
 		})
-		initial = e.templates()
 	})
 
 	t.Run("a workload cluster bumps its own version: exactly its templates are renamed", func(t *testing.T) {
+		e := newFleet(t, "fleet-wc-bump", 400, nil)
 		e.extra["wc2-ubuntu-next"] = img131 + ":0.7.7"
 		e.setMgmt("0.7.8")
 		next := e.sha(img131 + ":0.7.7")
-		e.waitCopy("fleet-wc2", next, true, true)
-		e.applyConfigMap("fleet-wc2", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.7"))
-		e.waitCatalog("fleet-wc2", img131, next)
-		if r := e.render("fleet-wc2", clusters["fleet-wc2"]); r.code != 0 {
+		e.waitCopy(e.wc2, next, true, true)
+		e.applyConfigMap(e.wc2, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.7"))
+		e.waitCatalog(e.wc2, img131, next)
+		if r := e.render(e.wc2, e.clusters[e.wc2]); r.code != 0 {
 			t.Fatalf("render wc2: %d\n%s", r.code, r.stderr)
 		}
 		after := e.templates()
-		for _, ns := range []string{"fleet-wc1", "fleet-wc3"} {
-			if !slices.Equal(namesIn(after, ns), namesIn(initial, ns)) {
-				t.Errorf("%s templates changed: %v -> %v", ns, namesIn(initial, ns), namesIn(after, ns))
+		for _, ns := range []string{e.wc1, e.wc3} {
+			if !slices.Equal(namesIn(after, ns), namesIn(e.initial, ns)) {
+				t.Errorf("%s templates changed: %v -> %v", ns, namesIn(e.initial, ns), namesIn(after, ns))
 			}
-			for _, name := range namesIn(initial, ns) {
-				if after[name] != initial[name] {
+			for _, name := range namesIn(e.initial, ns) {
+				if after[name] != e.initial[name] {
 					t.Errorf("%s was written", name)
 				}
 			}
 		}
 		added := 0
-		for _, name := range namesIn(after, "fleet-wc2") {
-			if _, ok := initial[name]; !ok {
+		for _, name := range namesIn(after, e.wc2) {
+			if _, ok := e.initial[name]; !ok {
 				added++
 			}
 		}
 		if added != 2 {
-			t.Errorf("wc2: want 2 new templates (cp, md0), got %v (before %v)", namesIn(after, "fleet-wc2"), namesIn(initial, "fleet-wc2"))
+			t.Errorf("wc2: want 2 new templates (cp, md0), got %v (before %v)", namesIn(after, e.wc2), namesIn(e.initial, e.wc2))
 		}
-		initial = after
 	})
 
 	t.Run("an image still downloading is reported not yet available", func(t *testing.T) {
+		e := newFleet(t, "fleet-downloading", 500, nil)
 		p := e.published[img132+":0.7.9"]
 		sha := p.Fields.Get(osimage.FieldSHA256)
-		g.hold(p.LayerDigest.String())
-		defer g.release(p.LayerDigest.String())
+		e.gate.hold(p.LayerDigest.String())
+		defer e.gate.release(p.LayerDigest.String())
 		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"
 		e.setMgmt("0.7.8")
-		e.waitCopy("fleet-wc3", sha, true, false)
-		e.applyConfigMap("fleet-wc3", "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
-		e.waitCatalog("fleet-wc3", img132, sha)
+		e.waitCopy(e.wc3, sha, true, false)
+		e.applyConfigMap(e.wc3, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, e.catalogInputs("0.7.9"))
+		e.waitCatalog(e.wc3, img132, sha)
 		testenv.Eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
-			probs := e.status("fleet-wc3").Problems()
+			probs := e.status(e.wc3).Problems()
 			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable, fmt.Sprint(probs)
 		})
 		testenv.Eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
-			evs := e.namespaceEvents("fleet-wc3", "ImageNotAvailable")
+			evs := e.namespaceEvents(e.wc3, "ImageNotAvailable")
 			return len(evs) > 0, fmt.Sprint(evs)
 		})
 		before := e.templates()
-		r := e.render("fleet-wc3", clusters["fleet-wc3"])
+		r := e.render(e.wc3, e.clusters[e.wc3])
 		if r.code != 1 || !strings.Contains(r.stderr, "not available yet") || strings.Contains(r.stderr, "is currently not served") {
 			t.Fatalf("render wc3: want 'not available yet', not 'not served'; got exit %d:\n%s", r.code, r.stderr)
 		}
 		if after := e.templates(); !mapsEqual(after, before) {
 			t.Fatalf("a failed render changed templates:%s", diffMaps(before, after))
 		}
-		g.release(p.LayerDigest.String())
-		e.waitCopy("fleet-wc3", sha, true, true)
-		if r := e.render("fleet-wc3", clusters["fleet-wc3"]); r.code != 0 {
+		e.gate.release(p.LayerDigest.String())
+		e.waitCopy(e.wc3, sha, true, true)
+		if r := e.render(e.wc3, e.clusters[e.wc3]); r.code != 0 {
 			t.Fatalf("render wc3 once available: %d\n%s", r.code, r.stderr)
 		}
 		testenv.Eventually(t, "the check clears", 30*time.Second, func() (bool, string) {
-			probs := e.status("fleet-wc3").Problems()
+			probs := e.status(e.wc3).Problems()
 			return len(probs) == 0, fmt.Sprint(probs)
 		})
 	})

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -18,13 +17,10 @@ import (
 // output streams are tested as operators meet them.
 var binary string
 
-// kube is one apiserver shared by the tests of this package, started on
-// first use with the Metal3 CRDs when shared/ has them.
-var (
-	kubeOnce sync.Once
-	kubeEnv  *testenv.Kube
-	kubeErr  error
-)
+// suite is one apiserver shared by the tests of this package, started on
+// first use with the Metal3 CRDs when shared/ has them (their stand-ins
+// otherwise).
+var suite = testenv.NewSuite(testenv.WithMetal3CRDs)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "osimages-e2e-")
@@ -39,24 +35,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building osimages:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	if kubeEnv != nil {
-		_ = kubeEnv.Stop()
-	}
+	code := suite.Run(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
 func apiserver(t *testing.T) *testenv.Kube {
 	t.Helper()
-	kubeOnce.Do(func() {
-		crds, _ := testenv.Metal3CRDsOrStandIn()
-		kubeEnv, kubeErr = testenv.StartKube(crds)
-	})
-	if kubeErr != nil {
-		t.Fatal(kubeErr)
-	}
-	return kubeEnv
+	return suite.Kube(t)
 }
 
 type result struct {

@@ -21,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 func TestPropagateRefusesBadInput(t *testing.T) {
@@ -173,13 +175,7 @@ func loopbackAddr(t *testing.T) string {
 
 func waitUntil(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testenv.Poll(t, "waiting until "+what, 60*time.Second, 200*time.Millisecond, func() (bool, string) { return f(), "" })
 }
 
 // TestPropagateReplicas drives two replicas of the real binary with leader

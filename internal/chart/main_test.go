@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,19 +36,28 @@ var (
 	binDir  string
 )
 
-var (
-	kubeOnce sync.Once
-	kubeEnv  *testenv.Kube
-	kubeErr  error
-	// metal3 tells whether the real Metal3 CRDs were installed.
-	metal3 bool
-)
+// suite is one kube-apiserver for the package, with the Cluster API core
+// CRDs from the sigs.k8s.io/cluster-api module, the Prometheus Operator's
+// kinds (for the monitoring values) and the real Metal3 CRDs when shared/
+// has them.
+var suite = testenv.NewSuite(func() ([]string, error) {
+	capi, err := testenv.ClusterAPICRDs()
+	if err != nil {
+		return nil, err
+	}
+	crds := []string{capi, "testdata/crds"}
+	if dir := testenv.Metal3CRDs(); dir != "" {
+		crds = append(crds, dir)
+		metal3 = true
+	}
+	return crds, nil
+})
+
+// metal3 tells whether the real Metal3 CRDs were installed.
+var metal3 bool
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if kubeEnv != nil {
-		_ = kubeEnv.Stop()
-	}
+	code := suite.Run(m)
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
@@ -74,31 +82,9 @@ func osimagesBinary(t *testing.T) string {
 	return binary
 }
 
-// apiserver is one kube-apiserver for the package, with the Cluster API core
-// CRDs from the sigs.k8s.io/cluster-api module and the real Metal3 CRDs when
-// shared/ has them.
 func apiserver(t *testing.T) *testenv.Kube {
 	t.Helper()
-	kubeOnce.Do(func() {
-		capi, err := testenv.ClusterAPICRDs()
-		if err != nil {
-			kubeErr = err
-			return
-		}
-		// The Prometheus Operator's kinds, for the monitoring values.
-		crds := []string{capi, "testdata/crds"}
-		if dir := testenv.Metal3CRDs(); dir != "" {
-			crds = append(crds, dir)
-			metal3 = true
-		}
-		start := time.Now()
-		kubeEnv, kubeErr = testenv.StartKube(crds...)
-		fmt.Fprintf(os.Stderr, "envtest with %d CRD folders started in %s\n", len(crds), time.Since(start).Round(time.Millisecond))
-	})
-	if kubeErr != nil {
-		t.Fatal(kubeErr)
-	}
-	return kubeEnv
+	return suite.Kube(t)
 }
 
 // applier applies unstructured objects with server-side apply.

@@ -20,6 +20,7 @@ import (
 	osikube "github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // BenchmarkFleetReaction measures what an operator waits for: from a
@@ -43,7 +44,7 @@ func BenchmarkFleetReaction(b *testing.B) {
 		}
 		return "capm3_os_image_server_images:\n  " + sum("u") + ": {available: true, image_key: m}\n"
 	}
-	cms := testKube.Client.CoreV1()
+	cms := suite.Kube(b).Client.CoreV1()
 	// The benchmark function runs more than once; the fleet and its
 	// manager are set up once and live until the process ends.
 	benchOnce.Do(func() { benchSource, benchSetupErr = setUpFleet(b, n, label, served, string(info)) })
@@ -52,14 +53,10 @@ func BenchmarkFleetReaction(b *testing.B) {
 	}
 	source := benchSource
 	allReport := func(want fleet.State) {
-		deadline := time.Now().Add(5 * time.Minute)
-		for time.Now().Before(deadline) {
-			if countReporting(b, want) == n {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		b.Fatalf("not every namespace reported %s within 5 minutes", want)
+		testenv.Poll(b, fmt.Sprintf("every namespace reports %s", want), 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
+			got := countReporting(b, want)
+			return got == n, fmt.Sprintf("%d of %d", got, n)
+		})
 	}
 	with := strings.Contains(source.Data["values.yaml"], sum("u"))
 	b.ResetTimer()
@@ -93,7 +90,7 @@ var (
 // starts the manager, and reports how long the first check of all took.
 func setUpFleet(b *testing.B, n int, label string, served func(bool) string, info string) (*corev1.ConfigMap, error) {
 	ctx := context.Background()
-	cms := testKube.Client.CoreV1()
+	cms := suite.Kube(b).Client.CoreV1()
 	if _, err := cms.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench-mgmt"}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
@@ -127,7 +124,7 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 	}
 	sel := labels.SelectorFromSet(labels.Set{label: ""})
 	rules := []propagate.Rule{{Name: "bench", Source: osikube.ObjectKey{Namespace: "bench-mgmt", Name: "served"}, Target: "served", Selector: sel}}
-	mgr, err := NewManager(testKube.Config, Options{
+	mgr, err := NewManager(suite.Kube(b).Config, Options{
 		Propagate:      &propagate.Options{Rules: rules},
 		Check:          &CheckOptions{Namespaces: sel, ServedCopy: "served", Resync: time.Hour},
 		Workers:        8,
@@ -139,12 +136,10 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 	}
 	start := time.Now()
 	go func() { _ = mgr.Start(context.Background()) }()
-	for countReporting(b, fleet.StateServed) < n {
-		if time.Since(start) > 5*time.Minute {
-			return nil, fmt.Errorf("the first check of %d namespaces took more than 5 minutes", n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Poll(b, fmt.Sprintf("the first check of %d namespaces", n), 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
+		got := countReporting(b, fleet.StateServed)
+		return got >= n, fmt.Sprintf("%d of %d", got, n)
+	})
 	fmt.Printf("first check of %d namespaces (copies and statuses written): %.2fs\n", n, time.Since(start).Seconds())
 	return source, nil
 }
@@ -152,7 +147,7 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 // countReporting counts the bench namespaces whose status has the one
 // image in state want.
 func countReporting(b *testing.B, want fleet.State) int {
-	list, err := testKube.Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: fleet.StatusLabel})
+	list, err := suite.Kube(b).Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: fleet.StatusLabel})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,9 +16,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sylva-projects/osimages/internal/catalog"
@@ -128,14 +133,14 @@ var (
 	errUpToDate      = errors.New("os-images-info is already up to date")
 )
 
-// cataloger publishes os-images-info in every namespace holding catalog
+// catalogReconciler publishes os-images-info in every namespace holding catalog
 // inputs: the same resolution as `osimages catalog --apply`, driven by the
 // labelled ConfigMaps instead of files. The registry work of a namespace
 // is a run in the background, so that a reconcile only reads, plans and
 // writes: a namespace whose registry never answers holds no worker, and
 // its run has a time budget, a deadline per image, its share of the
 // registry slots, and is cancelled as soon as its inputs change or go.
-type cataloger struct {
+type catalogReconciler struct {
 	opts     CatalogOptions
 	reader   client.Reader
 	writer   client.Client
@@ -165,7 +170,7 @@ type catalogRun struct {
 	started time.Time
 	// attempt counts the failed runs of this hash before this one.
 	attempt int
-	// Set when the run ends (under cataloger.mu).
+	// Set when the run ends (under catalogReconciler.mu).
 	done     bool
 	result   osimage.Catalog
 	err      error
@@ -173,16 +178,44 @@ type catalogRun struct {
 	reported bool
 }
 
-func newCataloger(opts CatalogOptions, workers int) *cataloger {
+func newCatalogReconciler(opts CatalogOptions, workers int, m *metrics) *catalogReconciler {
 	opts = opts.withDefaults(workers)
-	c := &cataloger{opts: opts, now: time.Now, wake: make(chan event.GenericEvent, 1024), runs: map[string]*catalogRun{}, refused: map[string]string{}}
+	c := &catalogReconciler{opts: opts, metrics: m, now: time.Now, wake: make(chan event.GenericEvent, 1024), runs: map[string]*catalogRun{}, refused: map[string]string{}}
 	c.base, c.stop = context.WithCancelCause(context.Background())
+	c.slots = newFairSlots(opts.Slots, func(ns string) { m.preemptions.WithLabelValues(ns).Inc() })
+	m.running = c.runningSince
 	return c
 }
 
+// SetupWithManager watches the catalog inputs and os-images-info, and the
+// ends of the runs; the reconciler is a runnable of mgr too, so that the
+// runs stop with it.
+func (c *catalogReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
+	c.reader, c.writer = mgr.GetCache(), mgr.GetClient()
+	c.recorder = mgr.GetEventRecorder(eventSource)
+	c.log = mgr.GetLogger().WithValues("controller", "catalog")
+	if err := mgr.Add(c); err != nil {
+		return err
+	}
+	inputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
+		if _, ok := obj.GetLabels()[fleet.CatalogValuesLabel]; ok || obj.GetName() == osimage.InfoConfigMapName {
+			return toNamespace(ctx, obj)
+		}
+		return nil
+	}
+	err := builder.ControllerManagedBy(mgr).Named("catalog").WithOptions(options).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(inputs)).
+		WatchesRawSource(source.Channel(c.wake, handler.EnqueueRequestsFromMapFunc(toNamespace))).
+		Complete(c)
+	if err != nil {
+		return fmt.Errorf("creating the catalog controller: %w", err)
+	}
+	return nil
+}
+
 // Start waits for the manager to stop, then stops every run: it makes the
-// cataloger a manager.Runnable, elected with the controllers.
-func (c *cataloger) Start(ctx context.Context) error {
+// reconciler a manager.Runnable, elected with the controllers.
+func (c *catalogReconciler) Start(ctx context.Context) error {
 	<-ctx.Done()
 	c.mu.Lock()
 	c.stopped = true
@@ -192,7 +225,7 @@ func (c *cataloger) Start(ctx context.Context) error {
 	return nil
 }
 
-func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
 	var cms corev1.ConfigMapList
 	if err := c.reader.List(ctx, &cms, client.InNamespace(name), client.HasLabels{fleet.CatalogValuesLabel}); err != nil {
@@ -265,7 +298,7 @@ func (c *cataloger) Reconcile(ctx context.Context, req reconcile.Request) (recon
 // advance moves the namespace's run for hash one step: start it, wait for
 // it, publish its result, or report its failure and retry it after a
 // backoff.
-func (c *cataloger) advance(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap) (reconcile.Result, error) {
+func (c *catalogReconciler) advance(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap) (reconcile.Result, error) {
 	name := input.Namespace
 	c.cancelRun(name, hash, errInputsChanged)
 	c.mu.Lock()
@@ -306,7 +339,7 @@ func (c *cataloger) advance(ctx context.Context, input *corev1.ConfigMap, plan c
 }
 
 // start begins a run (called locked).
-func (c *cataloger) start(namespace string, plan catalog.Plan, hash string, attempt int) *catalogRun {
+func (c *catalogReconciler) start(namespace string, plan catalog.Plan, hash string, attempt int) *catalogRun {
 	ctx, cancel := context.WithCancelCause(c.base)
 	r := &catalogRun{hash: hash, cancel: cancel, started: c.now(), attempt: attempt}
 	c.runs[namespace] = r
@@ -351,7 +384,7 @@ func (c *cataloger) start(namespace string, plan catalog.Plan, hash string, atte
 }
 
 // cancelRun stops the namespace's run unless it resolves keep.
-func (c *cataloger) cancelRun(namespace, keep string, why error) {
+func (c *catalogReconciler) cancelRun(namespace, keep string, why error) {
 	c.mu.Lock()
 	r := c.runs[namespace]
 	if r == nil || r.hash == keep {
@@ -368,7 +401,7 @@ func (c *cataloger) cancelRun(namespace, keep string, why error) {
 	}
 }
 
-func (c *cataloger) backoff(attempt int) time.Duration {
+func (c *catalogReconciler) backoff(attempt int) time.Duration {
 	d := c.opts.RetryBase
 	for range attempt {
 		d *= 2
@@ -380,7 +413,7 @@ func (c *cataloger) backoff(attempt int) time.Duration {
 }
 
 // publish writes os-images-info from a run's result.
-func (c *cataloger) publish(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap, r *catalogRun, resolved osimage.Catalog) (reconcile.Result, error) {
+func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap, plan catalog.Plan, hash string, current *corev1.ConfigMap, r *catalogRun, resolved osimage.Catalog) (reconcile.Result, error) {
 	name := input.Namespace
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
@@ -434,7 +467,7 @@ func countHTTP(p catalog.Plan) int {
 
 // failed reports a run that did not publish: in the log, an event, the
 // status and the metrics.
-func (c *cataloger) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
+func (c *catalogReconciler) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
 	name := input.Namespace
 	state, reason, result := CatalogFailed, "CatalogFailed", "failed"
 	msg := fmt.Sprintf("os-images-info not updated: %v; retried in %s", err, retry.Round(time.Second))
@@ -452,7 +485,7 @@ func (c *cataloger) failed(ctx context.Context, input *corev1.ConfigMap, hash st
 
 // refuse reports inputs that no retry can fix; the next change of the
 // ConfigMaps triggers a new attempt. A run of older inputs is stopped.
-func (c *cataloger) refuse(ctx context.Context, input *corev1.ConfigMap, reason string, err error) (reconcile.Result, error) {
+func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap, reason string, err error) (reconcile.Result, error) {
 	name := input.Namespace
 	c.cancelRun(name, "", errInputsChanged)
 	msg := err.Error()
@@ -473,7 +506,7 @@ func (c *cataloger) refuse(ctx context.Context, input *corev1.ConfigMap, reason 
 // setStatus writes the catalog's state into osimages-status when it
 // changed. A user's own osimages-status is never written: an event says
 // so instead.
-func (c *cataloger) setStatus(ctx context.Context, input *corev1.ConfigMap, s CatalogStatus) (reconcile.Result, error) {
+func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigMap, s CatalogStatus) (reconcile.Result, error) {
 	name := input.Namespace
 	previous := &corev1.ConfigMap{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: fleet.StatusConfigMapName}, previous); err != nil {
@@ -517,13 +550,13 @@ func countImages(cm *corev1.ConfigMap) int {
 
 // event regards the given ConfigMap (the first catalog-values one: what
 // the operator edits, in the namespace concerned).
-func (c *cataloger) event(regarding *corev1.ConfigMap, kind, reason, format string, args ...any) {
+func (c *catalogReconciler) event(regarding *corev1.ConfigMap, kind, reason, format string, args ...any) {
 	c.recorder.Eventf(regarding, nil, kind, reason, eventActionCatalog, format, args...)
 }
 
 // runningSince lists the start of every run in progress, for the
 // osimages_catalog_run_seconds metric.
-func (c *cataloger) runningSince() map[string]time.Time {
+func (c *catalogReconciler) runningSince() map[string]time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := map[string]time.Time{}

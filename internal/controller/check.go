@@ -4,22 +4,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 )
 
@@ -37,7 +43,14 @@ type CheckOptions struct {
 	// MaxInputSize bounds the data of the cluster-values ConfigMaps of a
 	// namespace (DefaultMaxInputSize when 0).
 	MaxInputSize int
+	// DiscoveryInterval is how often the Metal3 kinds not served yet are
+	// looked for (DefaultDiscoveryInterval when 0).
+	DiscoveryInterval time.Duration
 }
+
+// DefaultDiscoveryInterval is how often the check looks for a capm3
+// installed after it started, as the image server's tracker does.
+const DefaultDiscoveryInterval = time.Minute
 
 // Default names of the check.
 const (
@@ -51,21 +64,73 @@ const (
 	reasonImagesServed      = "ImagesServed"
 )
 
-// checker is the served-set check: a thin shell over fleet.Needs and
-// fleet.Check, one namespace per reconcile.
-type checker struct {
+// checkReconciler is the served-set check: a thin shell over fleet.Read,
+// fleet.Needs and fleet.Check, one namespace per reconcile.
+type checkReconciler struct {
 	opts     CheckOptions
 	reader   client.Reader
 	writer   client.Client
 	recorder events.EventRecorder
 	metrics  *metrics
-	// metal3 lists the Metal3 kinds served by the apiserver (none when
-	// capm3 is not installed).
+	log      logr.Logger
+
+	// metal3 are the Metal3 kinds watched: those the apiserver serves,
+	// found at start and looked for again while some are missing.
+	mu     sync.Mutex
 	metal3 []schema.GroupVersionKind
-	log    logr.Logger
 }
 
-func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func newCheckReconciler(opts CheckOptions, m *metrics) *checkReconciler {
+	return &checkReconciler{opts: opts, metrics: m}
+}
+
+// SetupWithManager watches the workload-cluster namespaces, their inputs
+// and the Metal3 objects, and looks for the Metal3 kinds while capm3 is
+// not installed.
+func (c *checkReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
+	c.reader, c.writer = mgr.GetCache(), mgr.GetClient()
+	c.recorder = mgr.GetEventRecorder(eventSource)
+	c.log = mgr.GetLogger().WithValues("controller", "check")
+	inputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
+		_, values := obj.GetLabels()[fleet.ClusterValuesLabel]
+		switch obj.GetName() {
+		case osimage.InfoConfigMapName, fleet.StatusConfigMapName, c.opts.ServedCopy:
+			values = true
+		}
+		if values {
+			return toNamespace(ctx, obj)
+		}
+		return nil
+	}
+	ctrl, err := builder.ControllerManagedBy(mgr).Named("check").WithOptions(options).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(inputs)).
+		Build(c)
+	if err != nil {
+		return fmt.Errorf("creating the check controller: %w", err)
+	}
+	d := &metal3Discovery{check: c, ctrl: ctrl, mapper: mgr.GetRESTMapper(), cache: mgr.GetCache(), interval: c.opts.DiscoveryInterval}
+	// Known before the first reconcile: a namespace is never checked
+	// without the templates capm3 already holds.
+	if err := d.discover(); err != nil {
+		return err
+	}
+	if !d.complete() {
+		c.log.Info("the Metal3 API is not (all) served: the check reads the picks of cluster values, and looks again for capm3",
+			"every", d.interval.String(), "watched", d.watched())
+		return mgr.Add(d)
+	}
+	return nil
+}
+
+// metal3Kinds returns the Metal3 kinds watched so far.
+func (c *checkReconciler) metal3Kinds() []schema.GroupVersionKind {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.metal3)
+}
+
+func (c *checkReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
 	ns := &corev1.Namespace{}
 	if err := c.reader.Get(ctx, types.NamespacedName{Name: name}, ns); err != nil {
@@ -80,34 +145,17 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, nil
 	}
 
-	var cms corev1.ConfigMapList
-	if err := c.reader.List(ctx, &cms, client.InNamespace(name)); err != nil {
+	gathered, err := fleet.Read(ctx, c.reader, name, fleet.ReadOptions{
+		ServedCopy: c.opts.ServedCopy,
+		Metal3:     c.metal3Kinds(),
+		Admit:      c.admit,
+	})
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	var objects []*unstructured.Unstructured
-	for _, gvk := range c.metal3 {
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := c.reader.List(ctx, list, client.InNamespace(name)); err != nil {
-			return reconcile.Result{}, err
-		}
-		for i := range list.Items {
-			objects = append(objects, &list.Items[i])
-		}
-	}
-	// Cluster values over the size limit are refused, not parsed.
-	clusters, sizeErr := checkInputSizes(cms.Items, fleet.ClusterValuesLabel, c.opts.MaxInputSize)
-	readable := cms.Items[:0:0]
-	for _, cm := range cms.Items {
-		if inputKind(&cm) != fleet.ClusterValuesLabel {
-			readable = append(readable, cm)
-		}
-	}
-	readable = append(readable, clusters...)
-	gathered := fleet.Gather(name, c.opts.ServedCopy, readable, objects)
 	previous := gathered.Status
 	needs, err := fleet.Needs(gathered.Inputs)
-	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, errors.Join(sizeErr, err))
+	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, err)
 	c.metrics.report(report)
 
 	cm, err := report.ConfigMap()
@@ -134,6 +182,19 @@ func (c *checker) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 }
 
+// admit keeps the cluster values over the size limit from being parsed:
+// they are refused, with the reason.
+func (c *checkReconciler) admit(cms []corev1.ConfigMap) ([]corev1.ConfigMap, error) {
+	clusters, err := checkInputSizes(cms, fleet.ClusterValuesLabel, c.opts.MaxInputSize)
+	readable := cms[:0:0]
+	for _, cm := range cms {
+		if inputKind(&cm) != fleet.ClusterValuesLabel {
+			readable = append(readable, cm)
+		}
+	}
+	return append(readable, clusters...), err
+}
+
 // requeueStale is how soon a write refused on a stale cache is decided
 // again; the watch event that brings the cache up to date requeues too.
 const requeueStale = time.Second
@@ -144,7 +205,7 @@ const requeueStale = time.Second
 // ConfigMap and relate to the Namespace, so that they live in the
 // namespace (`kubectl get events -n NS` shows them; an event regarding a
 // Namespace itself would land in "default").
-func (c *checker) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
+func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
 	old := map[string]fleet.State{}
 	for _, img := range before.Images {
 		old[img.SHA256] = img.State

@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,20 +24,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-var testKube *testenv.Kube
-
-func TestMain(m *testing.M) {
-	crds, _ := testenv.Metal3CRDsOrStandIn()
-	var err error
-	if testKube, err = testenv.StartKube(crds); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = testKube.Stop()
-	os.Exit(code)
-}
-
 func sum(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:])
@@ -47,31 +33,35 @@ func sum(s string) string {
 // returns the registry of its metrics.
 func startManager(t testing.TB, o Options) *prometheus.Registry {
 	t.Helper()
+	return startManagerOn(t, suite.Kube(t), o)
+}
+
+// startManagerOn is startManager on an apiserver of the test's own.
+func startManagerOn(t testing.TB, k *testenv.Kube, o Options) *prometheus.Registry {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	o.Registerer = reg
 	if o.ManagerOptions.Logger.GetSink() == nil {
 		o.ManagerOptions.Logger = logr.Discard()
 	}
-	mgr, err := NewManager(testKube.Config, o)
+	mgr, err := NewManager(k.Config, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
+	testenv.StartManager(t, mgr)
 	return reg
 }
 
 func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
 	t.Helper()
+	putOn(t, suite.Kube(t), ns, name, labels, doc)
+}
+
+// putOn creates or updates ConfigMap NS/NAME with one values.yaml.
+func putOn(t *testing.T, k *testenv.Kube, ns, name string, labels map[string]string, doc string) {
+	t.Helper()
 	ctx := context.Background()
-	cms := testKube.Client.CoreV1().ConfigMaps(ns)
+	cms := k.Client.CoreV1().ConfigMaps(ns)
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Data: map[string]string{"values.yaml": doc}}
@@ -88,14 +78,14 @@ func put(t *testing.T, ns, name string, labels map[string]string, doc string) {
 
 func namespace(t *testing.T, name string, labels map[string]string) {
 	t.Helper()
-	if _, err := testKube.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Kube(t).Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func eventNotes(t *testing.T, ns, reason string) []string {
 	t.Helper()
-	list, err := testKube.Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	list, err := suite.Kube(t).Client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +102,8 @@ func eventNotes(t *testing.T, ns, reason string) []string {
 	return out
 }
 
-func status(ns string) fleet.Report {
-	cm, err := testKube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+func status(t testing.TB, ns string) fleet.Report {
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		return fleet.Report{}
 	}
@@ -131,7 +121,14 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 	const label = "test-check/workload"
 	namespace(t, "check-a", map[string]string{label: ""})
 	namespace(t, "check-ignored", nil)
-	startManager(t, Options{Check: &CheckOptions{Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour}})
+	// The check logs each warning as it emits it, within the reconcile.
+	log := &errorLog{}
+	o := Options{Check: &CheckOptions{Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour}}
+	o.ManagerOptions.Logger = logr.New(log)
+	startManager(t, o)
+	warnedNotServed := func() int {
+		return log.count(func(l *errorLog) []string { return l.infos }, "needed image not served[namespace check-a sha256 "+sum("u")+" state not-served ")
+	}
 
 	info, err := osimage.MarshalInfo(osimage.Catalog{"ubuntu": {"sha256": sum("u"), "filename": "u.raw", "image-format": "raw", "os": "ubuntu",
 		"k8s-flavor": "rke2", "k8s-version": "1.32.5+rke2r1"}})
@@ -144,34 +141,50 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 		put(t, ns, "served", nil, "capm3_os_image_server_images: {}\n")
 	}
 	testenv.Eventually(t, "not-served reported", 30*time.Second, func() (bool, string) {
-		p := status("check-a").Problems()
-		return len(p) == 1 && p[0].State == fleet.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status("check-a"))
+		p := status(t, "check-a").Problems()
+		return len(p) == 1 && p[0].State == fleet.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status(t, "check-a"))
 	})
 	testenv.Eventually(t, "one ImageNotServed event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImageNotServed")
 		return len(evs) == 1 && strings.Contains(evs[0], "image "+sum("u")+"/ubuntu is currently not served by mgmt cluster os-image-server; needed by ConfigMap check-a/values .control_plane.capm3"), fmt.Sprint(evs)
 	})
 
-	// Events that change nothing (a touched input) raise no new warning.
+	testenv.Eventually(t, "the warning logged", 30*time.Second, func() (bool, string) {
+		n := warnedNotServed()
+		return n == 1, fmt.Sprint(n, " warnings")
+	})
+
+	// Events that change nothing in what is missing (a touched input, the
+	// same values in a second ConfigMap) raise no new warning. The status
+	// naming the second ConfigMap shows that the check decided after them.
 	put(t, "check-a", "values", nil, clusterValues)
-	time.Sleep(time.Second)
-	if evs := eventNotes(t, "check-a", "ImageNotServed"); len(evs) != 1 || !strings.HasSuffix(evs[0], "(x1)") {
-		t.Errorf("a reconcile without change warned again: %v", evs)
-	}
+	put(t, "check-a", "values-again", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
+	testenv.Eventually(t, "the second ConfigMap of values read", 30*time.Second, func() (bool, string) {
+		p := status(t, "check-a").Problems()
+		return len(p) == 1 && slices.Contains(p[0].NeededBy, "ConfigMap check-a/values-again .control_plane.capm3"), fmt.Sprint(p)
+	})
 
 	// Served but still downloading, then available.
 	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: false, image_key: m}\n")
 	testenv.Eventually(t, "not-available reported", 30*time.Second, func() (bool, string) {
-		p := status("check-a").Problems()
+		p := status(t, "check-a").Problems()
 		return len(p) == 1 && p[0].State == fleet.StateNotAvailable, fmt.Sprint(p)
 	})
+	// A namespace is reconciled by one worker at a time: the reconciles
+	// that read the unchanged inputs have returned, and logged any warning.
+	if n := warnedNotServed(); n != 1 {
+		t.Errorf("a reconcile without change warned again: %d warnings", n)
+	}
+	if evs := eventNotes(t, "check-a", "ImageNotServed"); len(evs) != 1 || !strings.HasSuffix(evs[0], "(x1)") {
+		t.Errorf("a reconcile without change warned again: %v", evs)
+	}
 	testenv.Eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImageNotAvailable")
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
 	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: true, image_key: m}\n")
 	testenv.Eventually(t, "all served", 30*time.Second, func() (bool, string) {
-		r := status("check-a")
+		r := status(t, "check-a")
 		return len(r.Images) == 1 && len(r.Problems()) == 0, fmt.Sprint(r)
 	})
 	testenv.Eventually(t, "ImagesServed event", 30*time.Second, func() (bool, string) {
@@ -179,7 +192,7 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
 
-	if _, err := testKube.Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
+	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
 		t.Error("a namespace outside the selector was checked")
 	}
 }
@@ -205,7 +218,7 @@ sylva_diskimagebuilder_images:
 		evs := eventNotes(t, "catalog-a", "CatalogFailed")
 		return len(evs) > 0 && strings.Contains(evs[0], "ubuntu"), fmt.Sprint(evs)
 	})
-	if _, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
+	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
 		t.Fatal("os-images-info published although an image failed")
 	}
 
@@ -215,7 +228,7 @@ sylva_diskimagebuilder_images:
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "os-images-info published", 30*time.Second, func() (bool, string) {
-		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -229,7 +242,7 @@ sylva_diskimagebuilder_images:
 		evs := eventNotes(t, "catalog-a", "CatalogValuesInvalid")
 		return len(evs) == 1 && strings.Contains(evs[0], "('nowhere') is not defined in os_images_oci_registries"), fmt.Sprint(evs)
 	})
-	cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-a").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 	if err != nil || !strings.Contains(cm.Data["values.yaml"], p.Fields.Get("sha256")) {
 		t.Errorf("os-images-info changed on bad values: %v %v", cm, err)
 	}
@@ -267,7 +280,7 @@ sylva_diskimagebuilder_images:
 	})
 	testenv.Sign(t, reg, signer, p, devregistry.SignOptions{})
 	testenv.Eventually(t, "signed artifact published with its digest", 30*time.Second, func() (bool, string) {
-		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
+		cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-signed").Get(context.Background(), "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}

@@ -87,8 +87,8 @@ func manyImages(host string, n int) string {
 	return b.String()
 }
 
-func catalogStatusOf(ns string) CatalogStatus {
-	cm, err := testKube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+func catalogStatusOf(t testing.TB, ns string) CatalogStatus {
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		return CatalogStatus{}
 	}
@@ -136,8 +136,8 @@ func value(m *dto.Metric) float64 {
 	return -1
 }
 
-func published(ns string) bool {
-	cm, err := testKube.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.InfoConfigMapName, metav1.GetOptions{})
+func published(t testing.TB, ns string) bool {
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.InfoConfigMapName, metav1.GetOptions{})
 	return err == nil && strings.Contains(cm.Data[osimage.ValuesKey], "ubuntu")
 }
 
@@ -168,7 +168,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 		namespace(t, ns, nil)
 		start := time.Now()
 		put(t, ns, "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, goodValues)
-		testenv.Eventually(t, ns+" published", 60*time.Second, func() (bool, string) { return published(ns), fmt.Sprint(catalogStatusOf(ns)) })
+		testenv.Eventually(t, ns+" published", 60*time.Second, func() (bool, string) { return published(t, ns), fmt.Sprint(catalogStatusOf(t, ns)) })
 		return time.Since(start)
 	}
 	// The same latency on a quiet controller, for comparison (the first
@@ -186,7 +186,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 		return silent.open.Load() >= workers*concurrency, fmt.Sprintf("%d connections open", silent.open.Load())
 	})
 	for _, ns := range hostile {
-		if s := catalogStatusOf(ns); s.State != CatalogRunning {
+		if s := catalogStatusOf(t, ns); s.State != CatalogRunning {
 			t.Errorf("%s: status %+v, want running", ns, s)
 		}
 	}
@@ -206,7 +206,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 
 	// Changed inputs cancel the run of the old ones; gone inputs, the run.
 	put(t, "hostile-0", "inputs", nil, manyImages(silent.host(), 1999))
-	if err := testKube.Client.CoreV1().ConfigMaps("hostile-1").Delete(context.Background(), "inputs", metav1.DeleteOptions{}); err != nil {
+	if err := suite.Kube(t).Client.CoreV1().ConfigMaps("hostile-1").Delete(context.Background(), "inputs", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{"hostile-0", "hostile-1"} {
@@ -218,7 +218,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 
 	// A run past its budget is stopped and reported.
 	testenv.Eventually(t, "hostile-2 timed out", budget+60*time.Second, func() (bool, string) {
-		s := catalogStatusOf("hostile-2")
+		s := catalogStatusOf(t, "hostile-2")
 		return s.State == CatalogTimedOut && strings.Contains(s.Message, "stopped after its budget of 25s"), fmt.Sprintf("%+v after %s", s, time.Since(started))
 	})
 	evs := eventNotes(t, "hostile-2", "CatalogTimedOut")
@@ -234,7 +234,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 
 	// Once the hostile inputs are gone, no request is left hanging.
 	for _, ns := range []string{"hostile-0", "hostile-2", "hostile-3"} {
-		if err := testKube.Client.CoreV1().ConfigMaps(ns).Delete(context.Background(), "inputs", metav1.DeleteOptions{}); err != nil {
+		if err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Delete(context.Background(), "inputs", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -267,7 +267,7 @@ func TestCatalogHostileTemplates(t *testing.T) {
 			return len(evs) == 1 && strings.Contains(evs[0], "os_images_oci_registries.evil.url: values template refused"), fmt.Sprint(evs)
 		})
 		testenv.Eventually(t, ns+" status", 30*time.Second, func() (bool, string) {
-			s := catalogStatusOf(ns)
+			s := catalogStatusOf(t, ns)
 			return s.State == CatalogRefused && strings.Contains(s.Message, "values template refused"), fmt.Sprintf("%+v", s)
 		})
 		if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": ns, "state": CatalogRefused}); v != 1 {

@@ -37,7 +37,7 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	// Let the informers start before the baseline.
 	namespace(t, "big-warmup", map[string]string{label: ""})
 	testenv.Eventually(t, "the check runs", 30*time.Second, func() (bool, string) {
-		_, err := testKube.Client.CoreV1().ConfigMaps("big-warmup").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+		_, err := suite.Kube(t).Client.CoreV1().ConfigMaps("big-warmup").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
 	before := heapInUse()
@@ -51,7 +51,7 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	for i := range n {
 		ns := fmt.Sprintf("big-%03d", i)
 		testenv.Eventually(t, ns+" refused in the status", 60*time.Second, func() (bool, string) {
-			r := status(ns)
+			r := status(t, ns)
 			return len(r.Errors) == 1 && strings.Contains(r.Errors[0], "ConfigMap "+ns+"/values holds 900") && strings.Contains(r.Errors[0], "over the 512 KiB limit"), fmt.Sprint(r.Errors)
 		})
 	}
@@ -74,7 +74,7 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	put(t, "big-together", "values-a", map[string]string{fleet.ClusterValuesLabel: ""}, half)
 	put(t, "big-together", "values-b", map[string]string{fleet.ClusterValuesLabel: ""}, half)
 	testenv.Eventually(t, "the namespace's total refused", 30*time.Second, func() (bool, string) {
-		r := status("big-together")
+		r := status(t, "big-together")
 		return len(r.Errors) == 1 && strings.Contains(r.Errors[0], "hold 600") && strings.Contains(r.Errors[0], "together"), fmt.Sprint(r.Errors)
 	})
 
@@ -83,7 +83,7 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	put(t, "big-catalog", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, "padding: "+strings.Repeat("x", 900_000)+"\n")
 	testenv.Eventually(t, "CatalogInputTooLarge", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "big-catalog", "CatalogInputTooLarge")
-		s := catalogStatusOf("big-catalog")
+		s := catalogStatusOf(t, "big-catalog")
 		return len(evs) == 1 && strings.Contains(evs[0], "ConfigMap big-catalog/inputs holds 900") && s.State == CatalogRefused, fmt.Sprint(evs, s)
 	})
 }

@@ -42,16 +42,16 @@ func TestCheckReportsAFilenameNotServed(t *testing.T) {
 			"values.yaml":           "capm3_os_image_server_images:\n  " + sum("u") + ": {available: true, image_key: m}\n",
 			"served-filenames.yaml": "served_filenames:\n  " + sum("u") + ": [" + filenames + "]\n",
 		}}
-		if _, err := testKube.Client.CoreV1().ConfigMaps("check-files").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-			if _, err := testKube.Client.CoreV1().ConfigMaps("check-files").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("check-files").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("check-files").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	served("mgmt.raw")
 	testenv.Eventually(t, "not-served reported for the filename", 30*time.Second, func() (bool, string) {
-		p := status("check-files").Problems()
-		return len(p) == 1 && p[0].State == fleet.StateNotServed && strings.Contains(p[0].Message, "under the filename cluster.raw"), fmt.Sprint(status("check-files"))
+		p := status(t, "check-files").Problems()
+		return len(p) == 1 && p[0].State == fleet.StateNotServed && strings.Contains(p[0].Message, "under the filename cluster.raw"), fmt.Sprint(status(t, "check-files"))
 	})
 	testenv.Eventually(t, "ImageNotServed event naming the filename", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-files", "ImageNotServed")
@@ -59,7 +59,7 @@ func TestCheckReportsAFilenameNotServed(t *testing.T) {
 	})
 	served("cluster.raw, mgmt.raw")
 	testenv.Eventually(t, "served once the filename is", 30*time.Second, func() (bool, string) {
-		r := status("check-files")
+		r := status(t, "check-files")
 		return len(r.Images) == 1 && len(r.Problems()) == 0, fmt.Sprint(r)
 	})
 }
@@ -93,7 +93,7 @@ func TestCatalogRefusesAConfigMapTooLarge(t *testing.T) {
 		evs := eventNotes(t, "catalog-large", "CatalogValuesInvalid")
 		return len(evs) > 0 && strings.Contains(evs[len(evs)-1], "ConfigMap catalog-large/os-images-info would hold") && strings.Contains(evs[len(evs)-1], "for 1700 images, over the 1048576 bytes"), fmt.Sprint(evs)
 	})
-	if _, err := testKube.Client.CoreV1().ConfigMaps("catalog-large").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
+	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-large").Get(context.Background(), "os-images-info", metav1.GetOptions{}); err == nil {
 		t.Error("os-images-info written")
 	}
 }
@@ -110,7 +110,7 @@ func TestCatalogRefusesToEmptyOSImagesInfo(t *testing.T) {
 	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: 5 * time.Second}})
 	ctx := context.Background()
 	images := func() int {
-		cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-emptied").Get(ctx, "os-images-info", metav1.GetOptions{})
+		cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-emptied").Get(ctx, "os-images-info", metav1.GetOptions{})
 		if err != nil {
 			return -1
 		}
@@ -129,12 +129,12 @@ func TestCatalogRefusesToEmptyOSImagesInfo(t *testing.T) {
 		t.Fatalf("os-images-info emptied: %d images", n)
 	}
 
-	cm, err := testKube.Client.CoreV1().ConfigMaps("catalog-emptied").Get(ctx, "inputs", metav1.GetOptions{})
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-emptied").Get(ctx, "inputs", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cm.Annotations = map[string]string{"osimages.sylva-project.org/allow-empty": "true"}
-	if _, err := testKube.Client.CoreV1().ConfigMaps("catalog-emptied").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-emptied").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "emptied on purpose", 30*time.Second, func() (bool, string) { return images() == 0, fmt.Sprint(images()) })

@@ -15,26 +15,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -68,11 +59,52 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// NewManager builds the manager with the parts switched on.
+// eventSource names the controller in the events it records.
+const eventSource = "osimages-controller"
+
+// NewManager builds the manager with the parts switched on: it sets up the
+// cache they share and adds their reconcilers.
 func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.Catalog == nil && o.Propagate == nil && o.Check == nil {
 		return nil, errors.New("every part is switched off: enable at least one of the catalog, propagation and check")
 	}
+	o = o.withDefaults()
+	mgr, err := o.ManagerOptions.NewManager(cfg, o.cacheOptions(), DefaultLeaderElectionID)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("registering metrics: %w", err)
+	}
+	options := controller.Options{MaxConcurrentReconciles: o.Workers, SkipNameValidation: ptr.To(true)}
+	if o.Propagate != nil {
+		p := *o.Propagate
+		// The manager's own readiness check covers every informer.
+		p.Registerer, p.HealthAddr = o.Registerer, "0"
+		if err := propagate.AddToManager(mgr, p); err != nil {
+			return nil, err
+		}
+	}
+	if o.Catalog != nil {
+		if err := newCatalogReconciler(*o.Catalog, o.Workers, m).SetupWithManager(mgr, options); err != nil {
+			return nil, err
+		}
+	}
+	if o.Check != nil {
+		if err := newCheckReconciler(*o.Check, m).SetupWithManager(mgr, options); err != nil {
+			return nil, err
+		}
+	}
+	if o.HealthEnabled() {
+		if err := addHealthChecks(mgr); err != nil {
+			return nil, err
+		}
+	}
+	return mgr, nil
+}
+
+func (o Options) withDefaults() Options {
 	if o.Workers <= 0 {
 		o.Workers = 4
 	}
@@ -85,20 +117,39 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if o.MaxInputSize <= 0 {
 		o.MaxInputSize = DefaultMaxInputSize
 	}
-	if o.Check != nil {
-		if o.Check.MaxInputSize <= 0 {
-			o.Check.MaxInputSize = o.MaxInputSize
+	if o.Catalog != nil {
+		c := *o.Catalog
+		if c.MaxInputSize <= 0 {
+			c.MaxInputSize = o.MaxInputSize
 		}
-		if o.Check.ServedCopy == "" {
-			o.Check.ServedCopy = DefaultServedCopy
-		}
-		if o.Check.Namespaces == nil {
-			o.Check.Namespaces = labels.SelectorFromSet(labels.Set{WorkloadClusterLabel: ""})
-		}
-		if o.Check.Resync <= 0 {
-			o.Check.Resync = o.Resync
-		}
+		o.Catalog = &c
 	}
+	if o.Check != nil {
+		c := *o.Check
+		if c.MaxInputSize <= 0 {
+			c.MaxInputSize = o.MaxInputSize
+		}
+		if c.ServedCopy == "" {
+			c.ServedCopy = DefaultServedCopy
+		}
+		if c.Namespaces == nil {
+			c.Namespaces = labels.SelectorFromSet(labels.Set{WorkloadClusterLabel: ""})
+		}
+		if c.Resync <= 0 {
+			c.Resync = o.Resync
+		}
+		if c.DiscoveryInterval <= 0 {
+			c.DiscoveryInterval = DefaultDiscoveryInterval
+		}
+		o.Check = &c
+	}
+	return o
+}
+
+// cacheOptions keep in memory only what the parts read: tenant inputs
+// within their size limit, the ConfigMaps the parts write, slim
+// Namespaces and Metal3 objects.
+func (o Options) cacheOptions() cache.Options {
 	var rules []propagate.Rule
 	if o.Propagate != nil {
 		rules = o.Propagate.Rules
@@ -120,130 +171,41 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		}
 		return slim(obj)
 	}
-	byObject := map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}: {Transform: transform, UnsafeDisableDeepCopy: ptr.To(true)},
-		&corev1.Namespace{}: {Transform: propagate.SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
+	return cache.Options{
+		SyncPeriod: &o.Resync,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Transform: transform, UnsafeDisableDeepCopy: ptr.To(true)},
+			&corev1.Namespace{}: {Transform: propagate.SlimNamespace, UnsafeDisableDeepCopy: ptr.To(true)},
+		},
+		// The Metal3 kinds, whose informers may start while the manager
+		// runs (metal3Discovery), are slimmed by the default transform.
+		DefaultTransform: metal3.Transform,
 	}
+}
 
-	// The Metal3 kinds the check watches, when capm3 is installed.
-	mapper, err := apiMapper(cfg)
-	if err != nil {
-		return nil, err
+// toNamespace maps an object to its namespace, and a Namespace to itself:
+// each part reconciles one namespace at a time.
+func toNamespace(_ context.Context, obj client.Object) []reconcile.Request {
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = obj.GetName() // the namespace itself
 	}
-	var metal3Kinds []schema.GroupVersionKind
-	if o.Check != nil {
-		for _, kind := range []string{metal3.KindMachineTemplate, metal3.KindMachine} {
-			m, err := mapper.RESTMapping(schema.GroupKind{Group: metal3.Group, Kind: kind})
-			if meta.IsNoMatchError(err) {
-				o.Logger.Info("the Metal3 API is not served: the check reads the picks of cluster values only", "kind", kind)
-				continue
-			}
-			if err != nil {
-				return nil, fmt.Errorf("looking up %s: %w", kind, err)
-			}
-			metal3Kinds = append(metal3Kinds, m.GroupVersionKind)
-			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(m.GroupVersionKind)
-			byObject[u] = cache.ByObject{Transform: func(obj any) (any, error) { return metal3.SlimObject(obj, kind), nil }}
-		}
-	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns}}}
+}
 
-	mgr, err := o.ManagerOptions.NewManager(cfg, cache.Options{SyncPeriod: &o.Resync, ByObject: byObject}, DefaultLeaderElectionID)
-	if err != nil {
-		return nil, err
+// addHealthChecks serves /healthz, and /readyz once every informer synced.
+func addHealthChecks(mgr manager.Manager) error {
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
 	}
-	m, err := newMetrics(o.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("registering metrics: %w", err)
-	}
-	recorder := mgr.GetEventRecorder("osimages-controller")
-	options := controller.Options{MaxConcurrentReconciles: o.Workers, SkipNameValidation: ptr.To(true)}
-	toNamespace := func(_ context.Context, obj client.Object) []reconcile.Request {
-		ns := obj.GetNamespace()
-		if ns == "" {
-			ns = obj.GetName() // the namespace itself
+	return mgr.AddReadyzCheck("caches", func(*http.Request) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("informers not synced yet")
 		}
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns}}}
-	}
-
-	if o.Propagate != nil {
-		p := *o.Propagate
-		// The manager's own readiness check covers every informer.
-		p.Registerer, p.HealthAddr = o.Registerer, "0"
-		if err := propagate.AddToManager(mgr, p); err != nil {
-			return nil, err
-		}
-	}
-	if o.Catalog != nil {
-		co := *o.Catalog
-		if co.MaxInputSize <= 0 {
-			co.MaxInputSize = o.MaxInputSize
-		}
-		c := newCataloger(co, o.Workers)
-		c.reader, c.writer, c.recorder, c.metrics = mgr.GetCache(), mgr.GetClient(), recorder, m
-		c.log = mgr.GetLogger().WithValues("controller", "catalog")
-		c.slots = newFairSlots(c.opts.Slots, func(ns string) { m.preemptions.WithLabelValues(ns).Inc() })
-		m.running = c.runningSince
-		if err := mgr.Add(c); err != nil {
-			return nil, err
-		}
-		onlyInputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
-			if _, ok := obj.GetLabels()[fleet.CatalogValuesLabel]; ok || obj.GetName() == osimage.InfoConfigMapName {
-				return toNamespace(ctx, obj)
-			}
-			return nil
-		}
-		err := builder.ControllerManagedBy(mgr).Named("catalog").WithOptions(options).
-			Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(onlyInputs)).
-			WatchesRawSource(source.Channel(c.wake, handler.EnqueueRequestsFromMapFunc(toNamespace))).
-			Complete(c)
-		if err != nil {
-			return nil, fmt.Errorf("creating the catalog controller: %w", err)
-		}
-	}
-	if o.Check != nil {
-		c := &checker{opts: *o.Check, reader: mgr.GetCache(), writer: mgr.GetClient(), recorder: recorder, metrics: m,
-			metal3: metal3Kinds, log: mgr.GetLogger().WithValues("controller", "check")}
-		onlyInputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
-			_, values := obj.GetLabels()[fleet.ClusterValuesLabel]
-			switch obj.GetName() {
-			case osimage.InfoConfigMapName, fleet.StatusConfigMapName, c.opts.ServedCopy:
-				values = true
-			}
-			if values {
-				return toNamespace(ctx, obj)
-			}
-			return nil
-		}
-		b := builder.ControllerManagedBy(mgr).Named("check").WithOptions(options).
-			Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
-			Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(onlyInputs))
-		for _, gvk := range metal3Kinds {
-			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(gvk)
-			b = b.Watches(u, handler.EnqueueRequestsFromMapFunc(toNamespace))
-		}
-		if err := b.Complete(c); err != nil {
-			return nil, fmt.Errorf("creating the check controller: %w", err)
-		}
-	}
-
-	if o.HealthEnabled() {
-		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
-		if err := mgr.AddReadyzCheck("caches", func(*http.Request) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			defer cancel()
-			if !mgr.GetCache().WaitForCacheSync(ctx) {
-				return errors.New("informers not synced yet")
-			}
-			return nil
-		}); err != nil {
-			return nil, err
-		}
-	}
-	return mgr, nil
+		return nil
+	})
 }
 
 // Run builds the manager and runs it until ctx ends.
@@ -253,14 +215,4 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return err
 	}
 	return mgr.Start(ctx)
-}
-
-// apiMapper maps kinds to resources through discovery, before the manager
-// (and its own mapper) exists.
-func apiMapper(cfg *rest.Config) (meta.RESTMapper, error) {
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)), nil
 }

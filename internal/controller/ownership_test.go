@@ -42,20 +42,20 @@ func TestUsersOwnStatusIsNotOverwritten(t *testing.T) {
 	put(t, "owned-status", "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
 	put(t, "owned-status", "inputs", map[string]string{fleet.CatalogValuesLabel: ""},
 		fmt.Sprintf("oci_registry_insecure: true\nos_images_oci_registries:\n  sylva: {url: 'oci://%s/dib', tag: '1.0'}\nsylva_diskimagebuilder_images:\n  ubuntu: {os_images_oci_registry: sylva}\n", reg.Host))
-	ns, err := testKube.Client.CoreV1().Namespaces().Get(context.Background(), "owned-status", metav1.GetOptions{})
+	ns, err := suite.Kube(t).Client.CoreV1().Namespaces().Get(context.Background(), "owned-status", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ns.Labels = map[string]string{label: ""}
-	if _, err := testKube.Client.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
+	if _, err := suite.Kube(t).Client.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "StatusNameTaken events from the check and the catalog", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "owned-status", reasonStatusNameTaken)
 		return len(evs) >= 2 && strings.Contains(evs[0], "not created by osimages"), fmt.Sprint(evs)
 	})
-	testenv.Eventually(t, "the catalog is published all the same", 30*time.Second, func() (bool, string) { return published("owned-status"), "" })
-	cm, err := testKube.Client.CoreV1().ConfigMaps("owned-status").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	testenv.Eventually(t, "the catalog is published all the same", 30*time.Second, func() (bool, string) { return published(t, "owned-status"), "" })
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("owned-status").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +79,8 @@ func TestCatalogRepairsAHandEdit(t *testing.T) {
 	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry}})
 	put(t, "catalog-edited", "inputs", map[string]string{fleet.CatalogValuesLabel: ""},
 		fmt.Sprintf("oci_registry_insecure: true\nos_images_oci_registries:\n  sylva: {url: 'oci://%s/dib', tag: '1.0'}\nsylva_diskimagebuilder_images:\n  ubuntu: {os_images_oci_registry: sylva}\n", reg.Host))
-	testenv.Eventually(t, "published", 30*time.Second, func() (bool, string) { return published("catalog-edited"), "" })
-	cms := testKube.Client.CoreV1().ConfigMaps("catalog-edited")
+	testenv.Eventually(t, "published", 30*time.Second, func() (bool, string) { return published(t, "catalog-edited"), "" })
+	cms := suite.Kube(t).Client.CoreV1().ConfigMaps("catalog-edited")
 	cm, err := cms.Get(context.Background(), osimage.InfoConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestCatalogRepairsAHandEdit(t *testing.T) {
 	if _, err := cms.Update(context.Background(), cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, "the hand edit repaired", 30*time.Second, func() (bool, string) { return published("catalog-edited"), "" })
+	testenv.Eventually(t, "the hand edit repaired", 30*time.Second, func() (bool, string) { return published(t, "catalog-edited"), "" })
 }
 
 // errorLog records what a manager logs at ERROR.
@@ -165,7 +165,7 @@ func TestRetriedConflictsAreNotErrors(t *testing.T) {
 		defer wg.Done()
 		for i := 0; ctx.Err() == nil; i++ {
 			for _, ns := range names {
-				cms := testKube.Client.CoreV1().ConfigMaps(ns)
+				cms := suite.Kube(t).Client.CoreV1().ConfigMaps(ns)
 				cm, err := cms.Get(ctx, fleet.StatusConfigMapName, metav1.GetOptions{})
 				if err != nil {
 					continue
@@ -190,7 +190,7 @@ func TestRetriedConflictsAreNotErrors(t *testing.T) {
 		}
 		for _, ns := range names {
 			testenv.Eventually(t, ns+" reports the served set", 60*time.Second, func() (bool, string) {
-				r := status(ns)
+				r := status(t, ns)
 				return len(r.Images) == 1 && r.Images[0].State == want, fmt.Sprint(r.Images)
 			})
 		}

@@ -7,7 +7,16 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
+
+// waitFor polls cond every few milliseconds: the slots move as fast as
+// goroutines are scheduled.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testenv.Poll(t, what, 10*time.Second, 5*time.Millisecond, func() (bool, string) { return cond(), "" })
+}
 
 // stuck is a request to a registry that never answers: it ends only when
 // its context does, and reports why.
@@ -84,16 +93,5 @@ func TestFairSlotsNewcomerPreemptsTheHog(t *testing.T) {
 	wg.Wait()
 	if f.inUse != 0 || f2.inUse != 0 {
 		t.Errorf("slots left in use: %d, %d", f.inUse, f2.inUse)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -4,7 +4,9 @@
 // whether the management cluster serves them, and what a proposed change
 // of the management values would do to each cluster.
 //
-// It is pure: the controller and the plan command gather the inputs.
+// It is pure but for Read, which lists what a namespace holds for the
+// check controller (from its cache) and the plan command (from the
+// apiserver), so that both read a namespace the same way.
 package fleet
 
 import (

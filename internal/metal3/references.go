@@ -3,7 +3,6 @@ package metal3
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -68,18 +67,6 @@ func (r *References) ReferencedBy(sha256 string) []string {
 		out = append(out, ref.String())
 	}
 	slices.Sort(out)
-	return out
-}
-
-// Referenced returns every sha256 referenced, with its referrers.
-func (r *References) Referenced() map[string][]string {
-	r.mu.Lock()
-	shas := slices.Collect(maps.Keys(r.bySHA))
-	r.mu.Unlock()
-	out := make(map[string][]string, len(shas))
-	for _, s := range shas {
-		out[s] = r.ReferencedBy(s)
-	}
 	return out
 }
 

@@ -14,10 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sylva-projects/osimages/internal/catalog"
@@ -208,37 +205,18 @@ func clustersFromAPI(ctx context.Context, k *kube.Target, sel labels.Selector) (
 	if err := c.List(ctx, &nss, client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return nil, fmt.Errorf("listing workload-cluster namespaces: %w", err)
 	}
-	var kinds []schema.GroupVersionKind
-	for _, kind := range []string{metal3.KindMachineTemplate, metal3.KindMachine} {
-		m, err := c.RESTMapper().RESTMapping(schema.GroupKind{Group: metal3.Group, Kind: kind})
-		if meta.IsNoMatchError(err) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		kinds = append(kinds, m.GroupVersionKind)
+	kinds, err := metal3.ServedKinds(c.RESTMapper())
+	if err != nil {
+		return nil, err
 	}
 	var out []fleet.Inputs
 	for _, ns := range nss.Items {
-		var cms corev1.ConfigMapList
-		if err := c.List(ctx, &cms, client.InNamespace(ns.Name)); err != nil {
+		// The served copy is not read: the plan compares with the source.
+		gathered, err := fleet.Read(ctx, c, ns.Name, fleet.ReadOptions{Metal3: kinds})
+		if err != nil {
 			return nil, err
 		}
-		var objects []*unstructured.Unstructured
-		for _, gvk := range kinds {
-			list := &unstructured.UnstructuredList{}
-			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-			if err := c.List(ctx, list, client.InNamespace(ns.Name)); err != nil {
-				return nil, err
-			}
-			for i := range list.Items {
-				objects = append(objects, &list.Items[i])
-			}
-		}
-		// The served copy is not read: the plan compares with the source.
-		in := fleet.Gather(ns.Name, "", cms.Items, objects).Inputs
-		out = append(out, in)
+		out = append(out, gathered.Inputs)
 	}
 	return out, nil
 }

@@ -25,23 +25,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-// One apiserver for the package, started on first use. Each test works
-// with rules, label keys and namespaces of its own, so that tests do not
-// see each other's objects.
-var (
-	kubeOnce sync.Once
-	kubeEnv  *testenv.Kube
-	kubeErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if kubeEnv != nil {
-		_ = kubeEnv.Stop()
-	}
-	os.Exit(code)
-}
-
 type env struct {
 	t    *testing.T
 	kube *testenv.Kube
@@ -53,11 +36,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	kubeOnce.Do(func() { kubeEnv, kubeErr = testenv.StartKube() })
-	if kubeErr != nil {
-		t.Fatal(kubeErr)
-	}
-	c, err := client.New(kubeEnv.Config, client.Options{})
+	k := suite.Kube(t)
+	c, err := client.New(k.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +46,7 @@ func newEnv(t *testing.T) *env {
 		id = id[:40]
 	}
 	id = strings.Trim(id, "-")
-	e := &env{t: t, kube: kubeEnv, c: c, label: "test.osimages/" + id}
+	e := &env{t: t, kube: k, c: c, label: "test.osimages/" + id}
 	e.rule = Rule{
 		Name:     id,
 		Source:   kube.ObjectKey{Namespace: id + "-src", Name: "served"},
@@ -79,11 +59,10 @@ func newEnv(t *testing.T) *env {
 
 // replica is one controller manager, run inside the test process.
 type replica struct {
-	mgr     manager.Manager
-	reg     *prometheus.Registry
-	cancel  context.CancelFunc
-	done    chan error
-	stopped bool
+	mgr manager.Manager
+	reg *prometheus.Registry
+	// stop stops the replica (it stops with the test otherwise).
+	stop func()
 }
 
 func (e *env) start(o Options) *replica {
@@ -101,22 +80,7 @@ func (e *env) start(o Options) *replica {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &replica{mgr: mgr, reg: reg, cancel: cancel, done: make(chan error, 1)}
-	go func() { c.done <- mgr.Start(ctx) }()
-	e.t.Cleanup(c.stop)
-	return c
-}
-
-func (c *replica) stop() {
-	if c.stopped {
-		return
-	}
-	c.stopped = true
-	c.cancel()
-	if err := <-c.done; err != nil {
-		panic(fmt.Sprintf("manager stopped with %v", err))
-	}
+	return &replica{mgr: mgr, reg: reg, stop: testenv.StartManager(e.t, mgr)}
 }
 
 // metric returns the value of the sample of family name with exactly the
@@ -316,19 +280,14 @@ func (e *env) waitCopies(namespaces []string, values string, timeout time.Durati
 	})
 }
 
+// eventually polls f until it returns nil; every 100 ms, since f often
+// lists every copy.
 func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	testenv.Poll(t, "waiting for the copies", timeout, 100*time.Millisecond, func() (bool, string) {
 		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 // events returns the events.k8s.io events about the object in ns, by

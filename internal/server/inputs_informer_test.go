@@ -38,11 +38,7 @@ func (c *countGets) RoundTrip(r *http.Request) (*http.Response, error) {
 // (and deletion) still reach the server at once, yet neither an event nor
 // a poll of the values files costs a GET on the apiserver.
 func TestWatchedConfigMapIsReadFromTheInformer(t *testing.T) {
-	k, err := testenv.StartKube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Stop()
+	k := suite.Kube(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

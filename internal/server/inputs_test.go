@@ -18,6 +18,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // TestServesEveryFilenameOfAnImage: two keys name one sha256 under two
@@ -146,13 +147,10 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeInputs(t, osImages, vals, tc.osImages, tc.values)
-			deadline := time.Now().Add(10 * time.Second)
-			for st := h.srv.InputsStatus(); st.Refused == nil || st.Refused.Reason != tc.reason; st = h.srv.InputsStatus() {
-				if time.Now().After(deadline) {
-					t.Fatalf("never refused as %s: %+v", tc.reason, st)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			testenv.Poll(t, fmt.Sprint("refused as ", tc.reason), 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+				st := h.srv.InputsStatus()
+				return st.Refused != nil && st.Refused.Reason == tc.reason, fmt.Sprintf("%+v", st)
+			})
 			if msg := h.srv.InputsStatus().Refused.Error(); !strings.Contains(msg, tc.says) {
 				t.Errorf("refusal %q does not say %q", msg, tc.says)
 			}
@@ -172,11 +170,10 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 			}
 			// Good inputs again: in force, nothing refused.
 			writeInputs(t, osImages, vals, goodImages, goodValues)
-			for deadline := time.Now().Add(10 * time.Second); h.srv.InputsStatus().Refused != nil; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the good inputs were never taken again")
-				}
-			}
+			testenv.Poll(t, "the good inputs taken again", 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+				st := h.srv.InputsStatus()
+				return st.Refused == nil, fmt.Sprintf("%+v", st)
+			})
 		})
 	}
 	st := h.srv.InputsStatus()

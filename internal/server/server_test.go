@@ -21,6 +21,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // fakeSource stands for the registries: the byte path itself (pull) is
@@ -186,35 +187,32 @@ func (h *harness) do(method, path string, header ...string) (*http.Response, []b
 // waitPhase waits until the image reaches phase.
 func (h *harness) waitPhase(sum string, phase Phase) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testenv.Poll(h.t, fmt.Sprintf("image %s reaching %s", sum[:12], phase), 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		statuses, _ := h.srv.Statuses()
 		for _, st := range statuses {
 			if st.SHA256 == sum && st.Phase == phase {
-				return
+				return true, ""
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	statuses, _ := h.srv.Statuses()
-	h.t.Fatalf("image %s never reached %s: %+v", sum[:12], phase, statuses)
+		return false, fmt.Sprintf("%+v", statuses)
+	})
 }
 
 // waitOutput waits until the published document satisfies cond.
 func (h *harness) waitOutput(what string, cond func(osimage.ServedSet) bool) osimage.ServedSet {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	var last osimage.ServedSet
-	for time.Now().Before(deadline) {
-		if data, err := os.ReadFile(h.output); err == nil {
-			if last, err = osimage.ParseServed(data); err == nil && cond(last) {
-				return last
-			}
+	testenv.Poll(h.t, "output "+what, 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		data, err := os.ReadFile(h.output)
+		if err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	h.t.Fatalf("output never %s: %v", what, last)
-	return nil
+		if last, err = osimage.ParseServed(data); err != nil {
+			return false, err.Error()
+		}
+		return cond(last), fmt.Sprint(last)
+	})
+	return last
 }
 
 func (h *harness) waitPublished(sum string, available bool) osimage.ServedSet {
@@ -247,15 +245,10 @@ func TestServeLifecycle(t *testing.T) {
 	if served := h.waitPublished(a.SHA256, false); served[a.SHA256].ImageKey != "ubuntu-a" {
 		t.Errorf("published while downloading: %v", served)
 	}
-	var page []byte
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if _, page = h.get("/"); strings.Contains(string(page), "downloading</span> 50%") {
-			break
-		}
-	}
-	if !strings.Contains(string(page), "downloading</span> 50%") {
-		t.Errorf("status page does not show the download half way:\n%s", page)
-	}
+	testenv.Poll(t, "the status page showing the download half way", 5*time.Second, 5*time.Millisecond, func() (bool, string) {
+		_, page := h.get("/")
+		return strings.Contains(string(page), "downloading</span> 50%"), string(page)
+	})
 
 	src.release(a.SHA256)
 	h.waitPhase(a.SHA256, PhaseReady)
@@ -496,16 +489,10 @@ func TestDeselectCancelsDownload(t *testing.T) {
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseDownloading)
 	h.want()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if st, _ := h.srv.Statuses(); len(st) == 0 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if st, _ := h.srv.Statuses(); len(st) != 0 {
-		t.Fatalf("deselected download still known: %+v", st)
-	}
+	testenv.Poll(t, "the deselected download forgotten", 5*time.Second, 5*time.Millisecond, func() (bool, string) {
+		st, _ := h.srv.Statuses()
+		return len(st) == 0, fmt.Sprintf("still known: %+v", st)
+	})
 	if _, ok := h.store.Get(a.SHA256); ok || len(h.store.List()) != 0 {
 		t.Error("a cancelled download left a stored image")
 	}

@@ -3,11 +3,14 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // chromium finds Debian's headless browser. CI sets
@@ -42,11 +45,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	h.waitPhase(failed.SHA256, PhaseFailed)
 	h.waitPhase(ready.SHA256, PhaseReady)
 	h.waitPhase(downloading.SHA256, PhaseDownloading)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if st, _ := h.srv.Statuses(); st[2].Received > 0 {
-			break
-		}
-	}
+	testenv.Poll(t, "the third download under way", 5*time.Second, 5*time.Millisecond, func() (bool, string) {
+		st, _ := h.srv.Statuses()
+		return len(st) > 2 && st[2].Received > 0, fmt.Sprintf("%+v", st)
+	})
 
 	h.srv.ReportInputs(&RefusedError{Reason: RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
 

@@ -20,11 +20,10 @@ type CutProxy struct {
 
 	target   string
 	ln       net.Listener
-	cutAfter atomic.Int64
+	cutAfter int64
 	maxCuts  atomic.Int64
 
 	forwarded atomic.Int64
-	conns     atomic.Int64
 	cuts      atomic.Int64
 
 	mu     sync.Mutex
@@ -52,17 +51,12 @@ func NewCutProxy(target string, cutAfter int64) (*CutProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &CutProxy{Addr: ln.Addr().String(), target: target, ln: ln, open: map[net.Conn]struct{}{}}
-	p.cutAfter.Store(cutAfter)
+	p := &CutProxy{Addr: ln.Addr().String(), target: target, cutAfter: cutAfter, ln: ln, open: map[net.Conn]struct{}{}}
 	p.maxCuts.Store(-1)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
 }
-
-// SetCutAfter changes the cut threshold for connections opened from now on
-// (0: never cut).
-func (p *CutProxy) SetCutAfter(n int64) { p.cutAfter.Store(n) }
 
 // SetMaxCuts stops cutting connections opened once n connections were cut
 // (negative: no limit).
@@ -71,9 +65,6 @@ func (p *CutProxy) SetMaxCuts(n int64) { p.maxCuts.Store(n) }
 // Forwarded is the number of bytes the target sent to clients, over all
 // connections.
 func (p *CutProxy) Forwarded() int64 { return p.forwarded.Load() }
-
-// Connections is the number of connections accepted.
-func (p *CutProxy) Connections() int64 { return p.conns.Load() }
 
 // Cuts is the number of connections cut.
 func (p *CutProxy) Cuts() int64 { return p.cuts.Load() }
@@ -116,7 +107,6 @@ func (p *CutProxy) accept() {
 		if err != nil {
 			return
 		}
-		p.conns.Add(1)
 		p.wg.Add(1)
 		go p.serve(client)
 	}
@@ -137,7 +127,7 @@ func (p *CutProxy) serve(client net.Conn) {
 	}
 	defer p.untrack(upstream)
 
-	limit := p.cutAfter.Load()
+	limit := p.cutAfter
 	if most := p.maxCuts.Load(); most >= 0 && p.cuts.Load() >= most {
 		limit = 0
 	}

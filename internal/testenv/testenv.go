@@ -128,6 +128,13 @@ func Sign(t testing.TB, reg *devregistry.Registry, s *devregistry.Signer, p devr
 // has passed, with what and the last state cond described.
 func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (ok bool, state string)) {
 	t.Helper()
+	Poll(t, what, timeout, 50*time.Millisecond, cond)
+}
+
+// Poll is Eventually polling every interval: a condition that is costly
+// to test (a list of a whole fleet, in a benchmark) is tested less often.
+func Poll(t testing.TB, what string, timeout, interval time.Duration, cond func() (ok bool, state string)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last := ""
 	for time.Now().Before(deadline) {
@@ -136,7 +143,7 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() (o
 			return
 		}
 		last = state
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(interval)
 	}
 	t.Fatalf("%s: not within %s; last: %s", what, timeout, last)
 }

@@ -1,0 +1,80 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/metal3"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// A capm3 installed after the controller started needs no restart: the
+// check finds the Metal3 kinds while running, and reads the images the
+// Metal3 objects reference.
+func TestCheckSeesMetal3InstalledLater(t *testing.T) {
+	crds, real := testenv.Metal3CRDsOrStandIn()
+	if !real {
+		t.Log("shared/ has no Metal3 CRDs: installing the stand-ins of internal/testenv/crds")
+	}
+	// An apiserver of its own: the suite's has the Metal3 CRDs from the start.
+	k, err := testenv.StartKube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Stop() })
+
+	const label = "test-late-capm3/workload"
+	const ns = "late-capm3"
+	k.Namespace(t, ns, map[string]string{label: ""})
+	putOn(t, k, ns, "served", nil, "capm3_os_image_server_images: {}\n")
+	startManagerOn(t, k, Options{Check: &CheckOptions{
+		Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour,
+		DiscoveryInterval: 100 * time.Millisecond,
+	}})
+	statusOn := func() fleet.Report {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return fleet.Report{}
+		}
+		r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+		return r
+	}
+	testenv.Eventually(t, "the namespace checked without capm3", 30*time.Second, func() (bool, string) {
+		r := statusOn()
+		return r.ServedSetFound && len(r.Images) == 0, fmt.Sprint(r)
+	})
+
+	if _, err := envtest.InstallCRDs(k.Config, envtest.CRDInstallOptions{Paths: []string{crds}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(k.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha := sum("late")
+	machine := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": metal3.Group + "/v1beta2", "kind": metal3.KindMachine,
+		"metadata": map[string]any{"name": "m0"},
+		"spec": map[string]any{"image": map[string]any{
+			"url": "http://osimages:8080/images/" + sha + "/late.raw", "checksum": sha, "checksumType": "sha256", "diskFormat": "raw"}},
+	}}
+	gvr := schema.GroupVersionResource{Group: metal3.Group, Version: "v1beta2", Resource: "metal3machines"}
+	if _, err := dyn.Resource(gvr).Namespace(ns).Create(context.Background(), machine, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, "the Metal3Machine's image reported not served", 60*time.Second, func() (bool, string) {
+		p := statusOn().Problems()
+		return len(p) == 1 && p[0].SHA256 == sha && p[0].State == fleet.StateNotServed &&
+			len(p[0].NeededBy) == 1 && p[0].NeededBy[0] == "Metal3Machine "+ns+"/m0", fmt.Sprint(p)
+	})
+}

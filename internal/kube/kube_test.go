@@ -1,0 +1,129 @@
+package kube
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// suite is the apiserver of the package's tests; each test works in a
+// namespace of its own.
+var suite = testenv.NewSuite(nil)
+
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
+
+func TestParseObjectKey(t *testing.T) {
+	if k, err := ParseObjectKey("ns/name"); err != nil || k != (ObjectKey{"ns", "name"}) || k.String() != "ns/name" {
+		t.Errorf("ns/name: %v %v", k, err)
+	}
+	for _, bad := range []string{"", "name", "/name", "ns/", "ns/a/b"} {
+		if _, err := ParseObjectKey(bad); err == nil || !strings.Contains(err.Error(), "want NAMESPACE/NAME") {
+			t.Errorf("%q: want an error asking for NAMESPACE/NAME, got %v", bad, err)
+		}
+	}
+}
+
+func TestRESTConfig(t *testing.T) {
+	k := suite.Kube(t)
+	cfg, err := RESTConfig(k.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSuffix(cfg.Host, "/") != strings.TrimSuffix(k.Config.Host, "/") || cfg.UserAgent != "osimages" {
+		t.Errorf("host %q user agent %q, want %q and osimages", cfg.Host, cfg.UserAgent, k.Config.Host)
+	}
+	c, err := Clientset(k.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Discovery().ServerVersion(); err != nil {
+		t.Errorf("the clientset does not reach the apiserver: %v", err)
+	}
+	if _, err := RESTConfig(t.TempDir() + "/missing"); err == nil || !strings.Contains(err.Error(), "loading kubeconfig") {
+		t.Errorf("a missing kubeconfig: %v", err)
+	}
+}
+
+// ConfigMaps: a missing one reads as nil, its values name what is
+// missing, and apply takes ownership of the fields osimages writes.
+func TestConfigMaps(t *testing.T) {
+	k := suite.Kube(t)
+	ctx := context.Background()
+	k.Namespace(t, "kube-cm", nil)
+	key := ObjectKey{Namespace: "kube-cm", Name: "values"}
+	if cm, err := GetConfigMap(ctx, k.Client, key); cm != nil || err != nil {
+		t.Fatalf("missing ConfigMap: %v %v", cm, err)
+	}
+	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap kube-cm/values not found" {
+		t.Errorf("missing ConfigMap values: %v", err)
+	}
+	// Another writer owns the data first: apply forces osimages in.
+	other := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}, Data: map[string]string{"other": "x"}}
+	if _, err := k.Client.CoreV1().ConfigMaps(key.Namespace).Create(ctx, other, metav1.CreateOptions{FieldManager: "someone-else"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != `ConfigMap kube-cm/values has no data key "values.yaml"` {
+		t.Errorf("missing data key: %v", err)
+	}
+	out, err := ApplyConfigMap(ctx, k.Client, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{"l": "v"}},
+		Data: map[string]string{"values.yaml": "a: 1\n", "other": "y"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Labels["l"] != "v" || out.Data["other"] != "y" {
+		t.Errorf("applied: %v %v", out.Labels, out.Data)
+	}
+	owner := map[string]bool{}
+	for _, mf := range out.ManagedFields {
+		if strings.Contains(string(mf.FieldsV1.Raw), `"f:other"`) {
+			owner[mf.Manager] = true
+		}
+	}
+	if !owner[FieldManager] || owner["someone-else"] {
+		t.Errorf("data.other owned by %v, want %s alone", owner, FieldManager)
+	}
+	if v, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err != nil || string(v) != "a: 1\n" {
+		t.Errorf("values: %q %v", v, err)
+	}
+}
+
+// ApplyObjects is all or nothing as far as the apiserver tells in
+// advance: one object refused leaves every other one unwritten.
+func TestApplyObjectsAllOrNothing(t *testing.T) {
+	k := suite.Kube(t)
+	ctx := context.Background()
+	k.Namespace(t, "kube-apply", nil)
+	cm := func(name string, data any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"name": name, "namespace": "kube-apply"}, "data": data}}
+	}
+	// data must be strings: the schema refuses the second object.
+	err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{cm("first", map[string]any{"a": "1"}), cm("second", map[string]any{"a": int64(1)})})
+	if err == nil || !strings.Contains(err.Error(), "applying ConfigMap kube-apply/second") {
+		t.Fatalf("want the second object refused, got %v", err)
+	}
+	if _, err := k.Client.CoreV1().ConfigMaps("kube-apply").Get(ctx, "first", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the first object was written although the second was refused: %v", err)
+	}
+	if err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{cm("first", map[string]any{"a": "1"}), cm("second", map[string]any{"a": "2"})}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"first", "second"} {
+		if _, err := k.Client.CoreV1().ConfigMaps("kube-apply").Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	// A kind the apiserver does not serve names the object and the cause.
+	missing := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.org/v1", "kind": "Nothing", "metadata": map[string]any{"name": "n", "namespace": "kube-apply"}}}
+	if err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{missing}); err == nil || !strings.Contains(err.Error(), "Nothing n") || !strings.Contains(err.Error(), "is its CRD installed?") {
+		t.Errorf("unknown kind: %v", err)
+	}
+}
