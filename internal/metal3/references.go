@@ -30,8 +30,8 @@ type References struct {
 	bySHA map[string]map[Ref]struct{}
 	byRef map[Ref]string
 
-	synced   atomic.Bool
-	informer []cache.SharedIndexInformer
+	synced    atomic.Bool
+	informers []cache.SharedIndexInformer // under mu: Synced reads them while start sets them
 }
 
 // NewReferences returns a tracker; Run starts it.
@@ -49,7 +49,10 @@ func (r *References) Synced() bool {
 	if !r.synced.Load() {
 		return false
 	}
-	for _, inf := range r.informer {
+	r.mu.Lock()
+	informers := r.informers
+	r.mu.Unlock()
+	for _, inf := range informers {
 		if !inf.HasSynced() {
 			return false
 		}
@@ -111,6 +114,7 @@ func (r *References) servedVersion() (string, error) {
 func (r *References) start(ctx context.Context, version string) {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(r.dyn, 0)
 	r.synced.Store(false)
+	var informers []cache.SharedIndexInformer
 	for resource, kind := range resources {
 		gvr := schema.GroupVersionResource{Group: Group, Version: version, Resource: resource}
 		inf := factory.ForResource(gvr).Informer()
@@ -129,8 +133,11 @@ func (r *References) start(ctx context.Context, version string) {
 			UpdateFunc: func(_, obj any) { r.set(obj) },
 			DeleteFunc: func(obj any) { r.remove(obj) },
 		})
-		r.informer = append(r.informer, inf)
+		informers = append(informers, inf)
 	}
+	r.mu.Lock()
+	r.informers = informers
+	r.mu.Unlock()
 	r.synced.Store(true)
 	factory.Start(ctx.Done())
 	r.log.Info("watching Metal3 objects for image references", "version", version)

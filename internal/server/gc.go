@@ -83,3 +83,11 @@ func (s *Server) keptByLocked(sum string, img *image) []string {
 	}
 	return s.cfg.References.ReferencedBy(sum)
 }
+
+// referencesUnknownLocked says whether a deselected, stored image may be
+// referenced by a Metal3 object not seen yet (the tracker has not listed
+// them all, as just after a start): such an image stays served, as it
+// stays stored, since a host may be booting from it.
+func (s *Server) referencesUnknownLocked(img *image) bool {
+	return !img.selected && img.stored && s.cfg.References != nil && !s.cfg.References.Synced()
+}

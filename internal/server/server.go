@@ -309,6 +309,9 @@ type Status struct {
 	// KeptBy names the objects that still reference a deselected image,
 	// which is therefore kept and served.
 	KeptBy []string
+	// ReferencesUnknown: the image is deselected, and kept and served
+	// until the Metal3 objects that may reference it are all known.
+	ReferencesUnknown bool
 	// Filenames are all the filenames the image is served under.
 	Filenames []string
 }
@@ -328,7 +331,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
 			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
-			KeptBy: s.keptByLocked(sum, img),
+			KeptBy: s.keptByLocked(sum, img), ReferencesUnknown: s.referencesUnknownLocked(img),
 		})
 	}
 	slices.SortStableFunc(out, func(a, b Status) int {
@@ -356,7 +359,8 @@ func (s *Server) Ready() bool {
 
 // lookup is what the HTTP handler needs to answer for one sha256.
 type lookup struct {
-	// served: selected, or deselected but kept because referenced.
+	// served: selected, or deselected but kept because referenced (or
+	// because the references are not all known yet).
 	served, stored bool
 	phase          Phase
 	filenames      []string
@@ -371,6 +375,6 @@ func (s *Server) lookup(sum string) (lookup, bool) {
 	if !ok {
 		return lookup{}, false
 	}
-	served := img.selected || len(s.keptByLocked(sum, img)) > 0
+	served := img.selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
 	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }

@@ -531,10 +531,17 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 	h.want(b)
 	h.waitUnpublished(a.SHA256)
 	h.clock.advance(2 * time.Hour)
-	// References not known yet: nothing may go.
+	// References not known yet: nothing may go, and a host that boots
+	// from a template not listed yet still gets its image.
 	h.srv.CollectGarbage()
 	if _, ok := h.store.Get(a.SHA256); !ok {
 		t.Fatal("collected while the references were not known")
+	}
+	if resp, body := h.get(imageURL(a)); resp.StatusCode != 200 || string(body) != "a bytes" {
+		t.Errorf("a deselected image must stay served while the references are not known: %d %q", resp.StatusCode, body)
+	}
+	if _, page := h.get("/"); !strings.Contains(string(page), "kept and served until the Metal3 objects that may reference it are all known") {
+		t.Errorf("status page does not say why the image is kept:\n%s", page)
 	}
 	refs.set(true, map[string][]string{a.SHA256: {"Metal3MachineTemplate wc1/wc1-md0-abc"}})
 	h.srv.CollectGarbage()
