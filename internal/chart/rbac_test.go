@@ -403,6 +403,22 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	err = cs.CoreV1().ConfigMaps(ns).Delete(ctx, otherConfigMap, metav1.DeleteOptions{})
 	wantForbidden(t, "controller deletes another ConfigMap", err)
 
+	// The install of this run rebound the guard to the controller's
+	// account (the propagation run had bound it to its own), and the
+	// apiserver takes a changed policy in a moment later, not at once:
+	// wait for its first refusal before holding every delete to it.
+	testenv.Eventually(t, "the delete guard refuses the controller's deletes", 30*time.Second, func() (bool, string) {
+		probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kyverno-cloned-os-image-server-images"}}
+		if _, err := k.Client.CoreV1().ConfigMaps("kube-system").Create(ctx, probe, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error()
+		}
+		err := cs.CoreV1().ConfigMaps("kube-system").Delete(ctx, probe.Name, metav1.DeleteOptions{})
+		if apierrors.IsForbidden(err) {
+			return true, ""
+		}
+		return false, fmt.Sprintf("delete answered %v", err)
+	})
+
 	// Deletes outside what it owns. A catalog or a status is never
 	// deleted (RBAC, by name); a ConfigMap of a copy's name that osimages
 	// did not make is refused by the delete guard, in kube-system as in a
