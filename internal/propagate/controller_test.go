@@ -318,6 +318,9 @@ func TestLeaderElection(t *testing.T) {
 	}
 	e.writeSource("v2")
 	e.waitCopies(names, "v2", settle)
+	// A write is counted once its answer is back, a moment after the
+	// copy can be seen: wait for the count, then hold it to its value.
+	waitWrites(t, leader, e.rule.Name, 10)
 	if w := leader.writes(t, e.rule.Name); w != 10 {
 		t.Errorf("leader wrote %v times, want 10 (5 creates, 5 updates)", w)
 	}
@@ -340,9 +343,21 @@ func TestLeaderElection(t *testing.T) {
 	}
 	e.writeSource("v3")
 	e.waitCopies(names, "v3", settle)
+	waitWrites(t, follower, e.rule.Name, 5)
 	if w := follower.writes(t, e.rule.Name); w != 5 {
 		t.Errorf("new leader wrote %v times, want 5", w)
 	}
+}
+
+// waitWrites waits until r has counted at least n writes for rule.
+func waitWrites(t *testing.T, r *replica, rule string, n float64) {
+	t.Helper()
+	eventually(t, settle, func() error {
+		if w := r.writes(t, rule); w < n {
+			return fmt.Errorf("%s wrote %v times so far, want %v", rule, w, n)
+		}
+		return nil
+	})
 }
 
 // TestResync: with nothing happening, every copy is still checked at the
