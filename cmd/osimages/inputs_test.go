@@ -55,6 +55,18 @@ func get(url string) (int, string) {
 
 // metricOf returns the first sample of the family in a /metrics page whose
 // line holds every string of match, or -1.
+// waitCollectedAfter waits for a garbage-collection pass of d that began
+// after at, so that "nothing was deleted" is a proof and not a hope.
+func waitCollectedAfter(t *testing.T, d *daemon, at time.Time) {
+	t.Helper()
+	want := float64(at.UnixNano()) / 1e9
+	testenv.Eventually(t, "a garbage-collection pass past the grace period", 30*time.Second, func() (bool, string) {
+		_, page := get(d.url("/metrics"))
+		last := metricOf(page, "osimages_gc_last_pass_timestamp_seconds")
+		return last >= want, fmt.Sprintf("last pass at %.3f, want one after %.3f", last, want)
+	})
+}
+
 func metricOf(page, name string, match ...string) float64 {
 lines:
 	for _, line := range strings.Split(page, "\n") {
@@ -196,7 +208,7 @@ func TestServeRefusesBrokenInputs(t *testing.T) {
 				t.Errorf("the log does not say so:\n%s", grepLines(log, "refused"))
 			}
 			// Past --gc-grace: still served, published and stored.
-			time.Sleep(2 * time.Second)
+			waitCollectedAfter(t, d, time.Now().Add(time.Second))
 			if got, code := sha256Of(t, imageURL); code != 200 || got != sha {
 				t.Errorf("image answers %d", code)
 			}
@@ -273,7 +285,7 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 				_, page := get(d.url("/metrics"))
 				return metricOf(page, "osimages_inputs_refused", `reason="`+tc.reason+`"`) == 1, grepLines(page, "osimages_inputs") + d.stderr.String()
 			})
-			time.Sleep(2 * time.Second) // past --gc-grace
+			waitCollectedAfter(t, d, time.Now().Add(time.Second)) // past --gc-grace
 			if after := outputCM(); after.ResourceVersion != before.ResourceVersion {
 				t.Errorf("the output ConfigMap was written: %v", after.Data)
 			}

@@ -74,6 +74,18 @@ func (s *Server) CollectGarbage() {
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)
 	}
+	s.mu.Lock()
+	s.gcLastPass = now
+	s.mu.Unlock()
+}
+
+// LastCollection is when the last complete garbage-collection pass began
+// (zero before the first): a pass postponed, because no desired set or not
+// every reference is known yet, does not count.
+func (s *Server) LastCollection() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gcLastPass
 }
 
 // keptByLocked names what keeps a deselected, stored image.

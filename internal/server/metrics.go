@@ -57,6 +57,12 @@ func (m *Metrics) bind(s *Server) {
 	refused := prometheus.NewDesc("osimages_inputs_refused", "1 while the newest inputs read are refused (the last good ones stay in force), by reason: unreadable, near-miss, empty, too-large.", []string{"reason"}, nil)
 	refusals := prometheus.NewDesc("osimages_inputs_refusals_total", "Inputs refused since the start, by reason (each refusal counts once, not at every poll).", []string{"reason"}, nil)
 	accepted := prometheus.NewDesc("osimages_inputs_accepted_timestamp_seconds", "When the inputs read were last found good (Unix time).", nil, nil)
+	collected := prometheus.NewDesc("osimages_gc_last_pass_timestamp_seconds", "When the last complete garbage-collection pass began (Unix time); passes postponed until the desired set and every Metal3 reference are known do not count.", nil, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{collected}, collect: func(ch chan<- prometheus.Metric) {
+		if at := s.LastCollection(); !at.IsZero() {
+			ch <- prometheus.MustNewConstMetric(collected, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+		}
+	}})
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {
 		st := s.InputsStatus()
 		for _, r := range allRefusals {

@@ -166,6 +166,8 @@ type Server struct {
 	kick      chan struct{}
 	changed   chan struct{}
 	published osimage.ServedOutput
+	// gcLastPass is when the last complete collection began (gc.go).
+	gcLastPass time.Time
 	// inputs is what is known of the inputs (guard.go).
 	inputs inputsGuard
 }

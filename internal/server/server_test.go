@@ -537,6 +537,9 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 	if _, ok := h.store.Get(a.SHA256); !ok {
 		t.Fatal("collected while the references were not known")
 	}
+	if at := h.srv.LastCollection(); !at.IsZero() {
+		t.Errorf("a postponed pass counts as a collection at %v", at)
+	}
 	if resp, body := h.get(imageURL(a)); resp.StatusCode != 200 || string(body) != "a bytes" {
 		t.Errorf("a deselected image must stay served while the references are not known: %d %q", resp.StatusCode, body)
 	}
@@ -547,6 +550,9 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 	h.srv.CollectGarbage()
 	if _, ok := h.store.Get(a.SHA256); !ok {
 		t.Fatal("a referenced image was collected")
+	}
+	if at := h.srv.LastCollection(); !at.Equal(h.clock.Now()) {
+		t.Errorf("last collection at %v, want %v", at, h.clock.Now())
 	}
 	// Deselected but referenced: still served, still not published.
 	if resp, body := h.get(imageURL(a)); resp.StatusCode != 200 || string(body) != "a bytes" {
