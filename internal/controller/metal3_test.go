@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -22,16 +21,7 @@ import (
 // check finds the Metal3 kinds while running, and reads the images the
 // Metal3 objects reference.
 func TestCheckSeesMetal3InstalledLater(t *testing.T) {
-	crds, real := testenv.Metal3CRDsOrStandIn()
-	if !real {
-		t.Log("shared/ has no Metal3 CRDs: installing the stand-ins of internal/testenv/crds")
-	}
-	// An apiserver of its own: the suite's has the Metal3 CRDs from the start.
-	k, err := testenv.StartKube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = k.Stop() })
+	k, installMetal3 := testenv.KubeWithoutMetal3(t)
 
 	const label = "test-late-capm3/workload"
 	const ns = "late-capm3"
@@ -54,9 +44,7 @@ func TestCheckSeesMetal3InstalledLater(t *testing.T) {
 		return r.ServedSetFound && len(r.Images) == 0, fmt.Sprint(r)
 	})
 
-	if _, err := envtest.InstallCRDs(k.Config, envtest.CRDInstallOptions{Paths: []string{crds}, ErrorIfPathMissing: true}); err != nil {
-		t.Fatal(err)
-	}
+	installMetal3()
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -24,15 +23,7 @@ import (
 // changed and deleted. ServedKinds and List, which the check and plan
 // use, see the same.
 func TestReferencesFollowsMetal3Objects(t *testing.T) {
-	crds, real := testenv.Metal3CRDsOrStandIn()
-	if !real {
-		t.Log("shared/ has no Metal3 CRDs: installing the stand-ins of internal/testenv/crds")
-	}
-	k, err := testenv.StartKube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = k.Stop() })
+	k, installMetal3 := testenv.KubeWithoutMetal3(t)
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -52,9 +43,7 @@ func TestReferencesFollowsMetal3Objects(t *testing.T) {
 		t.Fatalf("kinds served without capm3: %v %v", kinds, err)
 	}
 
-	if _, err := envtest.InstallCRDs(k.Config, envtest.CRDInstallOptions{Paths: []string{crds}, ErrorIfPathMissing: true}); err != nil {
-		t.Fatal(err)
-	}
+	installMetal3()
 	k.Namespace(t, "refs", nil)
 	a, b := strings.Repeat("a", 64), strings.Repeat("b", 64)
 	tmpl := &unstructured.Unstructured{Object: map[string]any{

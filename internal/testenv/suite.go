@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
@@ -123,4 +124,27 @@ func Succeeds(t testing.TB, what string, timeout time.Duration, f func() error) 
 		err := f()
 		return err == nil, fmt.Sprint(err)
 	})
+}
+
+// KubeWithoutMetal3 starts an apiserver of the test's own, without the
+// Metal3 CRDs, for a test of a capm3 installed while osimages runs (a
+// suite's apiserver has them from the start); installMetal3 adds the real
+// CRDs from shared/, or the stand-ins when shared/ has none.
+func KubeWithoutMetal3(t testing.TB) (k *Kube, installMetal3 func()) {
+	t.Helper()
+	crds, real := Metal3CRDsOrStandIn()
+	if !real {
+		t.Log("shared/ has no Metal3 CRDs: installing the stand-ins of internal/testenv/crds")
+	}
+	k, err := StartKube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Stop() })
+	return k, func() {
+		t.Helper()
+		if _, err := envtest.InstallCRDs(k.Config, envtest.CRDInstallOptions{Paths: []string{crds}, ErrorIfPathMissing: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
