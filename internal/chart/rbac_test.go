@@ -393,6 +393,16 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	for _, name := range []string{"kyverno-cloned-os-image-server-images", "osimages-status"} {
 		tamperAndWaitRestored(t, k, "wc2", name)
 	}
+	// The fleet's needs, in the release namespace, created and kept as
+	// written (an edit is put back).
+	testenv.Eventually(t, "the controller publishes the fleet's needs", 60*time.Second, func() (bool, string) {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "osimages-fleet-needs", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.HasPrefix(cm.Data["needs.yaml"], "images:"), fmt.Sprint(cm.Data)
+	})
+	tamperAndWaitRestored(t, k, ns, "osimages-fleet-needs")
 	if _, err := k.Client.CoordinationV1().Leases(ns).Get(ctx, "osimages-controller", metav1.GetOptions{}); err != nil {
 		t.Errorf("no leader-election Lease osimages-controller: %v", err)
 	}

@@ -43,6 +43,9 @@ type CheckOptions struct {
 	// MaxInputSize bounds the data of the cluster-values ConfigMaps of a
 	// namespace (DefaultMaxInputSize when 0).
 	MaxInputSize int
+	// FleetNeeds is where the fleet's needs are published (zero: they are
+	// not): the ConfigMap the image server reads with --serve-fleet-needs.
+	FleetNeeds types.NamespacedName
 	// DiscoveryInterval is how often the Metal3 kinds not served yet are
 	// looked for (DefaultDiscoveryInterval when 0).
 	DiscoveryInterval time.Duration

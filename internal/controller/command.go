@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/propagate"
@@ -29,10 +32,13 @@ type CommandOptions struct {
 	Adopt           bool
 	// ServedCopy and NamespaceSelector are those of the check.
 	ServedCopy, NamespaceSelector string
-	Registry                      oci.Options
-	CatalogConcurrency            int
-	CatalogTimeout                time.Duration
-	CatalogRunTimeout             time.Duration
+	// FleetNeeds is the check's NS/NAME of the fleet's needs ("": not
+	// published).
+	FleetNeeds         string
+	Registry           oci.Options
+	CatalogConcurrency int
+	CatalogTimeout     time.Duration
+	CatalogRunTimeout  time.Duration
 	// MaxInputSize is a quantity, such as 512Ki.
 	MaxInputSize string
 }
@@ -92,6 +98,13 @@ func (o CommandOptions) options() (Options, error) {
 			return Options{}, fmt.Errorf("--check-namespace-selector %q: %w", o.NamespaceSelector, err)
 		}
 		opts.Check = &CheckOptions{Namespaces: sel, ServedCopy: o.ServedCopy, Resync: o.Resync}
+		if o.FleetNeeds != "" {
+			ns, name, ok := strings.Cut(o.FleetNeeds, "/")
+			if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+				return Options{}, fmt.Errorf("--fleet-needs %q: want NAMESPACE/NAME, such as sylva-system/%s, or \"\" not to publish the fleet's needs", o.FleetNeeds, fleet.FleetNeedsConfigMapName)
+			}
+			opts.Check.FleetNeeds = types.NamespacedName{Namespace: ns, Name: name}
+		}
 	}
 	if o.Catalog {
 		reg := o.Registry

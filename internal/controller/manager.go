@@ -95,6 +95,12 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		if err := newCheckReconciler(*o.Check, m).SetupWithManager(mgr, options); err != nil {
 			return nil, err
 		}
+		if o.Check.FleetNeeds.Name != "" {
+			r := &fleetNeedsReconciler{target: o.Check.FleetNeeds, namespaces: o.Check.Namespaces}
+			if err := r.SetupWithManager(mgr, options); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if o.HealthEnabled() {
 		if err := addHealthChecks(mgr); err != nil {
@@ -154,13 +160,14 @@ func (o Options) cacheOptions() cache.Options {
 	if o.Propagate != nil {
 		rules = o.Propagate.Rules
 	}
-	servedCopy := ""
+	servedCopy, fleetNeeds := "", types.NamespacedName{}
 	if o.Check != nil {
-		servedCopy = o.Check.ServedCopy
+		servedCopy, fleetNeeds = o.Check.ServedCopy, o.Check.FleetNeeds
 	}
 	written := func(cm *corev1.ConfigMap) bool {
 		return propagate.Relevant(rules, cm.Namespace, cm.Name) || cm.Name == osimage.InfoConfigMapName ||
-			cm.Name == fleet.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy)
+			cm.Name == fleet.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy) ||
+			(fleetNeeds.Name != "" && cm.Namespace == fleetNeeds.Namespace && cm.Name == fleetNeeds.Name)
 	}
 	keep := func(cm *corev1.ConfigMap) bool { return inputKind(cm) != "" || written(cm) }
 	limit := limitInputs(o.MaxInputSize, written)

@@ -1,6 +1,7 @@
 {{/* RBAC and workload shared by the propagation Deployment and the fleet
 controller: (dict "root" $ "component" "propagate" "leaseName" NAME
-"writableNames" LIST "deletableNames" LIST "metal3" BOOL). */}}
+"writableNames" LIST "deletableNames" LIST "metal3" BOOL "ownConfigMaps" LIST,
+names it updates in the release namespace only). */}}
 {{- define "osimages.controllerRBAC" -}}
 {{- $root := .root }}
 {{- $name := printf "%s-%s" (include "osimages.fullname" $root) .component }}
@@ -93,6 +94,14 @@ rules:
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [create]
+{{- /* ConfigMaps it writes in the release namespace only (the fleet's
+needs); create is granted cluster-wide above. */}}
+{{- with .ownConfigMaps }}
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: {{ toJson . }}
+  verbs: [update, patch]
+{{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
