@@ -17,8 +17,13 @@
 // payload's docker-reference is not compared (cosign does not either, so that
 // signed artifacts can be copied between registries).
 //
-// The cryptography is sigstore's (github.com/sigstore/sigstore); this package
-// only finds the signatures and checks what they say.
+// cosign v3 writes a Sigstore bundle by default instead (bundle.go): a
+// referrer whose layer is a bundle signing an in-toto statement about the
+// manifest. Both formats are read; one valid signature in either is enough.
+//
+// The cryptography is sigstore's (github.com/sigstore/sigstore, and
+// github.com/sigstore/sigstore-go for bundles); this package only finds the
+// signatures and checks what they say.
 package signature
 
 import (
