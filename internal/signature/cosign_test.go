@@ -203,6 +203,45 @@ func TestCosignBundle(t *testing.T) {
 	pushBundle(t, f, repo, dTampered, tamper(t, bundle, dBundled.Encoded(), dTampered.Encoded()), nil)
 	wantRefused(t, f.verifier.Verify(ctx, tampered, dTampered, key), signature.ErrOtherKey, tampered, "(Sigstore bundle)")
 
+	// A bundle holding a message signature, as `cosign sign-blob` writes
+	// it, of the manifest's bytes: its message digest is the manifest
+	// digest.
+	blob, dBlob := f.publish(t, repo, "blob", 56)
+	r, err := f.reg.Repository(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := r.Resolve(ctx, dBlob.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := content.FetchAll(ctx, r, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), manifest, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCosign(t, bin, dir, "sign-blob", "--key", "cosign.key", "--yes", "--tlog-upload=false", "--use-signing-config=false",
+		"--bundle", "blob.bundle.json", "manifest.json"); err != nil {
+		t.Fatalf("cosign sign-blob: %v\n%s", err, out)
+	}
+	msgBundle, err := os.ReadFile(filepath.Join(dir, "blob.bundle.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(msgBundle), `"messageSignature"`) {
+		t.Fatalf("cosign sign-blob wrote no message signature bundle: %s", msgBundle)
+	}
+	pushBundle(t, f, repo, dBlob, msgBundle, nil)
+	if err := f.verifier.Verify(ctx, blob, dBlob, key); err != nil {
+		t.Errorf("a message signature bundle of the manifest: %v", err)
+	}
+	wantRefused(t, f.verifier.Verify(ctx, blob, dBlob, f.key), signature.ErrOtherKey, blob)
+	movedBlob, dMovedBlob := f.publish(t, repo, "moved-blob", 57)
+	pushBundle(t, f, repo, dMovedBlob, msgBundle, nil)
+	wantRefused(t, f.verifier.Verify(ctx, movedBlob, dMovedBlob, key), signature.ErrOtherDigest, movedBlob, dBlob.String())
+
 	// The tests' signer writes bundles that cosign verifies, with or
 	// without a transparency log entry (ignored with --insecure-ignore-tlog).
 	if err := os.WriteFile(filepath.Join(dir, "helper.pub"), []byte(f.signer.PublicKeyPEM), 0o600); err != nil {
