@@ -1,19 +1,24 @@
 package signature
 
 import (
+	"bytes"
 	"context"
-	"encoding/hex"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"github.com/sigstore/sigstore-go/pkg/bundle"
-	"github.com/sigstore/sigstore-go/pkg/root"
-	"github.com/sigstore/sigstore-go/pkg/verify"
+	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+	protobundle "github.com/sigstore/protobuf-specs/gen/pb-go/bundle/v1"
+	protocommon "github.com/sigstore/protobuf-specs/gen/pb-go/common/v1"
+	protodsse "github.com/sigstore/protobuf-specs/gen/pb-go/dsse"
 	sigsig "github.com/sigstore/sigstore/pkg/signature"
+	sigopts "github.com/sigstore/sigstore/pkg/signature/options"
+	"google.golang.org/protobuf/encoding/protojson"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry"
 
@@ -34,6 +39,8 @@ const (
 	// `cosign sign` signs; `cosign attest` signs others (SBOM, provenance),
 	// which vouch for something else than the image and are not signatures.
 	CosignSignPredicateType = "https://sigstore.dev/cosign/sign/v1"
+	// InTotoPayloadType is the DSSE payload type of an in-toto statement.
+	InTotoPayloadType = "application/vnd.in-toto+json"
 	// bundlePredicateAnnotation is the annotation of a bundle referrer that
 	// names the predicate type of its statement.
 	bundlePredicateAnnotation = "dev.sigstore.bundle.predicateType"
@@ -48,15 +55,6 @@ func isSignatureBundle(desc ocispec.Descriptor) bool {
 	}
 	pt, ok := desc.Annotations[bundlePredicateAnnotation]
 	return !ok || pt == CosignSignPredicateType
-}
-
-// keyMaterial is the trusted material of sigstore-go's verifier for one
-// key: the key itself, whatever key hint the bundle gives (the hint is
-// not trusted, the signature is), valid at any time, since no timestamp
-// is required (cosign verify --insecure-ignore-tlog=true).
-func keyMaterial(v sigsig.Verifier) root.TrustedMaterial {
-	key := root.NewExpiringKey(v, time.Time{}, time.Time{})
-	return root.NewTrustedPublicKeyMaterial(func(string) (root.TimeConstrainedVerifier, error) { return key, nil })
 }
 
 // checkBundleManifest checks every bundle layer of m, as checkManifest
@@ -91,59 +89,98 @@ func (v Verifier) checkBundleLayer(ctx context.Context, ref registry.Reference, 
 }
 
 // checkBundle verifies one Sigstore bundle (JSON) with key, for manifest d.
-// sigstore-go does the verification; the second pass without the digest
-// only tells a signature by another key from one of another artifact.
+// The signature is verified before anything the bundle says is believed.
 func checkBundle(body []byte, d digest.Digest, key *PublicKey) (Reason, string) {
-	var b bundle.Bundle
-	if err := b.UnmarshalJSON(body); err != nil {
+	var b protobundle.Bundle
+	if err := protojson.Unmarshal(body, &b); err != nil {
 		return ErrMalformed, fmt.Sprintf("not a Sigstore bundle: %v", err)
 	}
-	vc, err := b.VerificationContent()
-	if err != nil {
-		return ErrMalformed, fmt.Sprintf("the bundle's verification material: %v", err)
+	if !strings.HasPrefix(b.GetMediaType(), BundleMediaTypePrefix) {
+		return ErrMalformed, fmt.Sprintf("not a Sigstore bundle: media type %q", b.GetMediaType())
 	}
-	if vc.Certificate() != nil {
+	vm := b.GetVerificationMaterial()
+	switch {
+	case vm.GetPublicKey() != nil:
+		// Key-based. The key hint names the key the signer used; it is
+		// not trusted, the signature is.
+	case vm.GetCertificate() != nil || vm.GetX509CertificateChain() != nil:
 		return ErrOtherKey, "the bundle is signed with a certificate (keyless cosign), not with a key; osimages verifies key-based signatures"
+	default:
+		return ErrMalformed, "the bundle has no verification material"
 	}
-	sc, err := b.SignatureContent()
-	if err != nil {
-		return ErrMalformed, fmt.Sprintf("the bundle's signature: %v", err)
+	// Transparency log entries and timestamps (vm.TlogEntries,
+	// vm.TimestampVerificationData) are neither required nor checked, as
+	// with cosign verify --insecure-ignore-tlog=true.
+	switch {
+	case b.GetDsseEnvelope() != nil:
+		return checkEnvelope(b.GetDsseEnvelope(), d, key)
+	case b.GetMessageSignature() != nil:
+		return checkMessageSignature(b.GetMessageSignature(), d, key)
 	}
-	var named []string // what the bundle says it signs, for messages
-	own := verify.WithoutArtifactUnsafe()
-	if env := sc.EnvelopeContent(); env != nil {
-		st, err := env.Statement()
-		if err != nil {
-			return ErrMalformed, fmt.Sprintf("the bundle's DSSE envelope holds no in-toto statement: %v", err)
-		}
-		if st.GetPredicateType() != CosignSignPredicateType {
-			return ErrMalformed, fmt.Sprintf("the bundle's statement has predicate type %q, an attestation rather than a cosign signature (%s)", st.GetPredicateType(), CosignSignPredicateType)
-		}
-		for _, s := range st.GetSubject() {
-			for alg, hex := range s.GetDigest() {
-				named = append(named, alg+":"+hex)
-			}
-		}
-	} else if msg := sc.MessageSignatureContent(); msg != nil {
-		// The protobuf names (SHA2_256) in the OCI spelling (sha256).
-		alg := strings.ToLower(strings.Replace(msg.DigestAlgorithm(), "SHA2_", "SHA", 1))
-		named = append(named, alg+":"+hex.EncodeToString(msg.Digest()))
-		own = verify.WithArtifactDigest(alg, msg.Digest())
-	}
+	return ErrMalformed, "the bundle holds neither a DSSE envelope nor a message signature"
+}
 
-	verifier, err := verify.NewVerifier(key.trusted, verify.WithNoObserverTimestamps())
-	if err != nil {
-		return ErrMalformed, err.Error()
+// inTotoStatement is what osimages reads of an in-toto statement
+// (https://github.com/in-toto/attestation, spec v1).
+type inTotoStatement struct {
+	Type    string `json:"_type"`
+	Subject []struct {
+		Digest map[string]string `json:"digest"`
+	} `json:"subject"`
+	PredicateType string `json:"predicateType"`
+}
+
+// checkEnvelope checks the DSSE envelope of a bundle: one signature, by
+// key, over DSSE's pre-authentication encoding of an in-toto statement of
+// cosign's sign predicate whose subject is d.
+func checkEnvelope(env *protodsse.Envelope, d digest.Digest, key *PublicKey) (Reason, string) {
+	if env.GetPayloadType() != InTotoPayloadType {
+		return ErrMalformed, fmt.Sprintf("the bundle's DSSE envelope has payload type %q, not an in-toto statement (%s)", env.GetPayloadType(), InTotoPayloadType)
 	}
-	want, err := hex.DecodeString(d.Encoded())
-	if err != nil {
-		return ErrMalformed, err.Error()
+	if n := len(env.GetSignatures()); n != 1 {
+		return ErrMalformed, fmt.Sprintf("the bundle's DSSE envelope has %d signatures; cosign writes exactly one", n)
 	}
-	if _, err := verifier.Verify(&b, verify.NewPolicy(verify.WithArtifactDigest(d.Algorithm().String(), want), verify.WithKey())); err == nil {
-		return "", ""
-	}
-	if _, err := verifier.Verify(&b, verify.NewPolicy(own, verify.WithKey())); err != nil {
+	signed := dsse.PAE(env.GetPayloadType(), env.GetPayload())
+	if err := key.verifier.VerifySignature(bytes.NewReader(env.GetSignatures()[0].GetSig()), bytes.NewReader(signed)); err != nil {
 		return ErrOtherKey, "the bundle's signature does not verify with the key (signed by another key, or the bundle was altered)"
 	}
+	var st inTotoStatement
+	if err := json.Unmarshal(env.GetPayload(), &st); err != nil || !strings.HasPrefix(st.Type, "https://in-toto.io/Statement/") {
+		return ErrMalformed, fmt.Sprintf("the bundle's DSSE envelope holds no in-toto statement (type %q, %v)", st.Type, err)
+	}
+	if st.PredicateType != CosignSignPredicateType {
+		return ErrMalformed, fmt.Sprintf("the bundle's statement has predicate type %q, an attestation rather than a cosign signature (%s)", st.PredicateType, CosignSignPredicateType)
+	}
+	var named []string
+	for _, s := range st.Subject {
+		for alg, hex := range s.Digest {
+			if alg == d.Algorithm().String() && strings.EqualFold(hex, d.Encoded()) {
+				return "", ""
+			}
+			named = append(named, alg+":"+hex)
+		}
+	}
+	slices.Sort(named)
 	return ErrOtherDigest, fmt.Sprintf("the signed bundle names %q, the manifest resolved is %s", strings.Join(named, ", "), d)
+}
+
+// checkMessageSignature checks a bundle that signs a digest directly
+// (cosign sign-blob of the manifest): its SHA-256 message digest, signed
+// by key, must be d.
+func checkMessageSignature(ms *protocommon.MessageSignature, d digest.Digest, key *PublicKey) (Reason, string) {
+	md := ms.GetMessageDigest()
+	if md.GetAlgorithm() != protocommon.HashAlgorithm_SHA2_256 || len(md.GetDigest()) != sha256.Size {
+		return ErrMalformed, fmt.Sprintf("the bundle's message digest is not a SHA-256 digest (%s, %d bytes)", md.GetAlgorithm(), len(md.GetDigest()))
+	}
+	if _, ok := key.verifier.(*sigsig.ED25519Verifier); ok {
+		// Ed25519 signs the message itself, which the bundle does not hold.
+		return ErrMalformed, "a message signature cannot be verified by its digest with an Ed25519 key"
+	}
+	if err := key.verifier.VerifySignature(bytes.NewReader(ms.GetSignature()), bytes.NewReader(nil), sigopts.WithDigest(md.GetDigest())); err != nil {
+		return ErrOtherKey, "the bundle's signature does not verify with the key (signed by another key, or the bundle was altered)"
+	}
+	if got := digest.NewDigestFromBytes(digest.SHA256, md.GetDigest()); got != d {
+		return ErrOtherDigest, fmt.Sprintf("the signed bundle names %q, the manifest resolved is %s", got, d)
+	}
+	return "", ""
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -144,8 +145,64 @@ func TestVerifyBundle(t *testing.T) {
 
 	t.Run("malformed", func(t *testing.T) {
 		uri, d := f.publish(t, "dib/b-malformed", "1.0", 42)
-		pushBundle(t, f, "dib/b-malformed", d, []byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json"}`), nil)
+		pushBundle(t, f, "dib/b-malformed", d, []byte(`{"not":"a bundle"}`), nil)
 		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrMalformed, uri, "not a Sigstore bundle")
+
+		uri, d = f.publish(t, "dib/b-malformed", "2.0", 43)
+		pushBundle(t, f, "dib/b-malformed", d, []byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json"}`), nil)
+		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrMalformed, uri, "no verification material")
+	})
+
+	t.Run("altered envelope", func(t *testing.T) {
+		uri, d := f.publish(t, "dib/b-envelope", "1.0", 45)
+		body, err := f.signer.Bundle(d, devregistry.SignOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := 0
+		for _, c := range []struct {
+			name   string
+			alter  func(env map[string]any)
+			reason signature.Reason
+			detail string
+		}{
+			{"another payload type", func(env map[string]any) { env["payloadType"] = "application/json" }, signature.ErrMalformed, `payload type "application/json"`},
+			{"two signatures", func(env map[string]any) {
+				sigs := env["signatures"].([]any)
+				env["signatures"] = append(sigs, sigs[0])
+			}, signature.ErrMalformed, "2 signatures"},
+			{"no signature", func(env map[string]any) { env["signatures"] = []any{} }, signature.ErrMalformed, "0 signatures"},
+		} {
+			i++
+			var b map[string]any
+			if err := json.Unmarshal(body, &b); err != nil {
+				t.Fatal(err)
+			}
+			c.alter(b["dsseEnvelope"].(map[string]any))
+			altered, err := json.Marshal(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One artifact per case: every bundle of an artifact is read.
+			uri, d := f.publish(t, "dib/b-envelope", fmt.Sprint("case", i), uint64(45+i))
+			pushBundle(t, f, "dib/b-envelope", d, altered, nil)
+			t.Run(c.name, func(t *testing.T) { wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), c.reason, uri, c.detail) })
+		}
+		// Unaltered, it verifies: the cases above fail for what was altered.
+		pushBundle(t, f, "dib/b-envelope", d, body, nil)
+		if err := f.verifier.Verify(ctx, uri, d, f.key); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("keyless", func(t *testing.T) {
+		// A Fulcio certificate instead of a key: not what a cosign_publickey
+		// vouches for.
+		uri, d := f.publish(t, "dib/b-keyless", "1.0", 44)
+		pushBundle(t, f, "dib/b-keyless", d, []byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json",
+			"verificationMaterial":{"certificate":{"rawBytes":"AAAA"}},
+			"messageSignature":{"messageDigest":{"algorithm":"SHA2_256","digest":"AAAA"},"signature":"AAAA"}}`), nil)
+		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrOtherKey, uri, "keyless")
 	})
 }
 

@@ -21,9 +21,9 @@
 // referrer whose layer is a bundle signing an in-toto statement about the
 // manifest. Both formats are read; one valid signature in either is enough.
 //
-// The cryptography is sigstore's (github.com/sigstore/sigstore, and
-// github.com/sigstore/sigstore-go for bundles); this package only finds the
-// signatures and checks what they say.
+// The cryptography is sigstore's (github.com/sigstore/sigstore), the bundle
+// format that of github.com/sigstore/protobuf-specs; this package only finds
+// the signatures and checks what they say.
 package signature
 
 import (
@@ -41,7 +41,6 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"github.com/sigstore/sigstore-go/pkg/root"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	sigsig "github.com/sigstore/sigstore/pkg/signature"
 	"github.com/sigstore/sigstore/pkg/signature/payload"
@@ -77,7 +76,6 @@ const (
 // ready to verify signatures.
 type PublicKey struct {
 	verifier    sigsig.Verifier
-	trusted     root.TrustedMaterial // the same key, for sigstore-go's bundle verifier
 	fingerprint string
 }
 
@@ -107,7 +105,7 @@ func ParsePublicKey(pemData []byte) (*PublicKey, error) {
 		return nil, fmt.Errorf("public key: %w", err)
 	}
 	sum := sha256.Sum256(der)
-	return &PublicKey{verifier: v, trusted: keyMaterial(v), fingerprint: hex.EncodeToString(sum[:8])}, nil
+	return &PublicKey{verifier: v, fingerprint: hex.EncodeToString(sum[:8])}, nil
 }
 
 // Fingerprint names the key in messages: the first 16 hex digits of the
