@@ -23,12 +23,20 @@ func registryWithKey(url, tag, pemKey string) string {
 }
 
 func TestCatalogSignatures(t *testing.T) {
-	names := []string{"ubuntu-signed", "ubuntu-other-key", "ubuntu-other-digest", "ubuntu-unsigned"}
+	names := []string{"ubuntu-signed", "ubuntu-other-key", "ubuntu-other-digest", "ubuntu-unsigned",
+		"ubuntu-bundle", "ubuntu-bundle-other-key", "ubuntu-bundle-other-digest", "ubuntu-both"}
 	reg, _, published := countingRegistry(t, []string{"0.7.6"}, names...)
 	ours, theirs := testenv.Signer(t), testenv.Signer(t)
 	testenv.Sign(t, reg, ours, published["ubuntu-signed:0.7.6"], devregistry.SignOptions{})
 	testenv.Sign(t, reg, theirs, published["ubuntu-other-key:0.7.6"], devregistry.SignOptions{})
 	testenv.Sign(t, reg, ours, published["ubuntu-other-digest:0.7.6"], devregistry.SignOptions{PayloadDigest: published["ubuntu-signed:0.7.6"].ManifestDigest})
+	// cosign v3's default format, the Sigstore bundle, on the same registry.
+	testenv.Sign(t, reg, ours, published["ubuntu-bundle:0.7.6"], devregistry.SignOptions{Bundle: true})
+	testenv.Sign(t, reg, theirs, published["ubuntu-bundle-other-key:0.7.6"], devregistry.SignOptions{Bundle: true})
+	testenv.Sign(t, reg, ours, published["ubuntu-bundle-other-digest:0.7.6"], devregistry.SignOptions{Bundle: true, PayloadDigest: published["ubuntu-bundle:0.7.6"].ManifestDigest})
+	// Another key's .sig tag does not hide a bundle made with ours.
+	testenv.Sign(t, reg, theirs, published["ubuntu-both:0.7.6"], devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, published["ubuntu-both:0.7.6"], devregistry.SignOptions{Bundle: true})
 
 	valuesFor := func(key string, extra string, names ...string) string {
 		var b strings.Builder
@@ -48,7 +56,9 @@ func TestCatalogSignatures(t *testing.T) {
 		t.Fatalf("want exit 1 and no output, got %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	for _, want := range []string{
-		"3 of 4 images could not be resolved",
+		"5 of 8 images could not be resolved",
+		"ubuntu-bundle-other-key (" + uri("ubuntu-bundle-other-key") + "): Invalid signature for " + uri("ubuntu-bundle-other-key") + ": signed by another key",
+		"ubuntu-bundle-other-digest (" + uri("ubuntu-bundle-other-digest") + "): Invalid signature for " + uri("ubuntu-bundle-other-digest") + ": the signed payload names another manifest digest",
 		"ubuntu-other-key (" + uri("ubuntu-other-key") + "): Invalid signature for " + uri("ubuntu-other-key") + ": signed by another key",
 		"ubuntu-other-digest (" + uri("ubuntu-other-digest") + "): Invalid signature for " + uri("ubuntu-other-digest") + ": the signed payload names another manifest digest",
 		"ubuntu-unsigned (" + uri("ubuntu-unsigned") + "): Invalid signature for " + uri("ubuntu-unsigned") + ": no signature found",
@@ -58,25 +68,30 @@ func TestCatalogSignatures(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
 		}
 	}
-	if strings.Contains(r.stderr, "ubuntu-signed (") {
-		t.Errorf("the signed image is reported:\n%s", r.stderr)
+	signed := []string{"ubuntu-signed", "ubuntu-bundle", "ubuntu-both"}
+	for _, n := range signed {
+		if strings.Contains(r.stderr, n+" (") {
+			t.Errorf("the signed image %s is reported:\n%s", n, r.stderr)
+		}
 	}
 
-	r = run(t, "catalog", "-f", valuesFor(ours.PublicKeyPEM, "", "ubuntu-signed"))
+	r = run(t, "catalog", "-f", valuesFor(ours.PublicKeyPEM, "", signed...))
 	if r.code != 0 {
-		t.Fatalf("signed image: exit %d: %s", r.code, r.stderr)
+		t.Fatalf("signed images: exit %d: %s", r.code, r.stderr)
 	}
 	_, cat := parseConfigMap(t, r.stdout)
-	if got, want := cat["ubuntu-signed"][osimage.FieldManifestDigest], published["ubuntu-signed:0.7.6"].ManifestDigest.String(); got != want {
-		t.Errorf("oci-manifest-digest = %q, want %q", got, want)
+	for _, n := range signed {
+		if got, want := cat[n][osimage.FieldManifestDigest], published[n+":0.7.6"].ManifestDigest.String(); got != want {
+			t.Errorf("%s: oci-manifest-digest = %q, want %q", n, got, want)
+		}
 	}
 
 	r = run(t, "catalog", "-f", valuesFor(ours.PublicKeyPEM, "security:\n  os_images:\n    skip_signing_check: true\n", names...))
 	if r.code != 0 {
 		t.Fatalf("skip_signing_check: exit %d: %s", r.code, r.stderr)
 	}
-	if _, cat := parseConfigMap(t, r.stdout); len(cat) != 4 {
-		t.Errorf("skip_signing_check published %d images, want 4", len(cat))
+	if _, cat := parseConfigMap(t, r.stdout); len(cat) != len(names) {
+		t.Errorf("skip_signing_check published %d images, want %d", len(cat), len(names))
 	}
 	if !strings.Contains(r.stderr, "security.os_images.skip_signing_check is true: cosign signatures are NOT checked (registries with a cosign_publickey: sylva)") {
 		t.Errorf("the skipped check is not logged:\n%s", r.stderr)
@@ -98,7 +113,7 @@ func TestSignedCatalogThenServe(t *testing.T) {
 	plain, hardened := published["ubuntu-plain"], published["ubuntu-hardened"]
 	ours := testenv.Signer(t)
 	testenv.Sign(t, reg, ours, plain, devregistry.SignOptions{})
-	testenv.Sign(t, reg, ours, hardened, devregistry.SignOptions{})
+	testenv.Sign(t, reg, ours, hardened, devregistry.SignOptions{Bundle: true}) // cosign v3's default format
 
 	registries := registryWithKey("oci://"+reg.Host+"/dib", "1.0", ours.PublicKeyPEM)
 	values := writeFile(t, "values.yaml", "oci_registry_insecure: true\n"+registries+

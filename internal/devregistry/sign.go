@@ -64,6 +64,18 @@ type SignOptions struct {
 	Referrer bool
 	// CorruptSignature flips a bit of the signature.
 	CorruptSignature bool
+	// Bundle writes a Sigstore bundle, as cosign v3's `cosign sign --key`
+	// does by default (--new-bundle-format), attached as a referrer,
+	// instead of a simple-signing signature.
+	Bundle bool
+	// TlogEntry, with Bundle, adds a transparency log entry to the bundle,
+	// as cosign does when it uploads to Rekor. The entry is made up: a
+	// verifier that ignores the log, as `cosign verify
+	// --insecure-ignore-tlog=true` does, must not mind it.
+	TlogEntry bool
+	// PredicateType, with Bundle, is the predicate type of the signed
+	// statement instead of cosign's sign/v1: an attestation (cosign attest).
+	PredicateType string
 }
 
 // Sign signs manifest d of repository (a path on r) and pushes the
@@ -77,6 +89,9 @@ func (r *Registry) Sign(ctx context.Context, s *Signer, repository string, d dig
 	named := d
 	if opts.PayloadDigest != "" {
 		named = opts.PayloadDigest
+	}
+	if opts.Bundle {
+		return r.signBundle(ctx, s, repo, repository, d, named, opts)
 	}
 	ref, err := name.NewDigest(r.Host + "/" + repository + "@" + named.String())
 	if err != nil {

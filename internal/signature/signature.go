@@ -17,8 +17,13 @@
 // payload's docker-reference is not compared (cosign does not either, so that
 // signed artifacts can be copied between registries).
 //
-// The cryptography is sigstore's (github.com/sigstore/sigstore); this package
-// only finds the signatures and checks what they say.
+// cosign v3 writes a Sigstore bundle by default instead (bundle.go): a
+// referrer whose layer is a bundle signing an in-toto statement about the
+// manifest. Both formats are read; one valid signature in either is enough.
+//
+// The cryptography is sigstore's (github.com/sigstore/sigstore), the bundle
+// format that of github.com/sigstore/protobuf-specs; this package only finds
+// the signatures and checks what they say.
 package signature
 
 import (
@@ -57,10 +62,6 @@ const (
 	// ReferrerArtifactType is the artifact type of a signature attached with
 	// cosign's OCI 1.1 referrers mode.
 	ReferrerArtifactType = "application/vnd.dev.cosign.artifact.sig.v1+json"
-	// sigstoreBundlePrefix starts the artifact type of a Sigstore bundle
-	// (application/vnd.dev.sigstore.bundle.v0.3+json), what cosign v3
-	// attaches by default.
-	sigstoreBundlePrefix = "application/vnd.dev.sigstore.bundle"
 )
 
 // Bounds on what is read from a registry for one verification: cosign
@@ -180,7 +181,7 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 		if ok {
 			return nil
 		}
-		checked = append(checked, verdictsIn("tag "+sigTag, m, vs)...)
+		checked = append(checked, verdictsIn("tag "+sigTag, m, SimpleSigningMediaType, vs)...)
 	case errors.Is(err, errdef.ErrNotFound) || isNotFound(err):
 		// Signed in referrers mode, or not signed: look at the referrers.
 	default:
@@ -194,14 +195,12 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
 		return fmt.Errorf("listing the referrers of %s@%s: %w", ref.Repository, d, err)
 	}
+	// Both formats count: cosign's simple-signing referrers and Sigstore
+	// bundles (cosign v3's default), with attestations left out.
 	var refs []ocispec.Descriptor
-	bundles := 0
 	for _, desc := range all {
-		switch {
-		case desc.ArtifactType == ReferrerArtifactType && len(refs) < maxReferrers:
+		if len(refs) < maxReferrers && (desc.ArtifactType == ReferrerArtifactType || isSignatureBundle(desc)) {
 			refs = append(refs, desc)
-		case strings.HasPrefix(desc.ArtifactType, sigstoreBundlePrefix):
-			bundles++
 		}
 	}
 	for _, desc := range refs {
@@ -211,18 +210,24 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 		if err != nil {
 			return fmt.Errorf("fetching the signature referrer %s of %s: %w", desc.Digest, uri, err)
 		}
-		vs, ok := v.checkManifest(ctx, ref, m, d, key)
+		where := "referrer " + desc.Digest.String()
+		if desc.ArtifactType == ReferrerArtifactType {
+			vs, ok := v.checkManifest(ctx, ref, m, d, key)
+			if ok {
+				return nil
+			}
+			checked = append(checked, verdictsIn(where, m, SimpleSigningMediaType, vs)...)
+			continue
+		}
+		vs, ok := v.checkBundleManifest(ctx, ref, m, d, key)
 		if ok {
 			return nil
 		}
-		checked = append(checked, verdictsIn("referrer "+desc.Digest.String(), m, vs)...)
+		checked = append(checked, verdictsIn(where+" (Sigstore bundle)", m, BundleMediaTypePrefix+"*", vs)...)
 	}
 
-	if len(checked) == 0 && bundles > 0 {
-		return refuse(ErrNoSignature, "no tag %s in %s/%s; the manifest has %d Sigstore bundle referrer(s) (cosign v3's default format), which osimages does not read: sign with `cosign sign --key ... --new-bundle-format=false`, as Sylva's `cosign verify --key` expects", sigTag, ref.Host(), ref.Repository, bundles)
-	}
 	if len(checked) == 0 {
-		return refuse(ErrNoSignature, "no tag %s in %s/%s and no cosign signature among its referrers; sign the artifact with `cosign sign --key`", sigTag, ref.Host(), ref.Repository)
+		return refuse(ErrNoSignature, "no tag %s in %s/%s and no cosign signature (simple-signing or Sigstore bundle) among its referrers; sign the artifact with `cosign sign --key`", sigTag, ref.Host(), ref.Repository)
 	}
 	return refuse(worst(checked), "%s (key %s)", describeVerdicts(checked), key.Fingerprint())
 }
@@ -234,9 +239,9 @@ type verdict struct {
 	detail string
 }
 
-func verdictsIn(where string, m oci.Manifest, vs []verdict) []verdict {
+func verdictsIn(where string, m oci.Manifest, layerType string, vs []verdict) []verdict {
 	if len(vs) == 0 {
-		return []verdict{{where: where, reason: ErrMalformed, detail: fmt.Sprintf("manifest %s holds no %s layer", m.Descriptor.Digest, SimpleSigningMediaType)}}
+		return []verdict{{where: where, reason: ErrMalformed, detail: fmt.Sprintf("manifest %s holds no %s layer", m.Descriptor.Digest, layerType)}}
 	}
 	for i := range vs {
 		vs[i].where = where + vs[i].where

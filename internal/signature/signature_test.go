@@ -140,7 +140,7 @@ func TestVerify(t *testing.T) {
 		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrNoSignature, uri, "sha256-"+d.Encoded()+".sig", "cosign sign --key")
 	})
 
-	t.Run("only a Sigstore bundle", func(t *testing.T) {
+	t.Run("an empty Sigstore bundle referrer", func(t *testing.T) {
 		uri, d := f.publish(t, "dib/bundle", "1.0", 12)
 		repo, err := f.reg.Repository("dib/bundle")
 		if err != nil {
@@ -154,7 +154,7 @@ func TestVerify(t *testing.T) {
 			oras.PackManifestOptions{Subject: &subject}); err != nil {
 			t.Fatal(err)
 		}
-		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrNoSignature, uri, "1 Sigstore bundle referrer(s)", "--new-bundle-format=false")
+		wantRefused(t, f.verifier.Verify(ctx, uri, d, f.key), signature.ErrMalformed, uri, "(Sigstore bundle)", "holds no application/vnd.dev.sigstore.bundle* layer")
 	})
 
 	t.Run("signature of the tag's previous manifest", func(t *testing.T) {
