@@ -71,6 +71,11 @@ func (s *Server) download(ctx context.Context, sum string) {
 	w := img.Wanted
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
+	if !img.selected {
+		// Deselected between its claim by next and now, when there was no
+		// download to cancel yet.
+		cancel(errDeselected)
+	}
 	s.mu.Unlock()
 	defer cancel(nil)
 	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.attempts)
