@@ -98,6 +98,23 @@ func (t *Tracker) Ready() []Peer {
 	return ready
 }
 
+// Listed returns the other replicas the EndpointSlices list, ready or not
+// (terminating ones left out).
+func (t *Tracker) Listed() []Peer {
+	var all []*discoveryv1.EndpointSlice
+	for _, o := range t.informer.GetStore().List() {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			s = s.DeepCopy()
+			for i := range s.Endpoints {
+				s.Endpoints[i].Conditions.Ready = nil
+			}
+			all = append(all, s)
+		}
+	}
+	listed, _ := ReadyEndpoints(all, t.self)
+	return listed
+}
+
 // SelfReady says whether this replica is among the ready endpoints.
 func (t *Tracker) SelfReady() bool {
 	var all []*discoveryv1.EndpointSlice

@@ -39,6 +39,8 @@ type Replicas interface {
 	Self() string
 	// Ready are the other ready replicas.
 	Ready() []peers.Peer
+	// Listed are the other replicas listed, ready or not.
+	Listed() []peers.Peer
 	// SelfReady says whether this replica is a ready endpoint.
 	SelfReady() bool
 	// Synced is false until the endpoints were listed once.
@@ -132,6 +134,11 @@ func (s *Server) pollPeers(ctx context.Context, changed <-chan struct{}) {
 				return
 			}
 			s.mu.Lock()
+			for id, v := range views {
+				if old, ok := s.peerViews[id]; v.err != nil && (!ok || old.err == nil) {
+					s.log.Warn("a peer's state cannot be read: it counts as holding nothing", "peer", id, "error", v.err.Error())
+				}
+			}
 			s.peerViews = views
 			s.peersKnown = true
 			s.mu.Unlock()
@@ -292,8 +299,15 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 		}
 	}
 	// Else the first of the rendezvous order pulls from the registry, and
-	// the others stream its download.
-	if s.cfg.Replicas.SelfReady() || len(ids) == 0 {
+	// the others stream its download. While no replica is ready (they all
+	// start), the order is over every replica listed, so that they agree.
+	if len(ids) == 0 && !s.cfg.Replicas.SelfReady() {
+		for _, p := range s.cfg.Replicas.Listed() {
+			byID[p.ID] = p
+			ids = append(ids, p.ID)
+		}
+	}
+	if s.cfg.Replicas.SelfReady() || len(ids) == 0 || !slices.Contains(ids, self) && len(ready) == 0 {
 		ids = append(ids, self)
 	}
 	for _, id := range peers.Rendezvous(sum, ids) {

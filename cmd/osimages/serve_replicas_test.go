@@ -1,0 +1,492 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// The replica tests run real `serve` processes behind a headless Service
+// whose EndpointSlices the test maintains, as the endpoint controller
+// would (envtest has none): one slice per process, since each has its own
+// ports on 127.0.0.1, ready while the process answers /readyz.
+
+const peersService = "osimages-peers"
+
+type replica struct {
+	id       string
+	d        *daemon
+	peerAddr string
+	// advertised is the peer address the EndpointSlice names (a proxy in
+	// front of peerAddr, say).
+	advertised string
+	removed    atomic.Bool // its endpoint is taken out of the Service
+}
+
+type replicaSet struct {
+	t        *testing.T
+	k        *testenv.Kube
+	ns       string
+	args     []string
+	mu       sync.Mutex
+	replicas map[string]*replica
+}
+
+// blobCounter counts the blob bytes the registry sends, and can trickle
+// them.
+type blobCounter struct {
+	sent    atomic.Int64
+	trickle atomic.Bool
+}
+
+func (c *blobCounter) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+			next.ServeHTTP(&countingResponse{ResponseWriter: w, c: c}, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type countingResponse struct {
+	http.ResponseWriter
+	c *blobCounter
+}
+
+func (w *countingResponse) Write(p []byte) (int, error) {
+	if !w.c.trickle.Load() {
+		n, err := w.ResponseWriter.Write(p)
+		w.c.sent.Add(int64(n))
+		return n, err
+	}
+	written := 0
+	for len(p) > 0 {
+		n, err := w.ResponseWriter.Write(p[:min(len(p), 64<<10)])
+		written += n
+		w.c.sent.Add(int64(n))
+		if err != nil {
+			return written, err
+		}
+		p = p[n:]
+		w.ResponseWriter.(http.Flusher).Flush()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return written, nil
+}
+
+func (w *countingResponse) ReadFrom(r io.Reader) (int64, error) { return io.Copy(writerOnly{w}, r) }
+
+type writerOnly struct{ io.Writer }
+
+func newReplicaSet(t *testing.T, args ...string) *replicaSet {
+	k := apiserver(t)
+	ns := fmt.Sprintf("scale-%d", time.Now().UnixNano()%1e9)
+	if _, err := k.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*replica{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			rs.syncEndpoints(ctx)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return rs
+}
+
+// start runs replica id; advertise, when set, wraps its peer address.
+func (rs *replicaSet) start(id string, advertise func(peerAddr string) string) *replica {
+	t := rs.t
+	peerAddr := freeHostAddr(t)
+	r := &replica{id: id, peerAddr: peerAddr, advertised: peerAddr}
+	if advertise != nil {
+		r.advertised = advertise(peerAddr)
+	}
+	r.d = startServe(t, freeAddr(t), append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
+		"--peers-service", peersService, "--peer-listen", peerAddr, "--peer-timeout", "5s",
+		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, rs.args...)...)
+	rs.mu.Lock()
+	rs.replicas[id] = r
+	rs.mu.Unlock()
+	return r
+}
+
+func (rs *replicaSet) get(id string) *replica {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.replicas[id]
+}
+
+func (rs *replicaSet) syncEndpoints(ctx context.Context) {
+	rs.mu.Lock()
+	all := make([]*replica, 0, len(rs.replicas))
+	for _, r := range rs.replicas {
+		all = append(all, r)
+	}
+	rs.mu.Unlock()
+	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
+	for _, r := range all {
+		name := "osimages-" + r.id
+		if r.removed.Load() {
+			if err := slices.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				continue
+			}
+			continue
+		}
+		ready := false
+		select {
+		case <-r.d.done:
+		default:
+			c := http.Client{Timeout: time.Second}
+			if resp, err := c.Get(r.d.url("/readyz")); err == nil {
+				resp.Body.Close()
+				ready = resp.StatusCode == http.StatusOK
+			}
+		}
+		_, httpPort := splitPort(rs.t, r.d.addr)
+		host, peerPort := splitPort(rs.t, r.advertised)
+		want := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: rs.ns, Labels: map[string]string{discoveryv1.LabelServiceName: peersService}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: []discoveryv1.Endpoint{{
+				Addresses:  []string{host},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)},
+				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: rs.ns, Name: r.id},
+			}},
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("peer"), Port: ptr.To(peerPort)}, {Name: ptr.To("http"), Port: ptr.To(httpPort)}},
+		}
+		cur, err := slices.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			if _, err := slices.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+				rs.t.Logf("creating EndpointSlice %s: %v", name, err)
+			}
+		case err == nil && *cur.Endpoints[0].Conditions.Ready != ready:
+			cur.Endpoints = want.Endpoints
+			_, _ = slices.Update(ctx, cur, metav1.UpdateOptions{})
+		}
+	}
+}
+
+// freeHostAddr is a free address on this machine's first non-loopback
+// IPv4 address: the apiserver refuses loopback addresses in EndpointSlices,
+// so the peer listeners cannot be on 127.0.0.1.
+func freeHostAddr(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ip, ok := a.(*net.IPNet); ok && ip.IP.To4() != nil && !ip.IP.IsLoopback() && !ip.IP.IsLinkLocalUnicast() {
+			ln, err := net.Listen("tcp", net.JoinHostPort(ip.IP.String(), "0"))
+			if err != nil {
+				continue
+			}
+			defer ln.Close()
+			return ln.Addr().String()
+		}
+	}
+	t.Skip("this machine has no non-loopback IPv4 address: EndpointSlices cannot name a local process (the apiserver refuses 127.0.0.0/8)")
+	return ""
+}
+
+func splitPort(t *testing.T, addr string) (string, int32) {
+	i := strings.LastIndex(addr, ":")
+	p, err := strconv.Atoi(addr[i+1:])
+	if err != nil {
+		t.Fatalf("address %s: %v", addr, err)
+	}
+	return addr[:i], int32(p)
+}
+
+// state is a replica's /peer/state, nil when it does not answer.
+func (r *replica) state() *server.ReplicaState {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + r.peerAddr + "/peer/state")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var st server.ReplicaState
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return nil
+	}
+	return &st
+}
+
+func (r *replica) holds(sums ...string) bool {
+	st := r.state()
+	if st == nil {
+		return false
+	}
+	for _, s := range sums {
+		if !st.Images[s].Verified() {
+			return false
+		}
+	}
+	return true
+}
+
+// outputLog records every version of the output ConfigMap, as a watch
+// sees it, with when it was seen.
+type outputLog struct {
+	mu   sync.Mutex
+	seen []observedOutput
+}
+
+type observedOutput struct {
+	at  time.Time
+	set osimage.ServedSet
+}
+
+func (rs *replicaSet) watchOutput() *outputLog {
+	l := &outputLog{}
+	ctx, cancel := context.WithCancel(context.Background())
+	rs.t.Cleanup(cancel)
+	w, err := rs.k.Client.CoreV1().ConfigMaps(rs.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=served"})
+	if err != nil {
+		rs.t.Fatal(err)
+	}
+	go func() {
+		for ev := range w.ResultChan() {
+			cm, ok := ev.Object.(*corev1.ConfigMap)
+			if !ok {
+				continue
+			}
+			s, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey]))
+			if err != nil {
+				continue
+			}
+			l.mu.Lock()
+			l.seen = append(l.seen, observedOutput{at: time.Now(), set: s})
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+func (l *outputLog) all() []observedOutput {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]observedOutput(nil), l.seen...)
+}
+
+func (l *outputLog) last() osimage.ServedSet {
+	all := l.all()
+	if len(all) == 0 {
+		return nil
+	}
+	return all[len(all)-1].set
+}
+
+// replicaImages publishes the two test images and returns the serve
+// arguments that select both, with their sha256s and blob sizes.
+func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []string, blobBytes int64) {
+	published := publishServeImages(t, reg, size)
+	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
+	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
+	for _, p := range published {
+		sums = append(sums, p.Fields.Get("sha256"))
+		n, err := strconv.ParseInt(p.Fields.Get("archive-size"), 10, 64)
+		if err != nil || n <= 0 {
+			n, _ = strconv.ParseInt(p.Fields.Get("size"), 10, 64)
+		}
+		blobBytes += n
+	}
+	return []string{"--os-images", osImages, "-f", mgmt}, sums, blobBytes
+}
+
+func publishers(rs *replicaSet) []string {
+	var out []string
+	for id, r := range rs.replicas {
+		if strings.Contains(r.d.stderr.String(), `"msg":"served set published"`) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func TestServeReplicasFillFromEachOther(t *testing.T) {
+	// The registry trickles (about 3 MiB/s), so that followers stream
+	// downloads in progress.
+	counter := &blobCounter{}
+	counter.trickle.Store(true)
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, blobBytes := replicaImages(t, reg, 6<<20)
+	rs := newReplicaSet(t, args...)
+	out := rs.watchOutput()
+	for _, id := range []string{"r0", "r1", "r2"} {
+		rs.start(id, nil)
+	}
+	testenv.Eventually(t, "every replica holds every image, and the output says available", 90*time.Second, func() (bool, string) {
+		for _, id := range []string{"r0", "r1", "r2"} {
+			if !rs.get(id).holds(sums...) {
+				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state()) + rs.get(id).d.stderr.String()
+			}
+		}
+		return allAvailable(out.last(), sums...), fmt.Sprint(out.last())
+	})
+	// The registry sent each blob once (5 % for resumes).
+	if sent := counter.sent.Load(); sent < blobBytes || float64(sent) > 1.05*float64(blobBytes) {
+		t.Errorf("the registry sent %d blob bytes for blobs of %d in all (%.2f×): want each once", sent, blobBytes, float64(sent)/float64(blobBytes))
+	}
+	// One publisher.
+	if p := publishers(rs); len(p) != 1 {
+		t.Errorf("the output was written by %v, want exactly one replica", p)
+	}
+	// Available only once all three held it: every version seen saying
+	// available came after the verification of that image on each replica.
+	verified := map[string]time.Time{}
+	for _, id := range []string{"r0", "r1", "r2"} {
+		for sum, img := range rs.get(id).state().Images {
+			if img.VerifiedAt.After(verified[sum]) {
+				verified[sum] = img.VerifiedAt
+			}
+		}
+	}
+	for _, o := range out.all() {
+		for sum, e := range o.set {
+			if e.Available && o.at.Before(verified[sum]) {
+				t.Errorf("image %s was published available at %s, before the last replica verified it at %s", sum, o.at.Format(time.StampMicro), verified[sum].Format(time.StampMicro))
+			}
+		}
+	}
+	// Each copy is the image.
+	for _, id := range []string{"r0", "r1", "r2"} {
+		for _, p := range sums {
+			st := rs.get(id).state().Images[p]
+			t.Logf("%s holds %s from %s", id, p[:12], st.Source)
+		}
+	}
+}
+
+// corruptingProxy forwards to a replica's peer listener and flips a byte
+// in the middle of every image it sends.
+func corruptingProxy(t *testing.T, flipped *atomic.Int64) func(string) string {
+	return func(peerAddr string) string {
+		target, _ := url.Parse("http://" + peerAddr)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			if strings.HasPrefix(resp.Request.URL.Path, "/images/") {
+				resp.Body = &flipReader{ReadCloser: resp.Body, at: 1 << 20, flipped: flipped}
+			}
+			return nil
+		}
+		addr := freeHostAddr(t)
+		srv := &http.Server{Addr: addr, Handler: proxy}
+		go srv.ListenAndServe()
+		t.Cleanup(func() { srv.Close() })
+		return addr
+	}
+}
+
+type flipReader struct {
+	io.ReadCloser
+	off, at int64
+	flipped *atomic.Int64
+}
+
+func (f *flipReader) Read(p []byte) (int, error) {
+	n, err := f.ReadCloser.Read(p)
+	if f.at >= f.off && f.at < f.off+int64(n) {
+		p[f.at-f.off] ^= 0xff
+		f.flipped.Add(1)
+	}
+	f.off += int64(n)
+	return n, err
+}
+
+func TestServeReplicasReportACorruptingPeer(t *testing.T) {
+	counter := &blobCounter{}
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, _ := replicaImages(t, reg, 4<<20)
+	rs := newReplicaSet(t, args...)
+	var flipped atomic.Int64
+	bad := rs.start("bad", corruptingProxy(t, &flipped))
+	testenv.Eventually(t, "the first replica holds every image", 60*time.Second, func() (bool, string) {
+		return bad.holds(sums...), bad.d.stderr.String()
+	})
+	// The next replica finds a peer with verified copies, and gets bad
+	// bytes from it: it refuses them, reports the peer, and fills from
+	// the registry instead.
+	good := rs.start("good", nil)
+	testenv.Eventually(t, "the second replica holds every image", 90*time.Second, func() (bool, string) {
+		return good.holds(sums...), fmt.Sprint(good.state()) + good.d.stderr.String()
+	})
+	if flipped.Load() == 0 {
+		l, err := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns).List(context.Background(), metav1.ListOptions{})
+		t.Fatalf("the corrupting proxy was never asked for an image: the test proves nothing\n%v %v\n%s", l, err, good.d.stderr.String())
+	}
+	st := good.state()
+	for _, s := range sums {
+		if st.Images[s].Source != server.SourceRegistry {
+			t.Errorf("image %s came from %q, want the registry after the peer's bad bytes", s, st.Images[s].Source)
+		}
+		if got, code := sha256Of(t, good.d.url("/images/"+s+"/"+imageFilename(t, good, s))); code != 200 || got != s {
+			t.Errorf("image %s served by the second replica: %d, sha256 %s", s, code, got)
+		}
+	}
+	logs := good.d.stderr.String()
+	if !strings.Contains(logs, `"msg":"peer failed to fill an image; filling it from elsewhere","peer":"bad"`) || !strings.Contains(logs, `"reason":"bad-bytes"`) {
+		t.Errorf("no log line reports the peer:\n%s", logs)
+	}
+	resp, err := http.Get(good.d.url("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `osimages_peer_fill_failures_total{peer="bad",reason="bad-bytes"}`) {
+		t.Errorf("no metric reports the peer:\n%s", body)
+	}
+}
+
+// imageFilename is the filename a replica serves sum under.
+func imageFilename(t *testing.T, r *replica, sum string) string {
+	resp, err := http.Get(r.d.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	i := strings.Index(string(page), "/images/"+sum+"/")
+	if i < 0 {
+		t.Fatalf("the status page has no link to %s", sum)
+	}
+	rest := string(page[i+len("/images/"+sum+"/"):])
+	return rest[:strings.IndexByte(rest, '"')]
+}
+
+var _ = syscall.SIGKILL
