@@ -311,10 +311,18 @@ func (l *outputLog) last() osimage.ServedSet {
 	return all[len(all)-1].set
 }
 
+// lastPublished is what replicaImages published last (the tests of a
+// package run one at a time).
+var lastPublished []devregistry.Published
+
 // replicaImages publishes the two test images and returns the serve
 // arguments that select both, with their sha256s and blob sizes.
 func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []string, blobBytes int64) {
 	published := publishServeImages(t, reg, size)
+	lastPublished = nil
+	for _, p := range published {
+		lastPublished = append(lastPublished, p)
+	}
 	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
 	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
 	for _, p := range published {
@@ -326,6 +334,12 @@ func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []st
 		blobBytes += n
 	}
 	return []string{"--os-images", osImages, "-f", mgmt}, sums, blobBytes
+}
+
+// publishedFor is what replicaImages published, read back from the
+// os_images document it wrote.
+func publishedFor(t *testing.T, _ *devregistry.Registry) []devregistry.Published {
+	return lastPublished
 }
 
 func publishers(rs *replicaSet) []string {
@@ -489,4 +503,222 @@ func imageFilename(t *testing.T, r *replica, sum string) string {
 	return rest[:strings.IndexByte(rest, '"')]
 }
 
-var _ = syscall.SIGKILL
+
+
+// servedChecker asks every live replica's client port for every image,
+// over and over, and records any answer that is neither "not ready yet"
+// nor the verified image: no unverified byte may ever reach a client.
+func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string]string) (stop func() (checks int, bad []string)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var bad []string
+	checks := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			rs.mu.Lock()
+			all := make([]*replica, 0, len(rs.replicas))
+			for _, r := range rs.replicas {
+				all = append(all, r)
+			}
+			rs.mu.Unlock()
+			for _, r := range all {
+				for _, s := range sums {
+					got, code := sha256Of(t, r.d.url("/images/"+s+"/"+names[s]))
+					mu.Lock()
+					checks++
+					if code == http.StatusOK && got != s {
+						bad = append(bad, fmt.Sprintf("%s served %s with sha256 %s", r.id, s, got))
+					}
+					mu.Unlock()
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return func() (int, []string) {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return checks, bad
+	}
+}
+
+func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
+	counter := &blobCounter{}
+	counter.trickle.Store(true)
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, _ := replicaImages(t, reg, 8<<20)
+	rs := newReplicaSet(t, args...)
+	out := rs.watchOutput()
+	ids := []string{"r0", "r1", "r2"}
+	for _, id := range ids {
+		rs.start(id, nil)
+	}
+	names := map[string]string{}
+	for _, p := range publishedFor(t, reg) {
+		names[p.Fields.Get("sha256")] = p.Fields.Get("filename")
+	}
+	stopChecks := servedChecker(t, rs, sums, names)
+	// Find a replica pulling an image from the registry while another
+	// streams it, and kill it.
+	var victim, target string
+	testenv.Eventually(t, "a registry pull followed by a peer", 60*time.Second, func() (bool, string) {
+		states := map[string]*server.ReplicaState{}
+		for _, id := range ids {
+			if states[id] = rs.get(id).state(); states[id] == nil {
+				return false, id + " does not answer yet"
+			}
+		}
+		for _, id := range ids {
+			for sum, img := range states[id].Images {
+				if img.Source != server.SourceRegistry || img.Phase != server.PhaseDownloading || img.Received == 0 {
+					continue
+				}
+				for _, other := range ids {
+					if o := states[other].Images[sum]; other != id && o.Source == "peer "+id && o.Phase == server.PhaseDownloading {
+						victim, target = id, sum
+						return true, ""
+					}
+				}
+			}
+		}
+		return false, fmt.Sprint(states)
+	})
+	rs.get(victim).d.kill(syscall.SIGKILL)
+	t.Logf("killed %s while it pulled %s", victim, target[:12])
+	var rest []string
+	for _, id := range ids {
+		if id != victim {
+			rest = append(rest, id)
+		}
+	}
+	testenv.Eventually(t, "the other replicas hold every image, and the output says available", 120*time.Second, func() (bool, string) {
+		for _, id := range rest {
+			if !rs.get(id).holds(sums...) {
+				return false, id + ": " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return allAvailable(out.last(), sums...), fmt.Sprint(out.last())
+	})
+	checks, bad := stopChecks()
+	if len(bad) > 0 {
+		t.Errorf("unverified bytes served: %v", bad)
+	}
+	if checks < 10 {
+		t.Errorf("only %d checks of the served images ran", checks)
+	}
+	took := false
+	for _, id := range rest {
+		if rs.get(id).state().Images[target].Source == server.SourceRegistry {
+			took = true
+		}
+		if !strings.Contains(rs.get(id).d.stderr.String(), `"peer":"`+victim+`"`) {
+			t.Logf("%s did not report %s (it was not following it)", id, victim)
+		}
+	}
+	if !took {
+		t.Errorf("no replica took over the registry pull of %s", target)
+	}
+	// Nothing published available before it was held by the replicas
+	// that remain (the killed one counts as holding nothing).
+	for _, o := range out.all() {
+		for sum, e := range o.set {
+			if !e.Available {
+				continue
+			}
+			for _, id := range rest {
+				if v := rs.get(id).state().Images[sum].VerifiedAt; o.at.Before(v) && sum == target {
+					t.Errorf("%s published available at %s, before %s verified it at %s", sum[:12], o.at.Format(time.StampMicro), id, v.Format(time.StampMicro))
+				}
+			}
+		}
+	}
+}
+
+func TestServeReplicasScaleDownAndUp(t *testing.T) {
+	counter := &blobCounter{}
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, blobBytes := replicaImages(t, reg, 4<<20)
+	rs := newReplicaSet(t, args...)
+	out := rs.watchOutput()
+	for _, id := range []string{"r0", "r1", "r2"} {
+		rs.start(id, nil)
+	}
+	holdAll := func(ids ...string) func() (bool, string) {
+		return func() (bool, string) {
+			for _, id := range ids {
+				if !rs.get(id).holds(sums...) {
+					return false, id + ": " + fmt.Sprint(rs.get(id).state())
+				}
+			}
+			return allAvailable(out.last(), sums...), fmt.Sprint(out.last())
+		}
+	}
+	testenv.Eventually(t, "3 replicas hold every image", 60*time.Second, holdAll("r0", "r1", "r2"))
+	firstAvailable := len(out.all())
+
+	// 3 → 1: the endpoints go first, then the processes (as a StatefulSet
+	// scaled down does, with SIGTERM).
+	for _, id := range []string{"r1", "r2"} {
+		rs.get(id).removed.Store(true)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		rs.get(id).d.kill(syscall.SIGTERM)
+	}
+	testenv.Eventually(t, "r0 alone publishes", 60*time.Second, func() (bool, string) {
+		return strings.Contains(rs.get("r0").d.stderr.String(), "this replica leads"), ""
+	})
+	testenv.Eventually(t, "r0 alone holds every image", 30*time.Second, holdAll("r0"))
+
+	// 1 → 3: two new replicas with empty volumes fill from r0.
+	before := counter.sent.Load()
+	for _, id := range []string{"r3", "r4"} {
+		rs.start(id, nil)
+	}
+	testenv.Eventually(t, "3 replicas again hold every image", 90*time.Second, holdAll("r0", "r3", "r4"))
+	testenv.Eventually(t, "the new replicas are ready", 30*time.Second, func() (bool, string) {
+		for _, id := range []string{"r3", "r4"} {
+			resp, err := http.Get(rs.get(id).d.url("/readyz"))
+			if err != nil {
+				return false, err.Error()
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false, id + " " + resp.Status
+			}
+		}
+		return true, ""
+	})
+	if more := counter.sent.Load() - before; more != 0 {
+		t.Errorf("the registry sent %d more blob bytes when replicas were added: they must fill from r0", more)
+	}
+	if sent := counter.sent.Load(); float64(sent) > 1.05*float64(blobBytes) {
+		t.Errorf("the registry sent %d blob bytes for blobs of %d", sent, blobBytes)
+	}
+	for _, id := range []string{"r3", "r4"} {
+		for _, s := range sums {
+			if src := rs.get(id).state().Images[s].Source; src != "peer r0" {
+				t.Errorf("%s filled %s from %q, want peer r0", id, s[:12], src)
+			}
+		}
+	}
+	// No flap: once available, every image stayed available in every
+	// version of the output written since.
+	all := out.all()
+	for _, o := range all[firstAvailable-1:] {
+		for _, s := range sums {
+			if !o.set[s].Available {
+				t.Errorf("the output flapped: at %s image %s is %v", o.at.Format(time.StampMicro), s[:12], o.set[s])
+			}
+		}
+	}
+	if len(all) < firstAvailable {
+		t.Fatal("the watch lost versions")
+	}
+}
