@@ -503,8 +503,6 @@ func imageFilename(t *testing.T, r *replica, sum string) string {
 	return rest[:strings.IndexByte(rest, '"')]
 }
 
-
-
 // servedChecker asks every live replica's client port for every image,
 // over and over, and records any answer that is neither "not ready yet"
 // nor the verified image: no unverified byte may ever reach a client.
