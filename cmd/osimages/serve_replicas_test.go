@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -126,7 +128,7 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 }
 
 // start runs replica id; advertise, when set, wraps its peer address.
-func (rs *replicaSet) start(id string, advertise func(peerAddr string) string) *replica {
+func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
 	r := &replica{id: id, peerAddr: peerAddr, advertised: peerAddr}
@@ -135,7 +137,7 @@ func (rs *replicaSet) start(id string, advertise func(peerAddr string) string) *
 	}
 	r.d = startServe(t, freeAddr(t), append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
 		"--peers-service", peersService, "--peer-listen", peerAddr, "--peer-timeout", "5s",
-		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, rs.args...)...)
+		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, append(extra, rs.args...)...)...)
 	rs.mu.Lock()
 	rs.replicas[id] = r
 	rs.mu.Unlock()
@@ -192,8 +194,8 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 			if _, err := slices.Create(ctx, want, metav1.CreateOptions{}); err != nil {
 				rs.t.Logf("creating EndpointSlice %s: %v", name, err)
 			}
-		case err == nil && *cur.Endpoints[0].Conditions.Ready != ready:
-			cur.Endpoints = want.Endpoints
+		case err == nil && (*cur.Endpoints[0].Conditions.Ready != ready || *cur.Ports[0].Port != peerPort):
+			cur.Endpoints, cur.Ports = want.Endpoints, want.Ports
 			_, _ = slices.Update(ctx, cur, metav1.UpdateOptions{})
 		}
 	}
@@ -440,6 +442,78 @@ func (f *flipReader) Read(p []byte) (int, error) {
 	}
 	f.off += int64(n)
 	return n, err
+}
+
+// TestServeReplicasAvailableOnlyWhenEveryReadyReplicaHoldsIt: a ready
+// replica that cannot store the images (its --max-storage is too small)
+// keeps them unavailable, however many others hold them.
+func TestServeReplicasAvailableOnlyWhenEveryReadyReplicaHoldsIt(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	args, sums, _ := replicaImages(t, reg, 2<<20)
+	rs := newReplicaSet(t, args...)
+	out := rs.watchOutput()
+	// r0 holds the publisher's Lease (it led before), so that the replica
+	// that lacks the images is not the one that judges them.
+	now := metav1.NewMicroTime(time.Now())
+	if _, err := rs.k.Client.CoordinationV1().Leases(rs.ns).Create(context.Background(), &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "osimages-server-publisher", Namespace: rs.ns},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("r0"), LeaseDurationSeconds: ptr.To[int32](60), AcquireTime: &now, RenewTime: &now},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	small := rs.start("small", nil, "--max-storage", "1Mi")
+	testenv.Eventually(t, "the small replica is ready", 30*time.Second, func() (bool, string) {
+		resp, err := http.Get(small.d.url("/readyz"))
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	rs.start("r0", nil)
+	rs.start("r1", nil)
+	leaderKnowsSmallLacks := func() (bool, string) {
+		for _, id := range []string{"small", "r0", "r1"} {
+			r := rs.get(id)
+			if !strings.Contains(r.d.stderr.String(), "this replica leads") {
+				continue
+			}
+			resp, err := http.Get(r.d.url("/"))
+			if err != nil {
+				return false, err.Error()
+			}
+			page, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, s := range sums {
+				if !regexp.MustCompile(`data-replica="small" data-sha256="` + s + `">.*phase failed`).Match(page) {
+					return false, id + " leads but does not show small failing " + s
+				}
+			}
+			return true, ""
+		}
+		return false, "no leader yet"
+	}
+	testenv.Eventually(t, "r0 leads", 60*time.Second, func() (bool, string) {
+		return strings.Contains(rs.get("r0").d.stderr.String(), "this replica leads"), ""
+	})
+	testenv.Eventually(t, "r0 and r1 hold every image, and the leader knows small lacks them", 90*time.Second, func() (bool, string) {
+		for _, id := range []string{"r0", "r1"} {
+			if !rs.get(id).holds(sums...) {
+				return false, id + ": " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return leaderKnowsSmallLacks()
+	})
+	// The leader has been told since; a publication of either image as
+	// available would have happened by now.
+	testenv.Eventually(t, "the output is written", 30*time.Second, func() (bool, string) { return out.last() != nil, "" })
+	for _, o := range out.all() {
+		for _, s := range sums {
+			if o.set[s].Available {
+				t.Errorf("image %s published available at %s while the ready replica small cannot hold it", s[:12], o.at.Format(time.StampMicro))
+			}
+		}
+	}
 }
 
 func TestServeReplicasReportACorruptingPeer(t *testing.T) {
