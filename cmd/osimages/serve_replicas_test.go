@@ -529,6 +529,9 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 	// The next replica finds a peer with verified copies, and gets bad
 	// bytes from it: it refuses them, reports the peer, and fills from
 	// the registry instead.
+	// The second replica runs as a Pod would ($POD_NAME): it records an
+	// event about the peer.
+	t.Setenv("POD_NAME", "good-pod")
 	good := rs.start("good", nil)
 	testenv.Eventually(t, "the second replica holds every image", 90*time.Second, func() (bool, string) {
 		return good.holds(sums...), fmt.Sprint(good.state()) + good.d.stderr.String()
@@ -550,6 +553,18 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 	if !strings.Contains(logs, `"msg":"peer failed to fill an image; filling it from elsewhere","peer":"bad"`) || !strings.Contains(logs, `"reason":"bad-bytes"`) {
 		t.Errorf("no log line reports the peer:\n%s", logs)
 	}
+	testenv.Eventually(t, "an event reports the peer", 30*time.Second, func() (bool, string) {
+		evs, err := rs.k.Client.EventsV1().Events(rs.ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "good-pod" && e.Reason == "PeerFillFailed" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "peer bad ") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprint(evs.Items)
+	})
 	resp, err := http.Get(good.d.url("/metrics"))
 	if err != nil {
 		t.Fatal(err)

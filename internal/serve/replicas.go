@@ -13,7 +13,10 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -49,6 +52,11 @@ type replicas struct {
 	ln        net.Listener
 	srv       *server.Server
 	httpSrv   *http.Server
+	// pod is this replica's Pod ($POD_NAME), which events about peers
+	// are recorded on; without it none are.
+	pod         string
+	broadcaster events.EventBroadcaster
+	recorder    events.EventRecorder
 }
 
 func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
@@ -85,8 +93,23 @@ func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
 	if lease == "" {
 		lease = DefaultPublisherLease
 	}
-	return &replicas{log: log, client: client, namespace: ns, id: id, lease: lease, ln: ln,
-		tracker: peers.NewTracker(client, ns, o.PeersService, id)}, nil
+	r := &replicas{log: log, client: client, namespace: ns, id: id, lease: lease, ln: ln,
+		tracker: peers.NewTracker(client, ns, o.PeersService, id), pod: os.Getenv("POD_NAME")}
+	if r.pod != "" {
+		r.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+		r.recorder = r.broadcaster.NewRecorder(scheme.Scheme, "osimages-server")
+	}
+	return r, nil
+}
+
+// reportPeer records a Warning event on this replica's Pod about a peer
+// that failed to fill an image.
+func (r *replicas) reportPeer(peer, sha256, reason string) {
+	if r.recorder == nil {
+		return
+	}
+	pod := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: r.namespace, Name: r.pod}
+	r.recorder.Eventf(pod, nil, corev1.EventTypeWarning, "PeerFillFailed", "FillImage", "peer %s failed to fill image %s, filled from elsewhere: %s", peer, sha256, reason)
 }
 
 // namespace is the server's own: $POD_NAMESPACE, else the pod's service
@@ -109,6 +132,12 @@ func (r *replicas) run(ctx context.Context, g *errgroup.Group) {
 	r.httpSrv = r.srv.PeerHTTPServer()
 	r.log.Info("serving peers", "replica", r.id, "address", r.ln.Addr().String(), "namespace", r.namespace, "lease", r.lease)
 	g.Go(func() error { r.tracker.Run(ctx); return nil })
+	if r.broadcaster != nil {
+		if err := r.broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+			r.log.Error("events about peers are not recorded", "error", err)
+		}
+		g.Go(func() error { <-ctx.Done(); r.broadcaster.Shutdown(); return nil })
+	}
 	g.Go(func() error {
 		if err := r.httpSrv.Serve(r.ln); !errors.Is(err, http.ErrServerClosed) {
 			return err

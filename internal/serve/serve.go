@@ -163,7 +163,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		if d.replicas, err = openReplicas(o, log); err != nil {
 			return nil, exitcode.InputError(err)
 		}
-		cfg.Replicas, cfg.PeerTimeout = d.replicas.tracker, o.PeerTimeout
+		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
 	}
 	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Pull(), log, server.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty
