@@ -88,28 +88,30 @@ func (t *Tracker) Self() string { return t.self }
 
 // Ready returns the ready replicas other than this one, by ID.
 func (t *Tracker) Ready() []Peer {
-	var slices_ []*discoveryv1.EndpointSlice
+	ready, _ := ReadyEndpoints(t.endpointSlices(), t.self)
+	return ready
+}
+
+func (t *Tracker) endpointSlices() []*discoveryv1.EndpointSlice {
+	var all []*discoveryv1.EndpointSlice
 	for _, o := range t.informer.GetStore().List() {
 		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			slices_ = append(slices_, s)
+			all = append(all, s)
 		}
 	}
-	ready, _ := ReadyEndpoints(slices_, t.self)
-	return ready
+	return all
 }
 
 // Listed returns the other replicas the EndpointSlices list, ready or not
 // (terminating ones left out).
 func (t *Tracker) Listed() []Peer {
 	var all []*discoveryv1.EndpointSlice
-	for _, o := range t.informer.GetStore().List() {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			s = s.DeepCopy()
-			for i := range s.Endpoints {
-				s.Endpoints[i].Conditions.Ready = nil
-			}
-			all = append(all, s)
+	for _, s := range t.endpointSlices() {
+		s = s.DeepCopy()
+		for i := range s.Endpoints {
+			s.Endpoints[i].Conditions.Ready = nil
 		}
+		all = append(all, s)
 	}
 	listed, _ := ReadyEndpoints(all, t.self)
 	return listed
@@ -117,13 +119,7 @@ func (t *Tracker) Listed() []Peer {
 
 // SelfReady says whether this replica is among the ready endpoints.
 func (t *Tracker) SelfReady() bool {
-	var all []*discoveryv1.EndpointSlice
-	for _, o := range t.informer.GetStore().List() {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			all = append(all, s)
-		}
-	}
-	_, self := ReadyEndpoints(all, t.self)
+	_, self := ReadyEndpoints(t.endpointSlices(), t.self)
 	return self
 }
 

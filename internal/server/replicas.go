@@ -186,9 +186,9 @@ func peerTransport() *http.Transport {
 	return t
 }
 
-// holdersLocked are the replicas counted for availability: the ready ones
-// (this one included when it is ready), each with whether it holds sum
-// verified. A ready peer whose state could not be read holds nothing.
+// availableLocked: sum is available once every ready replica (this one
+// included when it is ready) holds it verified. A ready peer whose state
+// could not be read holds nothing.
 func (s *Server) availableLocked(sum string, img *image) bool {
 	if s.cfg.Replicas == nil {
 		return img.phase == PhaseReady && img.stored
@@ -277,7 +277,8 @@ func (s *Server) ReplicaReady() (bool, string) {
 	return true, ""
 }
 
-// source is where to fill an image from: a peer, or the registry (nil).
+// chooseSource is where to fill an image from: a peer, or the registry
+// (nil).
 func (s *Server) chooseSource(sum string) *peers.Peer {
 	ready := s.cfg.Replicas.Ready()
 	self := s.cfg.Replicas.Self()
