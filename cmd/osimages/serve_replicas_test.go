@@ -41,6 +41,7 @@ const peersService = "osimages-peers"
 type replica struct {
 	id       string
 	d        *daemon
+	httpAddr string
 	peerAddr string
 	// advertised is the peer address the EndpointSlice names (a proxy in
 	// front of peerAddr, say).
@@ -131,11 +132,14 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
-	r := &replica{id: id, peerAddr: peerAddr, advertised: peerAddr}
+	r := &replica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
-	r.d = startServe(t, freeAddr(t), append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
+	// Its endpoint is listed (not ready) before it starts, as a pod's is
+	// once it has an address.
+	rs.putSlice(context.Background(), r, false)
+	r.d = startServe(t, r.httpAddr, append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
 		"--peers-service", peersService, "--peer-listen", peerAddr, "--peer-timeout", "5s",
 		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, append(extra, rs.args...)...)...)
 	rs.mu.Lock()
@@ -159,11 +163,8 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Unlock()
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	for _, r := range all {
-		name := "osimages-" + r.id
 		if r.removed.Load() {
-			if err := slices.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				continue
-			}
+			_ = slices.Delete(ctx, "osimages-"+r.id, metav1.DeleteOptions{})
 			continue
 		}
 		ready := false
@@ -176,28 +177,35 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 				ready = resp.StatusCode == http.StatusOK
 			}
 		}
-		_, httpPort := splitPort(rs.t, r.d.addr)
-		host, peerPort := splitPort(rs.t, r.advertised)
-		want := &discoveryv1.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: rs.ns, Labels: map[string]string{discoveryv1.LabelServiceName: peersService}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Endpoints: []discoveryv1.Endpoint{{
-				Addresses:  []string{host},
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)},
-				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: rs.ns, Name: r.id},
-			}},
-			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("peer"), Port: ptr.To(peerPort)}, {Name: ptr.To("http"), Port: ptr.To(httpPort)}},
+		rs.putSlice(ctx, r, ready)
+	}
+}
+
+// putSlice creates or updates r's EndpointSlice.
+func (rs *replicaSet) putSlice(ctx context.Context, r *replica, ready bool) {
+	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
+	name := "osimages-" + r.id
+	_, httpPort := splitPort(rs.t, r.httpAddr)
+	host, peerPort := splitPort(rs.t, r.advertised)
+	want := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: rs.ns, Labels: map[string]string{discoveryv1.LabelServiceName: peersService}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{host},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: rs.ns, Name: r.id},
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("peer"), Port: ptr.To(peerPort)}, {Name: ptr.To("http"), Port: ptr.To(httpPort)}},
+	}
+	cur, err := slices.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if _, err := slices.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			rs.t.Logf("creating EndpointSlice %s: %v", name, err)
 		}
-		cur, err := slices.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			if _, err := slices.Create(ctx, want, metav1.CreateOptions{}); err != nil {
-				rs.t.Logf("creating EndpointSlice %s: %v", name, err)
-			}
-		case err == nil && (*cur.Endpoints[0].Conditions.Ready != ready || *cur.Ports[0].Port != peerPort):
-			cur.Endpoints, cur.Ports = want.Endpoints, want.Ports
-			_, _ = slices.Update(ctx, cur, metav1.UpdateOptions{})
-		}
+	case err == nil && (*cur.Endpoints[0].Conditions.Ready != ready || *cur.Ports[0].Port != peerPort):
+		cur.Endpoints, cur.Ports = want.Endpoints, want.Ports
+		_, _ = slices.Update(ctx, cur, metav1.UpdateOptions{})
 	}
 }
 

@@ -109,19 +109,19 @@ func (s *Server) replicaStateLocked() ReplicaState {
 	return out
 }
 
-// pollPeers reads the state of every ready peer, every interval and when
-// the endpoints change, until ctx ends.
+// pollPeers reads the state of every peer listed, ready or not, every
+// second, until ctx ends.
 func (s *Server) pollPeers(ctx context.Context, changed <-chan struct{}) {
 	client := &http.Client{Transport: peerTransport(), Timeout: 5 * time.Second}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		if s.cfg.Replicas.Synced() {
-			ready := s.cfg.Replicas.Ready()
+			listed := s.cfg.Replicas.Listed()
 			views := map[string]peerView{}
 			var mu sync.Mutex
 			var wg sync.WaitGroup
-			for _, p := range ready {
+			for _, p := range listed {
 				wg.Go(func() {
 					st, err := fetchState(ctx, client, p)
 					mu.Lock()
@@ -258,12 +258,13 @@ func (s *Server) ReplicaReady() (bool, string) {
 		return false, "the inputs and the peers are being read"
 	}
 	var missing []string
+	ready := s.cfg.Replicas.Ready()
 	for sum, img := range s.images {
 		if !img.selected || img.stored {
 			continue
 		}
-		for _, v := range s.peerViews {
-			if v.err == nil && v.state.Images[sum].Verified() {
+		for _, p := range ready {
+			if v := s.peerViews[p.ID]; v.err == nil && v.state.Images[sum].Verified() {
 				missing = append(missing, sum)
 				break
 			}
@@ -280,7 +281,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 // chooseSource is where to fill an image from: a peer, or the registry
 // (nil).
 func (s *Server) chooseSource(sum string) *peers.Peer {
-	ready := s.cfg.Replicas.Ready()
+	listed := s.cfg.Replicas.Listed()
 	self := s.cfg.Replicas.Self()
 	s.mu.Lock()
 	bad := maps.Clone(s.images[sum].badPeers)
@@ -288,7 +289,7 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 	s.mu.Unlock()
 	byID := map[string]peers.Peer{}
 	ids := []string{}
-	for _, p := range ready {
+	for _, p := range listed {
 		byID[p.ID] = p
 		ids = append(ids, p.ID)
 	}
@@ -300,17 +301,12 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 		}
 	}
 	// Else the first of the rendezvous order pulls from the registry, and
-	// the others stream its download. While no replica is ready (they all
-	// start), the order is over every replica listed, so that they agree.
-	if len(ids) == 0 && !s.cfg.Replicas.SelfReady() {
-		for _, p := range s.cfg.Replicas.Listed() {
-			byID[p.ID] = p
-			ids = append(ids, p.ID)
-		}
-	}
-	if s.cfg.Replicas.SelfReady() || len(ids) == 0 || !slices.Contains(ids, self) && len(ready) == 0 {
-		ids = append(ids, self)
-	}
+	// the others stream its download. The order is over every replica
+	// listed and not terminating, ready or not: readiness changes as
+	// replicas start and fill, and replicas that judged it at different
+	// moments would choose different pullers. A listed replica that is
+	// down fails at once (its port refuses) and is skipped.
+	ids = append(ids, self)
 	for _, id := range peers.Rendezvous(sum, ids) {
 		if id == self {
 			return nil
