@@ -397,7 +397,7 @@ func (s *Store) Create(sha256 string) (*Writer, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("image %s: %w", sha256, err)
 	}
-	return &Writer{s: s, sha256: sha256, dir: dir, f: f}, nil
+	return &Writer{s: s, sha256: sha256, dir: dir, f: f, tail: &tailState{}}, nil
 }
 
 // commit moves a complete staging directory into images/.

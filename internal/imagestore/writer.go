@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -47,6 +48,11 @@ type Writer struct {
 	limit      int64 // most bytes the image may have; 0 means no bound
 	done       bool
 	err        error
+
+	// tail is what readers of the image in progress see (tail.go); Reset
+	// replaces it, so tailMu guards the pointer.
+	tailMu sync.Mutex
+	tail   *tailState
 }
 
 // Write appends p, leaving holes for the blocks of zeros.
@@ -91,6 +97,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.off += int64(end)
 		p = p[end:]
 	}
+	w.currentTail().advance(w.off)
 	if w.off-w.writtenOut >= writebackEvery {
 		startWriteback(w.f, w.writtenOut, w.off-w.writtenOut)
 		w.writtenOut = w.off
@@ -118,6 +125,10 @@ func (w *Writer) Reset() error {
 		return w.err
 	}
 	w.off, w.writtenOut, w.err = 0, 0, nil
+	w.tailMu.Lock()
+	w.tail.end(errors.New("the image is being written again from its first byte"))
+	w.tail = &tailState{}
+	w.tailMu.Unlock()
 	return nil
 }
 
@@ -188,6 +199,7 @@ func (w *Writer) Commit(e Entry) error {
 		return err
 	}
 	w.done = true
+	w.currentTail().end(nil)
 	return nil
 }
 
@@ -198,6 +210,7 @@ func (w *Writer) Abort() error {
 		return nil
 	}
 	w.done = true
+	w.currentTail().end(errors.New("the download was abandoned"))
 	if w.f != nil {
 		w.f.Close()
 		w.f = nil

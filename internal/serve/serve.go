@@ -61,6 +61,14 @@ type Options struct {
 	KeepReferenced bool
 	// Logger gets the server's log (default: JSON on stderr).
 	Logger *slog.Logger
+
+	// Replicas (replicas.go): PeersService, when set, is the headless
+	// Service whose ready endpoints are the other replicas; ReplicaID
+	// names this one; PeerListen is the peer-only listener; a replica
+	// that shows no progress for PeerTimeout is taken over; the Lease
+	// PublisherLease elects the one that publishes.
+	ReplicaID, PeersService, PeerListen, PublisherLease string
+	PeerTimeout                                         time.Duration
 }
 
 // ShutdownGrace is how long HTTP responses in flight get to finish after
@@ -89,6 +97,8 @@ type Daemon struct {
 	refs    *metal3.References
 	ln      net.Listener
 	httpSrv *http.Server
+	// With PeersService (replicas.go).
+	replicas *replicas
 }
 
 // Open checks o and builds the server: the store is opened and the address
@@ -149,6 +159,12 @@ func Open(o Options) (_ *Daemon, err error) {
 			log.Warn("reference-safe garbage collection is off: no cluster to read Metal3 objects from (--keep-referenced=false silences this)", "error", err.Error())
 		}
 	}
+	if o.PeersService != "" {
+		if d.replicas, err = openReplicas(o, log); err != nil {
+			return nil, exitcode.InputError(err)
+		}
+		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
+	}
 	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Pull(), log, server.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty
 	if d.refs != nil {
@@ -164,6 +180,9 @@ func Open(o Options) (_ *Daemon, err error) {
 		}
 	}
 	d.httpSrv = d.srv.HTTPServer()
+	if d.replicas != nil {
+		d.replicas.srv = d.srv
+	}
 	return d, nil
 }
 
@@ -198,6 +217,9 @@ func (d *Daemon) close() {
 	if d.ln != nil && d.opts.Listener == nil {
 		d.ln.Close()
 	}
+	if d.replicas != nil && d.replicas.ln != nil {
+		d.replicas.ln.Close()
+	}
 	if d.store != nil {
 		d.store.Close()
 	}
@@ -228,6 +250,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	g.Go(func() error { return d.srv.Run(gctx) })
 	if d.refs != nil {
 		g.Go(func() error { d.refs.Run(gctx, time.Minute); return nil })
+	}
+	if d.replicas != nil {
+		d.replicas.run(gctx, g)
 	}
 	g.Go(func() error {
 		var err error

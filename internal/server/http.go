@@ -36,7 +36,15 @@ func (s *Server) Handler() http.Handler {
 	// it still serves what it has, its status page and its metrics, which
 	// a not-ready pod would hide behind its Service. The phase says the rest
 	// (status page, osimages_server_phase).
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// A replica (Config.Replicas) joins the Service only once it
+		// holds what its ready peers serve.
+		if ok, why := s.ReplicaReady(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics.registry, promhttp.HandlerOpts{}))
 	}
@@ -120,7 +128,11 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.ServeContent(w, r, file, info.verifiedAt, strings.NewReader(body))
 		return
 	}
+	s.serveStored(w, r, sum)
+}
 
+// serveStored sends the stored, verified file of sum.
+func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string) {
 	f, entry, err := s.cfg.Store.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it: download it again.

@@ -17,6 +17,7 @@ type Metrics struct {
 	inFlight        prometheus.Gauge
 	bytesDownloaded prometheus.Counter
 	verifyFailures  prometheus.Counter
+	peerFailures    *prometheus.CounterVec
 }
 
 // NewMetrics registers the server's metrics, and the Go and process
@@ -39,8 +40,11 @@ func NewMetrics() *Metrics {
 		verifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_verification_failures_total", Help: "Downloads refused because a digest or size did not match.",
 		}),
+		peerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "osimages_peer_fill_failures_total", Help: "Fills from a peer replica that failed (reason failed) or brought bytes that did not verify (reason bad-bytes), by peer; the image was then filled from elsewhere.",
+		}, []string{"peer", "reason"}),
 	}
-	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures,
+	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -32,7 +32,7 @@ func (s *Server) servedLocked() osimage.ServedSet {
 	out := osimage.ServedSet{}
 	for sum, img := range s.images {
 		if img.selected {
-			out[sum] = osimage.ServedImage{Available: img.phase == PhaseReady && img.stored, ImageKey: img.Key}
+			out[sum] = osimage.ServedImage{Available: s.availableLocked(sum, img), ImageKey: img.Key}
 		}
 	}
 	return out
@@ -52,7 +52,7 @@ func (s *Server) publishLoop(ctx context.Context) {
 		case <-retry.C:
 		}
 		s.mu.Lock()
-		ready := s.ready
+		ready := s.ready && s.publishesLocked()
 		served := s.outputLocked()
 		same := s.published.Set != nil && served.Equal(s.published)
 		s.mu.Unlock()

@@ -42,6 +42,9 @@ func (s *Server) worker(ctx context.Context) {
 func (s *Server) next() (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.claimableLocked() {
+		return "", false
+	}
 	now := s.cfg.Now()
 	var best *image
 	for _, img := range s.images {
@@ -104,7 +107,8 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.entry = entry
 		img.attempts = 0
 		img.gaveWay = false
-		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size)
+		img.badPeers = nil
+		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
 	case !img.selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
 		delete(s.images, sum)
@@ -177,7 +181,10 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		s.cfg.Metrics.inFlight.Inc()
 		defer s.cfg.Metrics.inFlight.Dec()
 	}
-	md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
+	s.mu.Lock()
+	s.images[w.SHA256].writer = dst
+	s.mu.Unlock()
+	md5, size, _, err := s.fill(ctx, w, dst, progress)
 	pulled()
 	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
@@ -191,6 +198,11 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	}
 	if err != nil {
 		_ = dst.Abort()
+	}
+	s.mu.Lock()
+	s.images[w.SHA256].writer = nil
+	s.mu.Unlock()
+	if err != nil {
 		return imagestore.Entry{}, err
 	}
 	return entry, nil

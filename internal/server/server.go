@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/selection"
 )
 
@@ -110,6 +112,15 @@ type Config struct {
 	RetryBase, RetryMax time.Duration
 	Logger              *slog.Logger
 	Metrics             *Metrics
+	// Replicas, when set, are the other servers of the Service: images
+	// are filled from them first, one replica per image pulls from the
+	// registry, and only the leader (SetLeader) publishes (replicas.go).
+	Replicas Replicas
+	// PeerTimeout is how long a peer may show no progress before another
+	// source takes over (0 means DefaultPeerTimeout).
+	PeerTimeout time.Duration
+	// ReportPeer, when set, also reports a peer that failed.
+	ReportPeer PeerReporter
 	// Now is the clock, for tests.
 	Now func() time.Time
 }
@@ -151,6 +162,12 @@ type image struct {
 	// keptBy is what "image kept" was last logged for, so that it is
 	// logged once per change, not at every collection.
 	keptBy string
+	// source is where the copy comes from (replicas.go); writer is the
+	// download in progress, which peers may stream; badPeers are the
+	// peers that failed to fill it, skipped until it is stored.
+	source   string
+	writer   *imagestore.Writer
+	badPeers map[string]time.Time
 }
 
 // Server selects, downloads, serves and publishes images.
@@ -170,6 +187,15 @@ type Server struct {
 	gcLastPass time.Time
 	// inputs is what is known of the inputs (guard.go).
 	inputs inputsGuard
+
+	// With Replicas (replicas.go): what was last read of each ready peer,
+	// whether a first round was read, whether this replica leads, whether
+	// it was found ready once.
+	peerViews  map[string]peerView
+	peersKnown bool
+	leader     bool
+	readyOnce  bool
+	peerPuller *pull.Puller
 }
 
 // New builds a server over cfg.Store, whose verified images are known (and
@@ -209,12 +235,19 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.PeerTimeout <= 0 {
+		cfg.PeerTimeout = DefaultPeerTimeout
+	}
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		images:  map[string]*image{},
 		kick:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
+		peerPuller: &pull.Puller{
+			HTTP: &http.Client{Transport: peerTransport()}, IdleTimeout: cfg.PeerTimeout,
+			MaxRetries: 2, Backoff: 200 * time.Millisecond, MaxBackoff: time.Second,
+		},
 	}
 	now := cfg.Now()
 	for _, e := range cfg.Store.List() {
@@ -226,6 +259,7 @@ func New(cfg Config) *Server {
 			stored:       true,
 			entry:        e,
 			deselectedAt: now,
+			source:       SourceStore,
 		}
 	}
 	if cfg.Metrics != nil {
@@ -295,6 +329,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { s.publishLoop(ctx) })
 	wg.Go(func() { s.gcLoop(ctx) })
+	if s.cfg.Replicas != nil {
+		wg.Go(func() { s.pollPeers(ctx, nil) })
+	}
 	wg.Wait()
 	return nil
 }

@@ -1,0 +1,563 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/peers"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selection"
+)
+
+// Replicas: several servers behind one Service fill from each other. Each
+// keeps its own verified copy. For each image, one replica (the first of
+// the rendezvous order of its sha256 over the ready replicas) pulls it
+// from the registry; the others stream that download from its peer
+// listener while it is in progress, or copy a peer's verified copy, and
+// verify every byte themselves as they would a registry pull. A peer that
+// fails or sends bad bytes is reported and skipped for that image, and the
+// next in the order takes over. One replica, the leader, publishes; an
+// image is available once every ready replica holds it verified.
+
+// Replicas is what the server knows of the replicas of its Service
+// (peers.Tracker is one).
+type Replicas interface {
+	// Self is this replica's ID.
+	Self() string
+	// Ready are the other ready replicas.
+	Ready() []peers.Peer
+	// Listed are the other replicas listed, ready or not.
+	Listed() []peers.Peer
+	// SelfReady says whether this replica is a ready endpoint.
+	SelfReady() bool
+	// Synced is false until the endpoints were listed once.
+	Synced() bool
+}
+
+// PeerReporter reports a peer that failed or sent bad bytes, beside the
+// log line and the metric (a Kubernetes event, say).
+type PeerReporter func(peer, sha256, reason string)
+
+// The fill sources an image's state names.
+const (
+	SourceRegistry = "registry"
+	SourceStore    = "store" // found verified on disk at start
+	sourcePeer     = "peer "
+)
+
+// DefaultPeerTimeout is how long a peer may show no progress before the
+// next replica in the rendezvous order takes over.
+const DefaultPeerTimeout = 30 * time.Second
+
+// ReplicaState is one replica's images, as its peer state endpoint
+// (/peer/state) answers it.
+type ReplicaState struct {
+	Replica string                  `json:"replica"`
+	Images  map[string]ReplicaImage `json:"images"`
+}
+
+// ReplicaImage is one image on one replica.
+type ReplicaImage struct {
+	Phase Phase `json:"phase"`
+	// Source is where the copy comes (or came) from: "registry", "peer
+	// <id>", or "store" for a copy found on disk at start.
+	Source     string    `json:"source,omitempty"`
+	Received   int64     `json:"received,omitempty"`
+	Size       int64     `json:"size,omitempty"`
+	VerifiedAt time.Time `json:"verifiedAt,omitzero"`
+}
+
+// Verified says whether the replica holds a verified copy.
+func (i ReplicaImage) Verified() bool { return i.Phase == PhaseReady }
+
+// peerView is what was last learnt of a peer's state.
+type peerView struct {
+	state ReplicaState
+	err   error
+	at    time.Time
+}
+
+// replicaState is this replica's state, as peers read it.
+func (s *Server) replicaState() ReplicaState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.replicaStateLocked()
+}
+
+func (s *Server) replicaStateLocked() ReplicaState {
+	out := ReplicaState{Replica: s.cfg.Replicas.Self(), Images: map[string]ReplicaImage{}}
+	for sum, img := range s.images {
+		ri := ReplicaImage{Phase: img.phase, Source: img.source, Received: img.received}
+		if img.stored {
+			ri.Phase, ri.Size, ri.VerifiedAt = PhaseReady, img.entry.Size, img.entry.VerifiedAt
+		}
+		out.Images[sum] = ri
+	}
+	return out
+}
+
+// pollPeers reads the state of every peer listed, ready or not, every
+// second, until ctx ends.
+func (s *Server) pollPeers(ctx context.Context, changed <-chan struct{}) {
+	client := &http.Client{Transport: peerTransport(), Timeout: 5 * time.Second}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if s.cfg.Replicas.Synced() {
+			listed := s.cfg.Replicas.Listed()
+			views := map[string]peerView{}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for _, p := range listed {
+				wg.Go(func() {
+					st, err := fetchState(ctx, client, p)
+					mu.Lock()
+					views[p.ID] = peerView{state: st, err: err, at: time.Now()}
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if ctx.Err() != nil {
+				return
+			}
+			s.mu.Lock()
+			for id, v := range views {
+				if old, ok := s.peerViews[id]; v.err != nil && (!ok || old.err == nil) {
+					s.log.Warn("a peer's state cannot be read: it counts as holding nothing", "peer", id, "error", v.err.Error())
+				}
+			}
+			s.peerViews = views
+			s.peersKnown = true
+			s.mu.Unlock()
+			s.signal(s.changed)
+			s.signal(s.kick)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-changed:
+		}
+	}
+}
+
+func fetchState(ctx context.Context, client *http.Client, p peers.Peer) (ReplicaState, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/peer/state", nil)
+	if err != nil {
+		return ReplicaState{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return ReplicaState{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return ReplicaState{}, fmt.Errorf("%s/peer/state: %s", p.URL, resp.Status)
+	}
+	var st ReplicaState
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&st); err != nil {
+		return ReplicaState{}, fmt.Errorf("%s/peer/state: %w", p.URL, err)
+	}
+	if st.Replica != p.ID {
+		return ReplicaState{}, fmt.Errorf("%s/peer/state answers as replica %q, not %q", p.URL, st.Replica, p.ID)
+	}
+	return st, nil
+}
+
+// peerTransport reaches peers directly: they are pods of the same
+// namespace, never behind the registry's proxy.
+func peerTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	t.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	return t
+}
+
+// availableLocked: sum is available once every ready replica (this one
+// included when it is ready) holds it verified. A ready peer whose state
+// could not be read holds nothing.
+func (s *Server) availableLocked(sum string, img *image) bool {
+	if s.cfg.Replicas == nil {
+		return img.phase == PhaseReady && img.stored
+	}
+	counted := 0
+	if s.cfg.Replicas.SelfReady() {
+		if !(img.phase == PhaseReady && img.stored) {
+			return false
+		}
+		counted++
+	}
+	for _, p := range s.cfg.Replicas.Ready() {
+		v, ok := s.peerViews[p.ID]
+		if !ok || v.err != nil || !v.state.Images[sum].Verified() {
+			return false
+		}
+		counted++
+	}
+	return counted > 0
+}
+
+// SetLeader says whether this replica publishes (it holds the Lease).
+// Becoming leader publishes at once, whatever another leader wrote.
+func (s *Server) SetLeader(leader bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leader = leader
+	s.published = osimage.ServedOutput{}
+	if leader {
+		s.log.Info("this replica leads: it publishes the served set", "replica", s.cfg.Replicas.Self())
+	} else {
+		s.log.Info("this replica does not lead: another publishes the served set", "replica", s.cfg.Replicas.Self())
+	}
+	s.signal(s.changed)
+}
+
+func (s *Server) isLeader() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Replicas != nil && s.leader
+}
+
+func (s *Server) publishesLocked() bool { return s.cfg.Replicas == nil || s.leader }
+
+// claimableLocked: with replicas, nothing is claimed until the endpoints
+// and the peers' states are known, or every replica would pull everything
+// from the registry at start.
+func (s *Server) claimableLocked() bool {
+	return s.cfg.Replicas == nil || s.peersKnown
+}
+
+// ReplicaReady is the readiness of a replica: until it holds every
+// selected image a ready peer holds verified, it stays out of the Service
+// (it fills from its peers meanwhile), so that any replica can answer any
+// URL published as available. Once ready it stays so. Without replicas it
+// is always true.
+func (s *Server) ReplicaReady() (bool, string) {
+	if s.cfg.Replicas == nil {
+		return true, ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.readyOnce {
+		return true, ""
+	}
+	if s.phaseLocked() == ServerStarting || !s.peersKnown {
+		return false, "the inputs and the peers are being read"
+	}
+	var missing []string
+	ready := s.cfg.Replicas.Ready()
+	for sum, img := range s.images {
+		if !img.selected || img.stored {
+			continue
+		}
+		for _, p := range ready {
+			if v := s.peerViews[p.ID]; v.err == nil && v.state.Images[sum].Verified() {
+				missing = append(missing, sum)
+				break
+			}
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return false, fmt.Sprintf("filling %d images that peers serve: %s", len(missing), strings.Join(missing, ", "))
+	}
+	s.readyOnce = true
+	return true, ""
+}
+
+// chooseSource is where to fill an image from: a peer, or the registry
+// (nil).
+func (s *Server) chooseSource(sum string) *peers.Peer {
+	listed := s.cfg.Replicas.Listed()
+	self := s.cfg.Replicas.Self()
+	s.mu.Lock()
+	bad := maps.Clone(s.images[sum].badPeers)
+	views := s.peerViews
+	s.mu.Unlock()
+	byID := map[string]peers.Peer{}
+	ids := []string{}
+	for _, p := range listed {
+		byID[p.ID] = p
+		ids = append(ids, p.ID)
+	}
+	// A verified copy first: it costs the registry nothing.
+	for _, id := range peers.Rendezvous(sum, ids) {
+		if _, isBad := bad[id]; !isBad && views[id].err == nil && views[id].state.Images[sum].Verified() {
+			p := byID[id]
+			return &p
+		}
+	}
+	// Else the first of the rendezvous order pulls from the registry, and
+	// the others stream its download. The order is over every replica
+	// listed and not terminating, ready or not: readiness changes as
+	// replicas start and fill, and replicas that judged it at different
+	// moments would choose different pullers. A listed replica that is
+	// down fails at once (its port refuses) and is skipped.
+	ids = append(ids, self)
+	for _, id := range peers.Rendezvous(sum, ids) {
+		if id == self {
+			return nil
+		}
+		if _, isBad := bad[id]; !isBad {
+			p := byID[id]
+			return &p
+		}
+	}
+	return nil
+}
+
+// fill pulls w into dst from a peer or the registry, and says which.
+func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, string, error) {
+	if s.cfg.Replicas == nil {
+		md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
+		return md5, size, SourceRegistry, err
+	}
+	for {
+		peer := s.chooseSource(w.SHA256)
+		if peer == nil {
+			s.setSource(w.SHA256, SourceRegistry)
+			md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
+			return md5, size, SourceRegistry, err
+		}
+		s.setSource(w.SHA256, sourcePeer+peer.ID)
+		md5, size, err := s.pullFromPeer(ctx, *peer, w, dst, progress)
+		if err == nil {
+			return md5, size, sourcePeer + peer.ID, nil
+		}
+		if ctx.Err() != nil {
+			return "", 0, "", err
+		}
+		s.reportPeer(w, *peer, err)
+		if err := dst.Reset(); err != nil {
+			return "", 0, "", err
+		}
+		progress(0, 0)
+	}
+}
+
+func (s *Server) setSource(sum, source string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if img, ok := s.images[sum]; ok {
+		img.source = source
+	}
+}
+
+// pullFromPeer streams w from a peer's peer listener, verified as a
+// registry pull is (sha256, md5, size), resumed with ranges. No progress
+// for PeerTimeout ends it.
+func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var mu sync.Mutex
+	last, lastAt := int64(-1), time.Now()
+	watch := time.NewTicker(max(s.cfg.PeerTimeout/4, 10*time.Millisecond))
+	defer watch.Stop()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-watch.C:
+				mu.Lock()
+				idle := time.Since(lastAt)
+				mu.Unlock()
+				if idle > s.cfg.PeerTimeout {
+					cancel(fmt.Errorf("peer %s sent no byte for %s", p.ID, s.cfg.PeerTimeout))
+					return
+				}
+			}
+		}
+	}()
+	src := pull.Source{
+		URI:    p.URL + osimage.ImagePath(osimage.SHA256(w.SHA256), w.Filename()),
+		SHA256: w.SHA256, MD5: w.Image.Get(osimage.FieldMD5), Size: w.Int64Field(osimage.FieldSize),
+	}
+	res, err := s.peerPuller.Pull(ctx, src, dst, func(received, total int64) {
+		mu.Lock()
+		if received > last {
+			last, lastAt = received, time.Now()
+		}
+		mu.Unlock()
+		progress(received, total)
+	})
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = fmt.Errorf("%w: %w", cause, err)
+	}
+	return res.MD5, res.Size, err
+}
+
+// reportPeer logs, counts and reports a peer that failed to fill an
+// image, and skips it for that image.
+func (s *Server) reportPeer(w selection.Wanted, p peers.Peer, err error) {
+	reason := "failed"
+	if isVerifyError(err) {
+		reason = "bad-bytes"
+	}
+	s.mu.Lock()
+	if img, ok := s.images[w.SHA256]; ok {
+		if img.badPeers == nil {
+			img.badPeers = map[string]time.Time{}
+		}
+		img.badPeers[p.ID] = time.Now()
+	}
+	s.mu.Unlock()
+	s.log.Warn("peer failed to fill an image; filling it from elsewhere", "peer", p.ID, "url", p.URL, "sha256", w.SHA256, "key", w.Key, "reason", reason, "error", err.Error())
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.peerFailures.WithLabelValues(p.ID, reason).Inc()
+	}
+	if s.cfg.ReportPeer != nil {
+		s.cfg.ReportPeer(p.ID, w.SHA256, fmt.Sprintf("%s: %v", reason, err))
+	}
+}
+
+// PeerHandler serves the peer-only listener (--peer-listen): the images,
+// verified or, while they are pulled from the registry, in progress, and
+// the replica's state. Clients never reach it: only the headless Service
+// names its port, and bytes in progress are unverified.
+func (s *Server) PeerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /images/{sha256}/{file}", s.servePeer)
+	mux.HandleFunc("GET /peer/state", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.replicaState())
+	})
+	return s.sendDeadline(mux)
+}
+
+// PeerHTTPServer is an http.Server for PeerHandler.
+func (s *Server) PeerHTTPServer() *http.Server {
+	return &http.Server{Handler: s.PeerHandler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ConnContext: ConnContext}
+}
+
+func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
+	req, ok := osimage.ParseImagePath(r.URL.EscapedPath())
+	if !ok || req.Checksum != "" {
+		http.NotFound(w, r)
+		return
+	}
+	sum := string(req.SHA256)
+	// Wait for the download to start, or to be verified: a follower asks
+	// as soon as it knows this replica pulls the image.
+	deadline := time.Now().Add(s.cfg.PeerTimeout)
+	for {
+		s.mu.Lock()
+		img, known := s.images[sum]
+		var stored bool
+		var writer *imagestore.Writer
+		var size int64
+		if known {
+			stored = img.stored && img.phase == PhaseReady
+			if img.source == SourceRegistry && img.phase == PhaseDownloading {
+				writer = img.writer
+			}
+			size = img.Int64Field(osimage.FieldSize)
+			if !slices.Contains(img.ServedAs(), req.Name()) && !(stored && img.entry.Filename == req.Name()) {
+				known = false
+			}
+		}
+		s.mu.Unlock()
+		switch {
+		case !known:
+			http.NotFound(w, r)
+			return
+		case stored:
+			s.serveStored(w, r, sum)
+			return
+		case writer != nil && size > 0:
+			s.serveInProgress(w, r, writer, size)
+			return
+		}
+		if time.Now().After(deadline) {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "this replica is not pulling the image from the registry", http.StatusServiceUnavailable)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// serveInProgress streams the download in progress: one range (bytes=N-
+// or bytes=N-M) or the whole, with the declared size as length. A download
+// abandoned or started again cuts the connection: the follower's
+// verification would refuse the bytes anyway.
+func (s *Server) serveInProgress(w http.ResponseWriter, r *http.Request, writer *imagestore.Writer, size int64) {
+	from, to := int64(0), size-1
+	status := http.StatusOK
+	if h := r.Header.Get("Range"); h != "" {
+		spec, ok := strings.CutPrefix(h, "bytes=")
+		a, b, ok2 := strings.Cut(spec, "-")
+		n, err := strconv.ParseInt(a, 10, 64)
+		if !ok || !ok2 || err != nil || n < 0 || n >= size {
+			w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(size, 10))
+			http.Error(w, "requested range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
+			return
+		}
+		from = n
+		if b != "" {
+			m, err := strconv.ParseInt(b, 10, 64)
+			if err != nil || m < from {
+				http.Error(w, "requested range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
+				return
+			}
+			to = min(m, size-1)
+		}
+		status = http.StatusPartialContent
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", from, to, size))
+	}
+	tail, err := writer.Tail(r.Context(), from)
+	if err != nil {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	defer tail.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(to-from+1, 10))
+	w.Header().Set("X-Osimages-In-Progress", "true")
+	w.WriteHeader(status)
+	pw := &progressWriter{ResponseWriter: w, timeout: s.cfg.SendTimeout}
+	if _, err := io.CopyN(pw, tail, to-from+1); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// peerStatuses is the state of every replica for the status page.
+func (s *Server) peerStatuses() []ReplicaState {
+	if s.cfg.Replicas == nil {
+		return nil
+	}
+	self := s.replicaState()
+	out := []ReplicaState{self}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(s.peerViews)) {
+		v := s.peerViews[id]
+		st := v.state
+		st.Replica = id
+		if v.err != nil {
+			st.Images = nil
+		}
+		out = append(out, st)
+	}
+	return out
+}
