@@ -101,7 +101,7 @@ func main() {
 	flag.StringVar(&o.registryRate, "registry-rate", "500mbit", "tc rate of the registry's port (a WAN link)")
 	flag.StringVar(&o.binary, "osimages", "bin/osimages", "osimages binary")
 	flag.StringVar(&o.dir, "dir", "", "work directory (default: a new one under $TMPDIR, removed at the end); needs size/4 + replicas x size of disk")
-	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the work directory and the replicas' logs")
+	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the work directory with the replicas' logs (their images are removed)")
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "bound on one replica count's fill and downloads")
 	flag.Parse()
 	for _, c := range strings.Split(counts, ",") {
@@ -639,6 +639,10 @@ func measure(ctx context.Context, o options, k *testenv.Kube, dir, values, info 
 			wg.Go(r.stop)
 		}
 		wg.Wait()
+		// The images go; with -keep-logs the logs stay.
+		for _, r := range replicas {
+			os.RemoveAll(filepath.Join(round, r.id))
+		}
 		if !o.keepLogs {
 			os.RemoveAll(round)
 		}

@@ -163,6 +163,10 @@ networkPolicy:
 			if !strings.Contains(toYAML(t, r.Find("Service", "osimages-server")), "appProtocol: https") {
 				t.Error("the Service port has no appProtocol https")
 			}
+			// serve finds its peers' client port by the name http, TLS or not.
+			if h := toYAML(t, r.Find("Service", "osimages-server-headless")); !contains(h, "name: http\n", "appProtocol: https") {
+				t.Errorf("the headless Service's client port is not named http with appProtocol https:\n%s", h)
+			}
 		},
 	},
 	{
