@@ -57,7 +57,9 @@ import (
 const (
 	mib       = 1 << 20
 	gib       = 1 << 30
-	namespace = "osimages-bench"
+	// The kubeconfig's namespace as well as the objects': a replica that
+	// takes its namespace from either finds its Lease and EndpointSlices.
+	namespace = metav1.NamespaceDefault
 	imageKey  = "bench-image"
 	headless  = "osimages-server-headless"
 	lease     = "osimages-server-publisher"
@@ -470,9 +472,6 @@ func (c countingWriter) Write(b []byte) (int, error) {
 func (p *countingProxy) Close() error { return p.ln.Close() }
 
 func setupKube(ctx context.Context, cs kubernetes.Interface) error {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
 	_, err := cs.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: headless},
 		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Selector: map[string]string{"app.kubernetes.io/component": "server"},
@@ -598,7 +597,7 @@ func reset(ctx context.Context, cs kubernetes.Interface) error {
 	if err := cs.CoordinationV1().Leases(namespace).Delete(ctx, lease, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	if err := cs.DiscoveryV1().EndpointSlices(namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	if err := cs.DiscoveryV1().EndpointSlices(namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + headless}); err != nil {
 		return err
 	}
 	_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: osimage.InfoConfigMapName}}, metav1.CreateOptions{})
