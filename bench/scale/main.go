@@ -55,8 +55,8 @@ import (
 )
 
 const (
-	mib       = 1 << 20
-	gib       = 1 << 30
+	mib = 1 << 20
+	gib = 1 << 30
 	// The kubeconfig's namespace as well as the objects': a replica that
 	// takes its namespace from either finds its Lease and EndpointSlices.
 	namespace = metav1.NamespaceDefault
