@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet clean
+.PHONY: build image demo test docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -48,6 +48,11 @@ bench-serve:
 
 bench-propagation:
 	hack/bench-propagation.sh
+
+# 1, 2 and 3 server replicas under tc shaping, in a network namespace of its
+# own (root).
+bench-scale:
+	hack/bench-scale.sh
 
 # 500 workload namespaces: from a served-set change to every osimages-status.
 bench-fleet:

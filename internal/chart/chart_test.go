@@ -77,6 +77,14 @@ var variants = []struct {
 			if r.Find("Ingress", "osimages-server") != nil {
 				t.Error("an Ingress by default")
 			}
+			// One replica: no peers, no publisher election, and no RBAC
+			// for them.
+			if args := strings.Join(stringsOf(c["args"]), " "); strings.Contains(args, "--peers-service") || strings.Contains(args, "--replica-id") {
+				t.Errorf("one replica runs with peer flags: %s", args)
+			}
+			if r.Find("Role", "osimages-server-peers") != nil || r.Find("PodDisruptionBudget", "osimages-server") != nil {
+				t.Error("one server replica gets the peers' Role or a PodDisruptionBudget")
+			}
 			// Deletes only of the propagated copies, by name, and the
 			// ownership check of the delete guard beside it.
 			cr := r.Find("ClusterRole", "osimages-controller-sylva-system")
@@ -154,6 +162,10 @@ networkPolicy:
 			}
 			if !strings.Contains(toYAML(t, r.Find("Service", "osimages-server")), "appProtocol: https") {
 				t.Error("the Service port has no appProtocol https")
+			}
+			// serve finds its peers' client port by the name http, TLS or not.
+			if h := toYAML(t, r.Find("Service", "osimages-server-headless")); !contains(h, "name: http\n", "appProtocol: https") {
+				t.Errorf("the headless Service's client port is not named http with appProtocol https:\n%s", h)
 			}
 		},
 	},
@@ -233,6 +245,19 @@ image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef01234567
 				t.Error("the extra rule's target is not writable")
 			}
 		},
+	},
+	{
+		name: "server-replicas",
+		values: `
+server:
+  replicas: 3
+  topologySpreadConstraints:
+  - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app.kubernetes.io/component: server}}}
+networkPolicy:
+  ingressFrom:
+  - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: metal3-system}}
+`,
+		check: checkServerReplicas,
 	},
 	{
 		name: "monitoring",
@@ -330,6 +355,14 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{"PDB of 100%", `controller: {pdb: {minAvailable: "100%"}}`, []string{"controller.pdb.minAvailable is 100%"}},
 		{"PDB percentage rounded up to all", `controller: {replicas: 2, pdb: {minAvailable: "51%"}}`, []string{"controller.pdb.minAvailable is 51%"}},
 		{"PDB not a number", `controller: {pdb: {minAvailable: "half"}}`, []string{"/controller/pdb/minAvailable"}},
+		{"server replicas", `server: {replicas: 0}`, []string{"/server/replicas"}},
+		{"server PDB blocks drains", `server: {replicas: 3, pdb: {maxUnavailable: 0}}`, []string{"server.pdb.maxUnavailable is 0", "block every node drain"}},
+		{"server PDB of 0%", `server: {replicas: 3, pdb: {maxUnavailable: "0%"}}`, []string{"server.pdb.maxUnavailable is 0%", "block every node drain"}},
+		{"server PDB of 0 before scaling out", `server: {pdb: {maxUnavailable: 0}}`, []string{"server.pdb.maxUnavailable is 0"}},
+		{"server PDB above 100%", `server: {replicas: 3, pdb: {maxUnavailable: "150%"}}`, []string{"/server/pdb/maxUnavailable"}},
+		{"server PDB negative", `server: {replicas: 3, pdb: {maxUnavailable: -1}}`, []string{"/server/pdb/maxUnavailable"}},
+		{"server PDB not a number", `server: {replicas: 3, pdb: {maxUnavailable: "one"}}`, []string{"/server/pdb/maxUnavailable"}},
+		{"server PDB minAvailable", `server: {replicas: 3, pdb: {minAvailable: 2}}`, []string{"minAvailable"}},
 		{"alert delay not a duration", `monitoring: {prometheusRule: {for: {downloadFailing: "half an hour"}}}`, []string{"/monitoring/prometheusRule/for/downloadFailing"}},
 	}
 	for _, c := range cases {

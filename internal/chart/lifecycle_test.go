@@ -292,6 +292,7 @@ catalogJob:
 			{"server TLS behind an Ingress", `{server: {tlsSecret: os-image-server-tls}, ingress: {enabled: true, className: nginx, host: os-images.example.org, tls: {enabled: true, secretName: os-image-server-tls}}}`, false},
 			{"monitoring", `monitoring: {serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}, grafanaDashboard: {enabled: true}}`, false},
 			{"three controllers", `controller: {replicas: 3, pdb: {minAvailable: 2}}`, false},
+			{"three servers", `server: {replicas: 3}`, false},
 			{"another copy name", `propagation: {target: osimages-served-images}`, false},
 		}
 		cur, err := values.Parse([]byte(base))
@@ -339,6 +340,15 @@ catalogJob:
 			return nil
 		}
 		ingress, rule := later("Ingress"), later("PrometheusRule")
+		var peers *unstructured.Unstructured
+		for _, o := range last {
+			if o.GetKind() == "Role" && o.GetName() == "osimages-server-peers" {
+				peers = o
+			}
+		}
+		if peers == nil {
+			t.Fatal("the release with three servers has no Role osimages-server-peers")
+		}
 
 		if err := h.rollback(1); err != nil {
 			t.Fatalf("helm rollback to 1: %v", err)
@@ -348,7 +358,7 @@ catalogJob:
 		if got := catalogJobs(t, k, ns); !slices.Equal(got, jobs[:1]) {
 			t.Errorf("catalog Jobs %v after the rollback, want the first release's %v", got, jobs[:1])
 		}
-		for name, ok := range present(t, k, []*unstructured.Unstructured{ingress, rule}) {
+		for name, ok := range present(t, k, []*unstructured.Unstructured{ingress, rule, peers}) {
 			if ok {
 				t.Errorf("%s is still there after the rollback to a release without it", name)
 			}

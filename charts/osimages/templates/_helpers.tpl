@@ -142,6 +142,10 @@ securityContext:
 {{- if and .Values.ingress.tls.enabled (not .Values.ingress.tls.secretName) -}}
 {{- fail "ingress.tls.enabled is true but ingress.tls.secretName is empty" -}}
 {{- end -}}
+{{- $maxUnavailable := .Values.server.pdb.maxUnavailable -}}
+{{- if eq (int (trimSuffix "%" (toString $maxUnavailable))) 0 -}}
+{{- fail (printf "server.pdb.maxUnavailable is %v: the server's PodDisruptionBudget would allow no eviction and block every node drain; set it to 1 or more (or a percentage above 0%%)" $maxUnavailable) -}}
+{{- end -}}
 {{- $c := .Values.controller -}}
 {{- if and $c.enabled (gt (int $c.replicas) 1) -}}
 {{- $min := dig "pdb" "minAvailable" 1 $c -}}
