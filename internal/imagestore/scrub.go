@@ -22,15 +22,19 @@ const ScrubChunk = 1 << 20
 // since the download is found here rather than by Ironic late in a deploy.
 //
 // throttle is called with the size of each read before it is made (at most
-// ScrubChunk bytes); it paces the scrub, and its error ends it. No lock of
+// ScrubChunk bytes, and the committed size in all); it paces the scrub, and its error ends it. No lock of
 // the store is held while reading.
 //
-// A file that matches gets ScrubbedAt = now in its metadata (written
+// A file that matches gets ScrubbedAt = now() (time.Now when nil: the clock
+// that gave VerifiedAt) in its metadata (written
 // atomically beside the image), and the updated Entry is returned. A file
 // that does not is dropped at once, logged as tampered with, and the error
 // wraps ErrTampered: the caller downloads it again. Any other error (I/O,
 // the throttle's) leaves the entry as it is.
-func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx context.Context, n int) error) (Entry, error) {
+func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx context.Context, n int) error, now func() time.Time) (Entry, error) {
+	if now == nil {
+		now = time.Now
+	}
 	f, e, err := s.Open(sha256sum)
 	if err != nil {
 		return Entry{}, err
@@ -43,20 +47,24 @@ func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx c
 		if err := ctx.Err(); err != nil {
 			return Entry{}, fmt.Errorf("scrubbing image %s: %w", sha256sum, err)
 		}
-		if err := throttle(ctx, len(buf)); err != nil {
+		want := min(int64(len(buf)), e.Size-n)
+		if want <= 0 {
+			// Past the committed size: one byte more is a mismatch.
+			m, _ := f.Read(buf[:1])
+			n += int64(m)
+			break
+		}
+		if err := throttle(ctx, int(want)); err != nil {
 			return Entry{}, fmt.Errorf("scrubbing image %s: %w", sha256sum, err)
 		}
-		m, rerr := f.Read(buf)
+		m, rerr := io.ReadFull(f, buf[:want])
 		h.Write(buf[:m])
 		n += int64(m)
-		if rerr == io.EOF {
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
 			break
 		}
 		if rerr != nil {
 			return Entry{}, fmt.Errorf("scrubbing image %s: reading %s: %w", sha256sum, f.Name(), rerr)
-		}
-		if n > e.Size {
-			break
 		}
 	}
 	got := hex.EncodeToString(h.Sum(nil))
@@ -75,7 +83,7 @@ func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx c
 		}
 		return Entry{}, s.dropTampered(e, reason)
 	}
-	return s.markScrubbed(e, time.Now())
+	return s.markScrubbed(e, now())
 }
 
 // sameCommit says whether a and b are the same commit of an image (a scrub

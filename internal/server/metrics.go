@@ -17,6 +17,8 @@ type Metrics struct {
 	inFlight        prometheus.Gauge
 	bytesDownloaded prometheus.Counter
 	verifyFailures  prometheus.Counter
+	scrubBytes      prometheus.Counter
+	scrubFailures   prometheus.Counter
 }
 
 // NewMetrics registers the server's metrics, and the Go and process
@@ -39,8 +41,14 @@ func NewMetrics() *Metrics {
 		verifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_verification_failures_total", Help: "Downloads refused because a digest or size did not match.",
 		}),
+		scrubBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_scrub_read_bytes_total", Help: "Bytes of stored images re-read and re-hashed by the scrub.",
+		}),
+		scrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_scrub_failures_total", Help: "Stored images the scrub found changed (sha256 or size): each was dropped and downloaded again.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures,
+	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.scrubBytes, m.scrubFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -61,6 +69,12 @@ func (m *Metrics) bind(s *Server) {
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{collected}, collect: func(ch chan<- prometheus.Metric) {
 		if at := s.LastCollection(); !at.IsZero() {
 			ch <- prometheus.MustNewConstMetric(collected, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+		}
+	}})
+	scrubbed := prometheus.NewDesc("osimages_scrub_last_pass_timestamp_seconds", "When the scrub last found every stored image re-hashed (or verified) within --scrub-interval (Unix time); absent while the scrub is off or has not caught up since the start.", nil, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{scrubbed}, collect: func(ch chan<- prometheus.Metric) {
+		if at := s.ScrubStatus().UpToDate; !at.IsZero() {
+			ch <- prometheus.MustNewConstMetric(scrubbed, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
 		}
 	}})
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {

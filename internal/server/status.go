@@ -45,12 +45,13 @@ type statusView struct {
 	Counts      map[string]int
 	Now         time.Time
 	Inputs      InputsStatus
+	Scrub       ScrubStatus
 }
 
 // serveStatus renders the operators' page: every image with its state.
 func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	statuses, selErr := s.Statuses()
-	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus()}
+	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus(), Scrub: s.ScrubStatus()}
 	if selErr != nil {
 		view.SelectError = selErr.Error()
 	}
