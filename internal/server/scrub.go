@@ -163,6 +163,12 @@ func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context
 	case ctx.Err() != nil:
 		s.mu.Unlock()
 	case errors.Is(err, imagestore.ErrTampered):
+		s.mu.Unlock()
+		// The store has removed the file already: what is left is to stop
+		// serving it and to fetch it again, before the failure is reported.
+		s.forgetStored(sum, "the scrub found the stored file changed ("+err.Error()+"); downloading it again")
+		s.log.Warn("scrub failed: the stored image no longer matches its sha256; it is no longer served, and is downloaded again", "sha256", sum, "key", key, "error", err)
+		s.mu.Lock()
 		s.scrub.failures = append(s.scrub.failures, ScrubFailure{At: s.cfg.Now(), SHA256: sum, Key: key, Reason: err.Error()})
 		if len(s.scrub.failures) > maxScrubFailures {
 			s.scrub.failures = s.scrub.failures[1:]
@@ -171,10 +177,6 @@ func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context
 		if s.cfg.Metrics != nil {
 			s.cfg.Metrics.scrubFailures.Inc()
 		}
-		// The store has removed the file already: what is left is to stop
-		// serving it and to fetch it again.
-		s.log.Warn("scrub failed: the stored image no longer matches its sha256; it is no longer served, and is downloaded again", "sha256", sum, "key", key, "error", err)
-		s.forgetStored(sum, "the scrub found the stored file changed ("+err.Error()+"); downloading it again")
 	case errors.Is(err, imagestore.ErrNotFound):
 		// Collected while it was read.
 		s.mu.Unlock()
