@@ -44,7 +44,7 @@ bench-pull:
 	hack/bench-pull.sh
 
 bench-serve:
-	hack/bench-serve.sh
+	hack/bench-serve.sh $(BENCH_ARGS)
 
 bench-propagation:
 	hack/bench-propagation.sh

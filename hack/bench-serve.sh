@@ -4,7 +4,10 @@
 # 2 workers) serving the same file, runs alternated on 127.0.0.1. Prints both
 # aggregate throughputs, the ratio, and the osimages server's RSS.
 #
-#   hack/bench-serve.sh [-runs N] [-clients N] [-size BYTES] [-hold 2m] ...
+#   hack/bench-serve.sh [-runs N] [-clients N] [-size BYTES] [-hold 2m] [-scrub-rate 50Mi] ...
+#
+# -scrub-rate runs the osimages server with a scrub going on without pause
+# during its downloads (make bench-serve BENCH_ARGS="-scrub-rate 50Mi").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

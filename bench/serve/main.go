@@ -5,6 +5,11 @@
 // "Serve"). It also samples the resident memory of the osimages server during
 // its downloads.
 //
+// With -scrub-rate, the osimages server scrubs without pause during its
+// runs (--scrub-interval 1ms, at that rate): a second image of the same
+// size is stored beside the served one, so that the scrub reads a file the
+// clients do not, and the figures show what the scrub costs serving.
+//
 // Fairness: both servers serve the same inode (the nginx folder holds a hard
 // link to the file in the image store), on 127.0.0.1, to the same curl
 // command; the file is read once through each server before timing, so both
@@ -49,6 +54,10 @@ const (
 	gib      = 1 << 30
 	imageKey = "bench-image"
 	filename = "bench-image.raw"
+	// scrubKey and scrubFilename are the second image, scrubbed and not
+	// downloaded (-scrub-rate).
+	scrubKey      = "bench-scrubbed"
+	scrubFilename = "bench-scrubbed.raw"
 	// sampleEvery is how often the servers' memory is read during a run.
 	sampleEvery = 50 * time.Millisecond
 	// rssTarget and ratioTarget are the targets of the issue.
@@ -67,6 +76,7 @@ type options struct {
 	runTimeout time.Duration
 	nice       int
 	hold       time.Duration
+	scrubRate  string
 }
 
 func main() {
@@ -81,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.runTimeout, "run-timeout", 5*time.Minute, "bound on one run of concurrent downloads")
 	flag.IntVar(&o.nice, "nice", -10, "niceness of the scheduling autogroup of the benchmark, its servers and clients, so that other work on the machine disturbs the runs less (needs root, and this process to lead its own session, as hack/bench-serve.sh runs it; 0 leaves it)")
 	flag.DurationVar(&o.hold, "hold", 0, "keep both servers up this long before the runs, printing their URLs, to attach strace or perf")
+	flag.StringVar(&o.scrubRate, "scrub-rate", "", "run the osimages server with a scrub going on without pause at this rate (a quantity of bytes per second, such as 50Mi, the default of serve), over a second stored image and the served one; empty: no scrub")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, o)
@@ -114,11 +125,20 @@ func run(ctx context.Context, o options) error {
 		o.clients, human(o.size), o.runs)
 	fmt.Printf("  scheduling: %s\n", raiseAutogroup(o.nice))
 	start := time.Now()
-	img, err := storeImage(filepath.Join(dir, "data"), o.size)
+	img, err := storeImage(filepath.Join(dir, "data"), o.size, filename, 42)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("  image stored through imagestore in %.1f s: sha256 %s\n", time.Since(start).Seconds(), img.sha256)
+	var scrubbed *image
+	if o.scrubRate != "" {
+		other, err := storeImage(filepath.Join(dir, "data"), o.size, scrubFilename, 7)
+		if err != nil {
+			return err
+		}
+		scrubbed = &other
+		fmt.Printf("  scrub: the osimages server scrubs without pause at %s/s, over a second stored image of %s (sha256 %s) and the served one\n", o.scrubRate, human(o.size), other.sha256)
+	}
 	urlPath := "/images/" + img.sha256 + "/" + filename
 
 	// The nginx folder holds a hard link to the stored file: the same inode,
@@ -132,7 +152,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("linking the stored image into the nginx folder: %w", err)
 	}
 
-	ours, err := startOsimages(o.binary, dir, img)
+	ours, err := startOsimages(o.binary, dir, img, scrubbed, o.scrubRate)
 	if err != nil {
 		return err
 	}
@@ -171,11 +191,28 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
+	// With a scrub, the osimages server is stopped (SIGSTOP) during the
+	// nginx runs: its scrub then weighs on its own runs only, and the ratio
+	// shows what it costs.
+	var scrubRead float64
 	results := map[*server][]result{}
 	fmt.Printf("  %-3s %-9s %8s %8s %12s %10s %11s %14s\n", "run", "server", "wall s", "GiB/s", "server CPU s", "curl CPU s", "other CPU s", "server RSS max")
 	for i := range o.runs {
 		for _, s := range servers {
+			if o.scrubRate != "" && s == theirs {
+				syscall.Kill(ours.pid(), syscall.SIGSTOP)
+			}
+			var before float64
+			if s == ours {
+				before = scrubReadBytes(ours)
+			}
 			r, err := downloadRun(ctx, o, s, urlPath)
+			if o.scrubRate != "" && s == theirs {
+				syscall.Kill(ours.pid(), syscall.SIGCONT)
+			}
+			if s == ours {
+				scrubRead += scrubReadBytes(ours) - before
+			}
 			if ctx.Err() != nil {
 				return errors.New("interrupted; servers stopped and temporary files removed")
 			}
@@ -186,6 +223,14 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf("  %-3d %-9s %8.3f %8.3f %12.2f %10.2f %11.2f %10.1f MiB\n", i+1, s.name, r.wall.Seconds(), r.gibps,
 				r.serverCPU.Seconds(), r.clientCPU.Seconds(), r.otherCPU.Seconds(), float64(r.rssMax)/mib)
 		}
+	}
+	if o.scrubRate != "" {
+		var during float64
+		for _, r := range results[ours] {
+			during += r.wall.Seconds()
+		}
+		fmt.Printf("\n  scrub: %.0f MiB re-hashed during the osimages runs (%.1f s): %.1f MiB/s; osimages was stopped during the nginx runs\n",
+			scrubRead/mib, during, scrubRead/mib/during)
 	}
 	hwm, err := readStatus(ours.pid(), "VmHWM")
 	if err != nil {
@@ -248,8 +293,8 @@ type image struct {
 // content writes the image to w: 1 MiB chunks, one in four random and the
 // rest zeros, compressible like a disk image (the pattern of
 // devregistry.DiskContent, streamed since 1 GiB need not be in memory).
-func content(w io.Writer, size int64) error {
-	rng := rand.New(rand.NewPCG(42, 42^0x9e3779b97f4a7c15))
+func content(w io.Writer, size int64, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	random, zeros := make([]byte, mib), make([]byte, mib)
 	for i := int64(0); i*mib < size; i++ {
 		chunk := zeros
@@ -272,9 +317,9 @@ func content(w io.Writer, size int64) error {
 // storeImage commits the image into a new image store at dataDir, as a
 // download by the server would. The content is made twice, since the store
 // needs the sha256 before the first byte: once to hash, once to write.
-func storeImage(dataDir string, size int64) (image, error) {
+func storeImage(dataDir string, size int64, filename string, seed uint64) (image, error) {
 	sha, md := sha256.New(), md5.New()
-	if err := content(parallelHash{sha, md}, size); err != nil {
+	if err := content(parallelHash{sha, md}, size, seed); err != nil {
 		return image{}, err
 	}
 	img := image{dataDir: dataDir, sha256: hex.EncodeToString(sha.Sum(nil)), md5: hex.EncodeToString(md.Sum(nil)), size: size}
@@ -289,7 +334,7 @@ func storeImage(dataDir string, size int64) (image, error) {
 		return image{}, err
 	}
 	defer w.Abort()
-	if err := content(w, size); err != nil {
+	if err := content(w, size, seed); err != nil {
 		return image{}, err
 	}
 	if err := w.Commit(imagestore.Entry{SHA256: img.sha256, MD5: img.md5, Filename: filename, Size: size}); err != nil {
@@ -403,25 +448,35 @@ func (s *server) waitReady(ctx context.Context, urlPath string, timeout time.Dur
 	return fmt.Errorf("%s did not serve %s within %s (last: %s):\n%s", s.name, urlPath, timeout, last, s.logTail())
 }
 
-func startOsimages(binary, dir string, img image) (*server, error) {
+func startOsimages(binary, dir string, img image, scrubbed *image, scrubRate string) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
 	osImages := filepath.Join(dir, "os-images.yaml")
-	doc := fmt.Sprintf("os_images:\n  %s:\n    uri: https://unused.invalid/%s\n    sha256: %s\n    md5: %s\n    filename: %s\n    size: %q\n",
-		imageKey, filename, img.sha256, img.md5, filename, strconv.FormatInt(img.size, 10))
+	entry := func(key, name string, img image) string {
+		return fmt.Sprintf("  %s:\n    uri: https://unused.invalid/%s\n    sha256: %s\n    md5: %s\n    filename: %s\n    size: %q\n",
+			key, name, img.sha256, img.md5, name, strconv.FormatInt(img.size, 10))
+	}
+	doc := "os_images:\n" + entry(imageKey, filename, img)
 	values := filepath.Join(dir, "mgmt-values.yaml")
 	vals := fmt.Sprintf("name: mgmt\nos_image_server_additional_selectors:\n  all: {_os_images_key_: %s}\n", imageKey)
+	scrub := []string{"--scrub-interval", "0"}
+	if scrubbed != nil {
+		// Both selected, so that neither is collected during the runs.
+		doc += entry(scrubKey, scrubFilename, *scrubbed)
+		vals += fmt.Sprintf("  scrubbed: {_os_images_key_: %s}\n", scrubKey)
+		scrub = []string{"--scrub-interval", "1ms", "--scrub-rate", scrubRate}
+	}
 	for path, data := range map[string]string{osImages: doc, values: vals} {
 		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 			return nil, err
 		}
 	}
-	s, err := startServer("osimages", filepath.Join(dir, "osimages.log"), []string{
+	s, err := startServer("osimages", filepath.Join(dir, "osimages.log"), append([]string{
 		binary, "serve", "--data", img.dataDir, "--listen", addr, "--os-images", osImages, "-f", values,
 		"--output-file", filepath.Join(dir, "served.yaml"),
-	})
+	}, scrub...))
 	if err != nil {
 		return nil, err
 	}
@@ -728,4 +783,21 @@ func raiseAutogroup(nice int) string {
 		return plain + " (" + err.Error() + ")"
 	}
 	return fmt.Sprintf("an autogroup of its own at nice %d, against other work on the machine", nice)
+}
+
+// scrubReadBytes is osimages_scrub_read_bytes_total of the osimages server.
+func scrubReadBytes(s *server) float64 {
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(s.url("/metrics"))
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "osimages_scrub_read_bytes_total "); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return n
+		}
+	}
+	return 0
 }

@@ -201,6 +201,9 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--min-rate", "fast"}, `--min-rate "fast"`},
 		{[]string{"--max-image-size", "0"}, `--max-image-size "0": give a positive quantity`},
 		{[]string{"--max-image-size", "lots"}, `--max-image-size "lots"`},
+		{[]string{"--scrub-interval", "-1h"}, "--scrub-interval -1h0m0s is negative: give 0 to switch the scrub off"},
+		{[]string{"--scrub-rate", "0"}, `--scrub-rate "0": give a positive quantity`},
+		{[]string{"--scrub-rate", "quick"}, `--scrub-rate "quick"`},
 	} {
 		r := run(t, append(base, tc.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {

@@ -246,6 +246,7 @@ func serve(ctx context.Context, env *Environment, infoCM *corev1.ConfigMap, list
 		Data: filepath.Join(dir, "data"), Listener: ln, OSImages: osImages, ValueFiles: []string{valuesFile},
 		Concurrency: server.DefaultConcurrency, GCGrace: server.DefaultGCGrace, StallTimeout: server.DefaultStallTimeout,
 		FreeSpaceMargin: "1Mi", MaxImageSize: "64Gi", MinRate: "64Ki", Poll: 2 * time.Second,
+		ScrubInterval: server.DefaultScrubInterval, ScrubRate: "50Mi",
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

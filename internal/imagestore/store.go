@@ -58,6 +58,18 @@ type Entry struct {
 	Filename   string    `json:"filename"`
 	Size       int64     `json:"size"`
 	VerifiedAt time.Time `json:"verifiedAt"`
+	// ScrubbedAt is when a scrub last re-read the file and found it
+	// matching its sha256 (zero before the first).
+	ScrubbedAt time.Time `json:"scrubbedAt,omitzero"`
+}
+
+// CheckedAt is when the content of the file was last known right: its
+// verified download, or its last scrub.
+func (e Entry) CheckedAt() time.Time {
+	if e.ScrubbedAt.After(e.VerifiedAt) {
+		return e.ScrubbedAt
+	}
+	return e.VerifiedAt
 }
 
 // Store is a content-addressed image store. It is safe for concurrent use.

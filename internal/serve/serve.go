@@ -69,6 +69,10 @@ type Options struct {
 	// PublisherLease elects the one that publishes.
 	ReplicaID, PeersService, PeerListen, PublisherLease string
 	PeerTimeout                                         time.Duration
+	// ScrubInterval is how often each stored image is re-hashed (0: never);
+	// ScrubRate, a quantity of bytes per second, bounds the reads.
+	ScrubInterval time.Duration
+	ScrubRate     string
 }
 
 // ShutdownGrace is how long HTTP responses in flight get to finish after
@@ -335,12 +339,21 @@ func (o Options) limits() (server.Config, error) {
 		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.MinRate)
 	}
 	errs = append(errs, err)
+	if o.ScrubInterval < 0 {
+		errs = append(errs, fmt.Errorf("--scrub-interval %s is negative: give 0 to switch the scrub off", o.ScrubInterval))
+	}
+	scrubRate, err := kube.Quantity("--scrub-rate", o.ScrubRate)
+	if err == nil && scrubRate <= 0 {
+		err = fmt.Errorf("--scrub-rate %q: give a positive quantity of bytes per second such as 50Mi (--scrub-interval 0 switches the scrub off)", o.ScrubRate)
+	}
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return server.Config{}, err
 	}
 	return server.Config{
 		Concurrency: o.Concurrency, GCGrace: o.GCGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
 		MaxImageSize: maxImage, StallTimeout: o.StallTimeout, MinRate: minRate,
+		ScrubInterval: o.ScrubInterval, ScrubRate: scrubRate,
 	}, nil
 }
 

@@ -136,7 +136,7 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string)
 	f, entry, err := s.cfg.Store.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it: download it again.
-		s.forgetStored(sum)
+		s.forgetStored(sum, "the stored file was tampered with and dropped; downloading it again")
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
 		http.Error(w, fmt.Sprintf("image %s is being downloaded again", sum), http.StatusServiceUnavailable)
 		return

@@ -18,6 +18,8 @@ type Metrics struct {
 	bytesDownloaded prometheus.Counter
 	verifyFailures  prometheus.Counter
 	peerFailures    *prometheus.CounterVec
+	scrubBytes      prometheus.Counter
+	scrubFailures   prometheus.Counter
 }
 
 // NewMetrics registers the server's metrics, and the Go and process
@@ -43,8 +45,14 @@ func NewMetrics() *Metrics {
 		peerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osimages_peer_fill_failures_total", Help: "Fills from a peer replica that failed (reason failed) or brought bytes that did not verify (reason bad-bytes), by peer; the image was then filled from elsewhere.",
 		}, []string{"peer", "reason"}),
+		scrubBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_scrub_read_bytes_total", Help: "Bytes of stored images re-read and re-hashed by the scrub.",
+		}),
+		scrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_scrub_failures_total", Help: "Stored images the scrub found changed (sha256 or size): each was dropped and downloaded again.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures,
+	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures, m.scrubBytes, m.scrubFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -65,6 +73,12 @@ func (m *Metrics) bind(s *Server) {
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{collected}, collect: func(ch chan<- prometheus.Metric) {
 		if at := s.LastCollection(); !at.IsZero() {
 			ch <- prometheus.MustNewConstMetric(collected, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+		}
+	}})
+	scrubbed := prometheus.NewDesc("osimages_scrub_last_pass_timestamp_seconds", "When the scrub last found every stored image re-hashed (or verified) within --scrub-interval (Unix time); absent while the scrub is off or has not caught up since the start.", nil, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{scrubbed}, collect: func(ch chan<- prometheus.Metric) {
+		if at := s.ScrubStatus().UpToDate; !at.IsZero() {
+			ch <- prometheus.MustNewConstMetric(scrubbed, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
 		}
 	}})
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {

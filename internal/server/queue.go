@@ -225,8 +225,9 @@ func isVerifyError(err error) bool {
 }
 
 // forgetStored notes that the stored file of sum is gone (the store found
-// it tampered with and dropped it): a selected image is queued again.
-func (s *Server) forgetStored(sum string) {
+// it tampered with and dropped it), for reason: a selected image is queued
+// again.
+func (s *Server) forgetStored(sum, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]
@@ -240,7 +241,7 @@ func (s *Server) forgetStored(sum string) {
 		return
 	}
 	img.phase = PhaseQueued
-	img.reason = "the stored file was tampered with and dropped; downloading it again"
+	img.reason = reason
 	s.signal(s.kick)
 	s.signal(s.changed)
 }

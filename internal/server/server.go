@@ -36,6 +36,9 @@ type Store interface {
 	Delete(sha256 string) error
 	Available() (uint64, error)
 	Used() int64
+	// Scrub re-hashes a stored image (scrub.go); a mismatch drops it and
+	// wraps imagestore.ErrTampered.
+	Scrub(ctx context.Context, sha256 string, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
@@ -121,6 +124,14 @@ type Config struct {
 	PeerTimeout time.Duration
 	// ReportPeer, when set, also reports a peer that failed.
 	ReportPeer PeerReporter
+
+	// ScrubInterval is how often each stored image is re-hashed, counted
+	// from when it was last verified or scrubbed (0: never; scrub.go).
+	ScrubInterval time.Duration
+	// ScrubRate bounds the bytes per second the scrub reads (0 means
+	// DefaultScrubRate).
+	ScrubRate int64
+
 	// Now is the clock, for tests.
 	Now func() time.Time
 }
@@ -134,6 +145,8 @@ const (
 	DefaultStallTimeout    = 60 * time.Second
 	DefaultMinRate         = 64 << 10
 	DefaultSendTimeout     = 2 * time.Minute
+	DefaultScrubInterval   = 7 * 24 * time.Hour
+	DefaultScrubRate       = 50 << 20
 )
 
 // image is the server's record of one image, selected or kept on disk.
@@ -196,6 +209,8 @@ type Server struct {
 	leader     bool
 	readyOnce  bool
 	peerPuller *pull.Puller
+	// scrub is the state of the scrub (scrub.go).
+	scrub scrubState
 }
 
 // New builds a server over cfg.Store, whose verified images are known (and
@@ -228,6 +243,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.RetryMax <= 0 {
 		cfg.RetryMax = 10 * time.Minute
+	}
+	if cfg.ScrubRate <= 0 {
+		cfg.ScrubRate = DefaultScrubRate
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -332,6 +350,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.Replicas != nil {
 		wg.Go(func() { s.pollPeers(ctx, nil) })
 	}
+	wg.Go(func() { s.scrubLoop(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -353,6 +372,8 @@ type Status struct {
 	ReferencesUnknown bool
 	// Filenames are all the filenames the image is served under.
 	Filenames []string
+	// CheckedAt is when the stored file was last verified or scrubbed.
+	CheckedAt time.Time
 }
 
 // Statuses returns every known image, selected ones first, by key.
@@ -371,6 +392,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
 			KeptBy: s.keptByLocked(sum, img), ReferencesUnknown: s.referencesUnknownLocked(img),
+			CheckedAt: img.entry.CheckedAt(),
 		})
 	}
 	slices.SortStableFunc(out, func(a, b Status) int {

@@ -48,12 +48,13 @@ type statusView struct {
 	// Replicas and Leader: with Config.Replicas, every replica's images.
 	Replicas []ReplicaState
 	Leader   bool
+	Scrub    ScrubStatus
 }
 
 // serveStatus renders the operators' page: every image with its state.
 func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	statuses, selErr := s.Statuses()
-	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus(), Replicas: s.peerStatuses(), Leader: s.isLeader()}
+	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus(), Replicas: s.peerStatuses(), Leader: s.isLeader(), Scrub: s.ScrubStatus()}
 	if selErr != nil {
 		view.SelectError = selErr.Error()
 	}
