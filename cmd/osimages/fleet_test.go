@@ -339,6 +339,17 @@ func (e *fleetEnv) namespaceEvents(ns, reason string) []string {
 // the extra keys given (key -> name:tag).
 func newFleet(t *testing.T, name string, seed uint64, extra map[string]string) *fleetEnv {
 	t.Helper()
+	return newFleetWith(t, name, seed, extra, fleetArgs{})
+}
+
+// fleetArgs are more arguments for the chain's processes.
+type fleetArgs struct {
+	serve, ctrl []string
+}
+
+// newFleetWith is newFleet, with more arguments for serve and controller.
+func newFleetWith(t *testing.T, name string, seed uint64, extra map[string]string, more fleetArgs) *fleetEnv {
+	t.Helper()
 	k := apiserver(t)
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {
@@ -364,9 +375,9 @@ func newFleet(t *testing.T, name string, seed uint64, extra map[string]string) *
 	}
 	e.setMgmt("0.7.7")
 
-	e.serve = startServe(t, freeAddr(t), "--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", e.mgmtFile,
-		"--os-images-configmap", e.mgmtNS+"/"+osimage.InfoConfigMapName,
-		"--output-configmap", e.mgmtNS+"/"+fleetServedCM, "--gc-grace", "1s")
+	e.serve = startServe(t, freeAddr(t), append([]string{"--data", t.TempDir(), "--kubeconfig", k.Kubeconfig, "-f", e.mgmtFile,
+		"--os-images-configmap", e.mgmtNS + "/" + osimage.InfoConfigMapName,
+		"--output-configmap", e.mgmtNS + "/" + fleetServedCM, "--gc-grace", "1s"}, more.serve...)...)
 	rules := writeFile(t, "rules.yaml", fmt.Sprintf(`rules:
 - name: fleet
   source: %s/%s
@@ -374,8 +385,8 @@ func newFleet(t *testing.T, name string, seed uint64, extra map[string]string) *
   namespaceSelector: {matchLabels: {%s: ""}}
 `, e.mgmtNS, fleetServedCM, fleetCopy, e.label))
 	e.metricsAddr = freeAddr(t)
-	e.ctrl = startDaemon(t, "controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
-		"--check-namespace-selector", e.label, "--metrics-addr", e.metricsAddr, "--health-addr", "0", "--log-format", "text")
+	e.ctrl = startDaemon(t, append([]string{"controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
+		"--check-namespace-selector", e.label, "--metrics-addr", e.metricsAddr, "--health-addr", "0", "--log-format", "text"}, more.ctrl...)...)
 
 	e.clusters = map[string]string{
 		e.wc1: e.clusterValues(e.wc1, "v1.32.5+rke2r1"),

@@ -49,6 +49,7 @@ Exit codes: 0 no cluster would fail, 1 a cluster would fail or cannot be told,
 	f.StringArrayVar(&o.Clusters, "cluster", nil, "a workload cluster from files, NS=values.yaml[,more.yaml]; repeat for each (then the cluster is not read)")
 	addKubeconfigFlag(f, &o.Kubeconfig)
 	f.StringVar(&o.NamespaceSelector, "namespace-selector", controller.WorkloadClusterLabel, "label selector of the workload-cluster namespaces")
+	addFleetNeedsFlags(f, &o.FleetNeeds, "predict what serve --serve-fleet-needs does: also serve")
 	addRegistryFlags(f, &o.Registry)
 	f.DurationVar(&o.Timeout, "timeout", 60*time.Second, "time allowed to resolve one image of the proposed catalog")
 	_ = cmd.MarkFlagRequired("values")

@@ -136,8 +136,21 @@ networkPolicy:
   - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: metal3-system}}
   - ipBlock: {cidr: 192.0.2.0/24}
   egressPorts: [443, 6443, 3128, 5000]
+fleetNeeds:
+  enabled: true
+  allowPrefixes: [https://images.example.org/dib/]
+  perNamespace: {maxImages: 5, maxBytes: 50Gi}
 `,
 		check: func(t *testing.T, r *Rendered) {
+			fleetArgs := strings.Join(stringsOf(container(t, r.Find("StatefulSet", "osimages-server"))["args"]), " ")
+			if !contains(fleetArgs, "--serve-fleet-needs", "--fleet-needs-configmap=", "/osimages-fleet-needs",
+				"--fleet-needs-max-images-per-namespace=5", "--fleet-needs-max-bytes-per-namespace=50Gi", "--fleet-needs-allow-prefix=https://images.example.org/dib/") {
+				t.Errorf("server args without the fleet's needs: %s", fleetArgs)
+			}
+			role := r.Find("Role", "osimages-server-fleet-needs-reader")
+			if role == nil || !strings.Contains(toYAML(t, role), "- osimages-fleet-needs") || strings.Contains(toYAML(t, role), "create") {
+				t.Errorf("the server may not read the fleet's needs, or more: %v", role)
+			}
 			cm := r.Find("ConfigMap", "osimages-server-values")
 			doc, _, _ := unstructured.NestedString(cm.Object, "data", "values.yaml")
 			if !contains(doc, "os_image_selectors-0:", "opensuse-hardened:", "oci_registry_insecure: true") {

@@ -340,6 +340,45 @@ sylva_diskimagebuilder_images:
 		maps.Copy(exported, controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published))
 	})
 
+	// fleetNeeds.enabled: the server reads the fleet's needs, that one
+	// ConfigMap of the release namespace, and may not write it.
+	t.Run("server serving the fleet's needs", func(t *testing.T) {
+		r := install(t, "fleetNeeds: {enabled: true}\n")
+		kubeconfig, cfg := serviceAccountKubeconfig(t, k, ns, "osimages-server")
+		need := strings.Repeat("f", 64)
+		doc := "images:\n- sha256: " + need + "\n  namespaces: [wc-rbac]\n"
+		cms := k.Client.CoreV1().ConfigMaps(ns)
+		cm, err := cms.Get(ctx, "osimages-fleet-needs", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "osimages-fleet-needs", Labels: map[string]string{"osimages.sylva-project.org/fleet-needs": ""}},
+				Data: map[string]string{"needs.yaml": doc}}, metav1.CreateOptions{})
+		} else if err == nil {
+			cm.Data = map[string]string{"needs.yaml": doc}
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		values := configFile(t, r, "osimages-server-values", "values.yaml")
+		args := podArgs(t, r.Find("StatefulSet", "osimages-server"), map[string]string{
+			"--data": t.TempDir(), "--listen": "127.0.0.1:0", "--values": values, "--ca-file": caFile,
+		})
+		srv := start(t, append(args, "--kubeconfig", kubeconfig)...)
+		testenv.Eventually(t, "the server publishes its refusal of the need", 90*time.Second, func() (bool, string) {
+			out, err := cms.Get(ctx, "capm3-os-image-server-os-images", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return strings.Contains(out.Data["refused-needs.yaml"], need), fmt.Sprint(out.Data)
+		})
+		if strings.Contains(strings.ToLower(srv.log()), "forbidden") {
+			t.Errorf("the server was refused something it needs:\n%s", srv.log())
+		}
+		maps.Copy(exported, exportedNames(httpGet(serverURL(t, srv)+"/metrics")))
+		_, err = kubernetes.NewForConfigOrDie(cfg).CoreV1().ConfigMaps(ns).Patch(ctx, "osimages-fleet-needs", types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
+		wantForbidden(t, "server patches the fleet's needs", err)
+	})
+
 	// The alerts and the dashboard read metrics the components really
 	// export: the server's and the controller's (which includes
 	// propagation), scraped while they ran the work above.

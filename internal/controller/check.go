@@ -57,11 +57,16 @@ const DefaultDiscoveryInterval = time.Minute
 
 // Default names of the check.
 const (
-	DefaultServedCopy       = propagate.DefaultTargetName
-	WorkloadClusterLabel    = propagate.WorkloadClusterLabel
-	checkFieldOwner         = "osimages-check"
-	eventActionCheck        = "CheckServed"
-	reasonImageNotServed    = "ImageNotServed"
+	DefaultServedCopy    = propagate.DefaultTargetName
+	WorkloadClusterLabel = propagate.WorkloadClusterLabel
+	checkFieldOwner      = "osimages-check"
+	eventActionCheck     = "CheckServed"
+	reasonImageNotServed = "ImageNotServed"
+	// reasonFleetNeedRefused: the image server refuses to serve the
+	// image for this namespace (serve --serve-fleet-needs). A reason of
+	// its own: events of one reason fold into a series that keeps the
+	// first note, and the refusal must show.
+	reasonFleetNeedRefused  = "FleetNeedRefused"
 	reasonImageNotAvailable = "ImageNotAvailable"
 	reasonInputs            = "ClusterInputsProblem"
 	reasonImagesServed      = "ImagesServed"
@@ -209,17 +214,21 @@ const requeueStale = time.Second
 // namespace (`kubectl get events -n NS` shows them; an event regarding a
 // Namespace itself would land in "default").
 func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
-	old := map[string]fleet.State{}
+	old := map[string]fleet.ImageStatus{}
 	for _, img := range before.Images {
-		old[img.SHA256] = img.State
+		old[img.SHA256] = img
 	}
 	for _, img := range now.Problems() {
-		if hadBefore && old[img.SHA256] == img.State {
+		// A new reason (the image server's refusal arriving) is news too.
+		if prev, ok := old[img.SHA256]; hadBefore && ok && prev.State == img.State && prev.Message == img.Message {
 			continue
 		}
 		reason := reasonImageNotServed
-		if img.State == fleet.StateNotAvailable {
+		switch {
+		case img.State == fleet.StateNotAvailable:
 			reason = reasonImageNotAvailable
+		case img.Refused != "":
+			reason = reasonFleetNeedRefused
 		}
 		c.recorder.Eventf(status, ns, corev1.EventTypeWarning, reason, eventActionCheck, "%s; needed by %s", img.Message, strings.Join(img.NeededBy, ", "))
 		c.log.Info("needed image not served", "namespace", ns.Name, "sha256", img.SHA256, "state", img.State, "neededBy", img.NeededBy)

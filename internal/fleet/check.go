@@ -31,6 +31,9 @@ type ImageStatus struct {
 	NeededBy  []string `json:"neededBy"`
 	// Message is render's error for this image, when it is not served.
 	Message string `json:"message,omitempty"`
+	// Refused is why the image server refuses to serve it for this
+	// namespace (serve --serve-fleet-needs), when it does.
+	Refused string `json:"refused,omitempty"`
 }
 
 // Report is the state of one workload-cluster namespace.
@@ -71,6 +74,12 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		}
 		if err := served.Set.Check(img.SHA256, img.ImageKey); err != nil {
 			img.Message = err.Error()
+		}
+		// The image server was asked to serve it for this namespace
+		// (--serve-fleet-needs) and refused: say why, in its words.
+		if refusal, ok := served.Refused.For(namespace, img.SHA256); ok && img.State == StateNotServed {
+			img.Message += "; the image server refuses to serve it for this namespace: " + refusal.Message
+			img.Refused = refusal.Message
 		}
 	}
 	if needErr != nil {

@@ -53,6 +53,11 @@ func Gather(namespace, servedCopy string, cms []corev1.ConfigMap, objects []*uns
 					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.ServedFilenamesKey, err))
 				}
 			}
+			if refused, ok := cm.Data[osimage.RefusedNeedsKey]; ok {
+				if out.Served.Refused, err = osimage.ParseRefusedNeeds([]byte(refused)); err != nil {
+					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.RefusedNeedsKey, err))
+				}
+			}
 		case osimage.InfoConfigMapName:
 			cat, err := osimage.ParseInfo(doc)
 			if err != nil {

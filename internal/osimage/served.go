@@ -61,11 +61,14 @@ func (f ServedFilenames) Serves(sha, filename string) (served, known bool) {
 type ServedOutput struct {
 	Set       ServedSet
 	Filenames ServedFilenames
+	// Refused are the fleet's needs the server refuses to serve
+	// (RefusedNeedsKey), written only when there are some.
+	Refused RefusedNeeds
 }
 
 // Equal says whether o and p publish the same thing.
 func (o ServedOutput) Equal(p ServedOutput) bool {
-	return maps.Equal(o.Set, p.Set) && maps.EqualFunc(o.Filenames, p.Filenames, slices.Equal)
+	return maps.Equal(o.Set, p.Set) && maps.EqualFunc(o.Filenames, p.Filenames, slices.Equal) && slices.Equal(o.Refused, p.Refused)
 }
 
 // ConfigMapData renders the data of the served-images ConfigMap, named
@@ -81,6 +84,13 @@ func (o ServedOutput) ConfigMapData(what string) (map[string]string, error) {
 		return nil, err
 	}
 	data := map[string]string{ValuesKey: string(served), ServedFilenamesKey: string(files)}
+	if len(o.Refused) > 0 {
+		refused, err := MarshalRefusedNeeds(o.Refused)
+		if err != nil {
+			return nil, err
+		}
+		data[RefusedNeedsKey] = string(refused)
+	}
 	if err := CheckConfigMapSize(what, data, len(o.Set)); err != nil {
 		return nil, err
 	}

@@ -46,6 +46,10 @@ type Options struct {
 	NamespaceSelector string
 	Registry          oci.Options
 	Timeout           time.Duration
+	// FleetNeeds, when Serve, adds to the proposed set what the fleet
+	// needs within that policy, as serve --serve-fleet-needs would
+	// (fleetneeds.go).
+	FleetNeeds selection.FleetOptions
 }
 
 // Run prints on stdout, for each workload cluster, what the proposed
@@ -54,6 +58,9 @@ type Options struct {
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if (o.Served == "") != (len(o.Clusters) == 0) {
 		return exitcode.InputError(errors.New("give --served and --cluster together (all inputs from files), or neither (read them from the cluster)"))
+	}
+	if err := o.FleetNeeds.Check(); err != nil {
+		return exitcode.InputError(err)
 	}
 	mgmt, err := values.LoadFiles(o.ValueFiles...)
 	if err != nil {
@@ -107,13 +114,18 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 
+	fleetNeeds := o.fleetNeeds(mgmt, inputs, wanted, proposed)
 	failing := 0
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tVERDICT")
 	for _, in := range inputs {
 		needs, err := fleet.Needs(in)
 		p := fleet.Plan(in.Namespace, needs, current, proposed, err)
-		for _, line := range planLines(p) {
+		lines := planLines(p)
+		if o.FleetNeeds.Serve {
+			lines = fleetNeeds.explain(in.Namespace, p, lines)
+		}
+		for _, line := range lines {
 			fmt.Fprintf(tw, "%s\t%s\n", in.Namespace, line)
 		}
 		if p.Verdict == fleet.WouldFail || p.Verdict == fleet.CannotTell {

@@ -59,6 +59,9 @@ type Options struct {
 	Poll           time.Duration
 	AllowEmpty     bool
 	KeepReferenced bool
+	// FleetNeeds, when ServeFleetNeeds, adds the images the fleet needs,
+	// within policy (fleetneeds.go).
+	FleetNeeds FleetNeedsOptions
 	// Logger gets the server's log (default: JSON on stderr).
 	Logger *slog.Logger
 
@@ -121,6 +124,9 @@ func Open(o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, exitcode.InputError(err)
 	}
+	if err := o.FleetNeeds.Check(); err != nil {
+		return nil, exitcode.InputError(err)
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
@@ -138,7 +144,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if o.OutputFile != "" {
 		cfg.Publisher = server.FilePublisher{Path: o.OutputFile}
 	}
-	needsCluster := o.OSImagesConfigMap != "" || o.OutputConfigMap != ""
+	needsCluster := o.OSImagesConfigMap != "" || o.OutputConfigMap != "" || o.FleetNeeds.Serve
 	if needsCluster {
 		client, err := kube.Clientset(o.Kubeconfig)
 		if err != nil {
@@ -200,6 +206,9 @@ func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Conf
 			return fmt.Errorf("--os-images-configmap %w", err)
 		}
 		d.inputs.OSImagesConfigMap = &key
+	}
+	if err := d.fleetNeedsFromCluster(); err != nil {
+		return err
 	}
 	if d.opts.OutputConfigMap != "" {
 		key, err := kube.ParseObjectKey(d.opts.OutputConfigMap)
@@ -290,6 +299,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // included.
 func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
 	wanted, selErr := selection.Select(in.Values, in.Catalog)
+	wanted, refused := d.addFleetNeeds(in, wanted)
 	if err := d.srv.Admit(ctx, wanted); err != nil {
 		return err
 	}
@@ -297,6 +307,7 @@ func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
 	if selErr != nil {
 		d.log.Error("selection problems (the other images are still served)", "error", selErr)
 	}
+	d.srv.SetRefusedNeeds(refused)
 	d.srv.SetDesired(wanted, errors.Join(selErr, policyErr))
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selection"
@@ -33,8 +34,11 @@ type Inputs struct {
 	OSImagesFile string
 	// OSImagesConfigMap, with Client, is read and watched instead.
 	OSImagesConfigMap *kube.ObjectKey
-	Client            kubernetes.Interface
-	ValueFiles        []string
+	// FleetNeedsConfigMap, when set (--serve-fleet-needs), is the fleet's
+	// needs the controller publishes, watched as a third input.
+	FleetNeedsConfigMap *kube.ObjectKey
+	Client              kubernetes.Interface
+	ValueFiles          []string
 	// Poll is how often files are checked for changes (default 2s).
 	Poll   time.Duration
 	Logger *slog.Logger
@@ -50,12 +54,16 @@ type Inputs struct {
 	// Watch started it: readings come from it, not from a GET per event
 	// and per poll.
 	configMaps cache.Store
+	// fleetNeeds is the informer's store of FleetNeedsConfigMap.
+	fleetNeeds cache.Store
 }
 
 // Loaded is one reading of the inputs.
 type Loaded struct {
 	Catalog osimage.Catalog
 	Values  values.Values
+	// Needs are the fleet's needs, nil without FleetNeedsConfigMap.
+	Needs *fleet.FleetNeeds
 }
 
 // Refusal says why inputs were refused.
@@ -123,6 +131,10 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if errs := selection.ValuesNearMisses(vals); len(errs) > 0 {
 		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("values %s: %w", strings.Join(in.ValueFiles, ", "), errors.Join(errs...))}
 	}
+	needs, err := in.readFleetNeeds(ctx)
+	if err != nil {
+		return Loaded{}, nil, err
+	}
 	// The fingerprint is taken from what was parsed, so it can never
 	// disagree with it.
 	h := sha256.New()
@@ -130,7 +142,10 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if err := json.NewEncoder(h).Encode(vals); err != nil {
 		return Loaded{}, nil, err
 	}
-	return Loaded{Catalog: cat, Values: vals}, h.Sum(nil), nil
+	if err := json.NewEncoder(h).Encode(needs); err != nil {
+		return Loaded{}, nil, err
+	}
+	return Loaded{Catalog: cat, Values: vals, Needs: needs}, h.Sum(nil), nil
 }
 
 // readOSImages returns the os_images document and names where it was
@@ -195,11 +210,18 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 	}
 	events := make(chan struct{}, 1)
 	if in.OSImagesConfigMap != nil {
-		store, err := in.watchConfigMap(ctx, events)
+		store, err := in.watchConfigMap(ctx, *in.OSImagesConfigMap, events)
 		if err != nil {
 			return err
 		}
 		in.configMaps = store
+	}
+	if in.FleetNeedsConfigMap != nil {
+		store, err := in.watchConfigMap(ctx, *in.FleetNeedsConfigMap, events)
+		if err != nil {
+			return err
+		}
+		in.fleetNeeds = store
 	}
 	// good is the fingerprint of the inputs in force; bad that of the last
 	// inputs refused, and said the message of that refusal, so that a
@@ -271,8 +293,7 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 
 // watchConfigMap starts an informer on the watched ConfigMap alone, which
 // signals events, and returns its store once it is synced.
-func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) (cache.Store, error) {
-	key := *in.OSImagesConfigMap
+func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events chan<- struct{}) (cache.Store, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(in.Client, 10*time.Minute,
 		informers.WithNamespace(key.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -297,4 +318,40 @@ func (in Inputs) watchConfigMap(ctx context.Context, events chan<- struct{}) (ca
 		return nil, fmt.Errorf("watching ConfigMap %s: cache did not sync", key)
 	}
 	return informer.GetStore(), nil
+}
+
+// readFleetNeeds returns the fleet's needs, nil when they are not an
+// input. A ConfigMap that does not exist yet, or has no needs.yaml, is no
+// need: the controller may not run, or not have checked yet. One that does
+// not parse is refused like any unreadable input: the last good inputs
+// stay, and no served image is dropped because of it.
+func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, error) {
+	if in.FleetNeedsConfigMap == nil {
+		return nil, nil
+	}
+	key := *in.FleetNeedsConfigMap
+	var cm *corev1.ConfigMap
+	if in.fleetNeeds != nil {
+		obj, exists, err := in.fleetNeeds.GetByKey(key.String())
+		if err != nil {
+			return nil, err
+		}
+		if exists {
+			cm, _ = obj.(*corev1.ConfigMap)
+		}
+	} else {
+		var err error
+		if cm, err = kube.GetConfigMap(ctx, in.Client, key); err != nil {
+			return nil, err
+		}
+	}
+	needs := &fleet.FleetNeeds{}
+	if cm == nil || cm.Data[fleet.FleetNeedsKey] == "" {
+		return needs, nil
+	}
+	parsed, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s: %w", key, err)
+	}
+	return &parsed, nil
 }

@@ -62,6 +62,7 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
 
 // bind adds the metrics computed from the server's state at scrape time.
 func (m *Metrics) bind(s *Server) {
+	m.registry.MustRegister(newFleetNeedsCollector(s))
 	images := prometheus.NewDesc("osimages_images", "Known images by phase; selected is false for deselected images kept on disk.", []string{"phase", "selected"}, nil)
 	free := prometheus.NewDesc("osimages_disk_free_bytes", "Free bytes on the data filesystem.", nil, nil)
 	used := prometheus.NewDesc("osimages_storage_used_bytes", "Bytes of stored images.", nil, nil)

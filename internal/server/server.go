@@ -211,6 +211,8 @@ type Server struct {
 	peerPuller *pull.Puller
 	// scrub is the state of the scrub (scrub.go).
 	scrub scrubState
+	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
+	refusedNeeds osimage.RefusedNeeds
 }
 
 // New builds a server over cfg.Store, whose verified images are known (and

@@ -49,12 +49,14 @@ type statusView struct {
 	Replicas []ReplicaState
 	Leader   bool
 	Scrub    ScrubStatus
+	// RefusedNeeds are the fleet's needs refused by policy.
+	RefusedNeeds osimage.RefusedNeeds
 }
 
 // serveStatus renders the operators' page: every image with its state.
 func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	statuses, selErr := s.Statuses()
-	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus(), Replicas: s.peerStatuses(), Leader: s.isLeader(), Scrub: s.ScrubStatus()}
+	view := statusView{Images: statuses, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(), Counts: map[string]int{}, Now: s.cfg.Now(), Inputs: s.InputsStatus(), Replicas: s.peerStatuses(), Leader: s.isLeader(), Scrub: s.ScrubStatus(), RefusedNeeds: s.RefusedNeeds()}
 	if selErr != nil {
 		view.SelectError = selErr.Error()
 	}

@@ -1,0 +1,73 @@
+package plan
+
+import (
+	"strings"
+
+	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/values"
+)
+
+// planFleetNeeds is what serve --serve-fleet-needs would add to the
+// proposed set, and refuse.
+type planFleetNeeds struct {
+	added   map[string]selection.Wanted
+	refused osimage.RefusedNeeds
+}
+
+// fleetNeeds computes the fleet's needs as the controller publishes them
+// (each namespace's needs with its own catalog's records), applies the
+// policy of o.FleetNeeds as serve does, and adds what it admits to
+// proposed. Clusters given as files carry no catalog: their needs have no
+// record, and are refused as such.
+func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[string]selection.Wanted, proposed osimage.ServedOutput) planFleetNeeds {
+	if !o.FleetNeeds.Serve {
+		return planFleetNeeds{}
+	}
+	var all []fleet.NamespaceNeeds
+	for _, in := range inputs {
+		needs, _ := fleet.Needs(in)
+		report := fleet.Check(in.Namespace, "", needs, osimage.ServedOutput{}, false, nil)
+		all = append(all, fleet.NamespaceNeeds{Report: report, Catalog: in.Catalog})
+	}
+	added, refused := selection.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
+	for sha, w := range added {
+		proposed.Set[sha] = osimage.ServedImage{Available: true, ImageKey: w.Key}
+		proposed.Filenames[sha] = w.ServedAs()
+	}
+	return planFleetNeeds{added: added, refused: refused}
+}
+
+// explain adds, for one namespace, the images served because the fleet
+// needs them, and the reason of each refusal next to its failure.
+func (f planFleetNeeds) explain(namespace string, p fleet.ClusterPlan, lines []string) []string {
+	var out []string
+	for _, line := range lines {
+		if line == string(fleet.Unchanged) {
+			continue
+		}
+		if image, ok := strings.CutPrefix(line, "newly served: "); ok {
+			sha, _, _ := strings.Cut(image, "/")
+			if _, added := f.added[sha]; added {
+				continue
+			}
+		}
+		for _, r := range f.refused {
+			if r.Namespace == namespace && strings.HasPrefix(line, "would fail: "+r.SHA256+"/") {
+				line += "; serve --serve-fleet-needs would refuse it: " + r.Message
+			}
+		}
+		out = append(out, line)
+	}
+	for _, l := range p.Lines {
+		sha, _, _ := strings.Cut(l.Image, "/")
+		if _, ok := f.added[sha]; ok {
+			out = append(out, "served for the fleet's needs: "+l.Image)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, string(fleet.Unchanged))
+	}
+	return out
+}
