@@ -34,6 +34,25 @@ func cosignCLI(t *testing.T) string {
 	return p
 }
 
+// cosignKeyPair makes a key pair with the CLI in a new folder (cosign.key,
+// cosign.pub), and returns the folder and the public key as osimages reads it.
+func cosignKeyPair(t *testing.T, bin string) (string, *signature.PublicKey) {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := runCosign(t, bin, dir, "generate-key-pair"); err != nil {
+		t.Fatalf("cosign generate-key-pair: %v\n%s", err, out)
+	}
+	pub, err := os.ReadFile(filepath.Join(dir, "cosign.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := signature.ParsePublicKey(pub)
+	if err != nil {
+		t.Fatalf("cosign.pub: %v", err)
+	}
+	return dir, key
+}
+
 func runCosign(t *testing.T, bin, dir string, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
@@ -52,18 +71,7 @@ func TestCosignCrossCheck(t *testing.T) {
 	bin := cosignCLI(t)
 	f := newFixture(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	if out, err := runCosign(t, bin, dir, "generate-key-pair"); err != nil {
-		t.Fatalf("cosign generate-key-pair: %v\n%s", err, out)
-	}
-	pub, err := os.ReadFile(filepath.Join(dir, "cosign.pub"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := signature.ParsePublicKey(pub)
-	if err != nil {
-		t.Fatalf("cosign.pub: %v", err)
-	}
+	dir, key := cosignKeyPair(t, bin)
 
 	// cosign signs, osimages verifies.
 	uri, d := f.publish(t, "dib/by-cosign", "1.0", 21)
@@ -145,18 +153,7 @@ func TestCosignBundle(t *testing.T) {
 	bin := cosignCLI(t)
 	f := newFixture(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	if out, err := runCosign(t, bin, dir, "generate-key-pair"); err != nil {
-		t.Fatalf("cosign generate-key-pair: %v\n%s", err, out)
-	}
-	pub, err := os.ReadFile(filepath.Join(dir, "cosign.pub"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := signature.ParsePublicKey(pub)
-	if err != nil {
-		t.Fatalf("cosign.pub: %v", err)
-	}
+	dir, key := cosignKeyPair(t, bin)
 	const repo = "dib/cosign-v3"
 	refOf := func(uri string, d digest.Digest) string {
 		return strings.TrimPrefix(uri[:strings.LastIndex(uri, ":")], "oci://") + "@" + d.String()
