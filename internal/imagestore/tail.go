@@ -72,6 +72,28 @@ func (w *Writer) Tail(ctx context.Context, from int64) (io.ReadCloser, error) {
 	return &tailReader{ctx: ctx, t: w.currentTail(), f: f, off: from}, nil
 }
 
+// TailBlob opens a reader of the blob kept beside the image (KeepBlob), as
+// Tail does for the image: it waits for bytes not written yet, ends at
+// io.EOF once the blob was written whole and the image committed, and with
+// an error when the download was abandoned or started again. It fails when
+// no blob is kept.
+func (w *Writer) TailBlob(ctx context.Context, from int64) (io.ReadCloser, error) {
+	w.tailMu.Lock()
+	b := w.blob
+	w.tailMu.Unlock()
+	if b == nil {
+		return nil, fmt.Errorf("image %s: no blob is kept beside the download", w.sha256)
+	}
+	f, err := os.Open(b.path)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: reading the blob in progress: %w", w.sha256, err)
+	}
+	b.mu.Lock()
+	t := b.tail
+	b.mu.Unlock()
+	return &tailReader{ctx: ctx, t: t, f: f, off: from}, nil
+}
+
 func (w *Writer) currentTail() *tailState {
 	w.tailMu.Lock()
 	defer w.tailMu.Unlock()

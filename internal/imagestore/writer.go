@@ -53,6 +53,11 @@ type Writer struct {
 	// replaces it, so tailMu guards the pointer.
 	tailMu sync.Mutex
 	tail   *tailState
+
+	// keepBlob asks for the blob of the pull to be kept (blob.go), in
+	// blob, guarded by tailMu.
+	keepBlob bool
+	blob     *blobFile
 }
 
 // Write appends p, leaving holes for the blocks of zeros.
@@ -129,6 +134,8 @@ func (w *Writer) Reset() error {
 	w.tail.end(errors.New("the image is being written again from its first byte"))
 	w.tail = &tailState{}
 	w.tailMu.Unlock()
+	// The blob is started again by the puller's next BlobWriter call.
+	w.endBlob(errors.New("the download is being started again from its first byte"))
 	return nil
 }
 
@@ -166,6 +173,9 @@ func (w *Writer) Commit(e Entry) error {
 	e.VerifiedAt = e.VerifiedAt.UTC()
 	e.MD5 = strings.ToLower(e.MD5)
 
+	// The blob was written whole (the pull read it to its end): readers
+	// read on to its end; it is not kept with the image.
+	w.endBlob(nil)
 	fail := func(what string, err error) error {
 		w.Abort()
 		return fmt.Errorf("image %s: %s: %w", w.sha256, what, err)
@@ -211,6 +221,7 @@ func (w *Writer) Abort() error {
 	}
 	w.done = true
 	w.currentTail().end(errors.New("the download was abandoned"))
+	w.endBlob(errors.New("the download was abandoned"))
 	if w.f != nil {
 		w.f.Close()
 		w.f = nil

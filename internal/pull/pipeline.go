@@ -41,7 +41,7 @@ type passResult struct {
 // compressedReadBuffer is what gunzip reads from the network at a time.
 const compressedReadBuffer = 256 << 10
 
-func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj object, dst io.Writer) (passResult, error) {
+func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj object, dst io.Writer, blob io.Writer) (passResult, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	rr.ctx = ctx
@@ -58,6 +58,9 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		}
 		blobHash = obj.digest.Algorithm().Hash()
 		network = io.TeeReader(rr, blobHash)
+	}
+	if blob != nil {
+		network = io.TeeReader(network, blob)
 	}
 
 	var file io.Reader = network

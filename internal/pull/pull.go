@@ -41,6 +41,10 @@ type Source struct {
 	// resolves to another one (it was moved after the catalog read it), the
 	// pull stops with a *VerifyError before any byte of the layer is asked.
 	ManifestDigest string
+	// BlobDigest, for an http(s) source, is the digest the download must
+	// have (the layer a peer keeps, say); empty means not checked. OCI
+	// sources take it from the manifest.
+	BlobDigest string
 	// CheckManifest, for an OCI source, is called with the digest of the
 	// manifest resolved, whose layer is the one downloaded, before any byte
 	// of it is asked (a signature check, say); an error stops the pull. It
@@ -54,6 +58,15 @@ type Source struct {
 type Destination interface {
 	io.Writer
 	Reset() error
+}
+
+// BlobKeeper is a Destination that also keeps the network bytes of a
+// compressed layer, as they arrive (for peers to stream them; see
+// imagestore.Writer.KeepBlob). BlobWriter is called before each pass with
+// the blob's digest ("" for an HTTP source) and length; a nil writer keeps
+// nothing. The pull fails if that writer fails.
+type BlobKeeper interface {
+	BlobWriter(digest string, size int64) (io.Writer, error)
 }
 
 // Progress reports network bytes: received is the offset reached in the
@@ -196,7 +209,13 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 			open: obj.open, what: obj.what, size: obj.size,
 			chunk: p.rangeChunk(), knobs: p, progress: progress,
 		}
-		got, err := p.pass(ctx, rr, src, obj, dst)
+		var blob io.Writer
+		if k, ok := dst.(BlobKeeper); ok && src.Compression != "" && obj.size > 0 {
+			if blob, err = k.BlobWriter(obj.digest.String(), obj.size); err != nil {
+				return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
+			}
+		}
+		got, err := p.pass(ctx, rr, src, obj, dst, blob)
 		res.NetworkBytes += rr.network
 		res.Resumes += rr.resumes
 		if errors.Is(err, errRestart) && attempt < p.maxRestarts() {
@@ -233,6 +252,11 @@ func normalize(src *Source) error {
 	}
 	if src.Size < 0 || src.ArchiveSize < 0 {
 		return fmt.Errorf("pulling %s: negative size", display(src.URI))
+	}
+	if src.BlobDigest != "" {
+		if _, err := digest.Parse(src.BlobDigest); err != nil {
+			return fmt.Errorf("pulling %s: blob digest %q: %w", display(src.URI), src.BlobDigest, err)
+		}
 	}
 	if src.ManifestDigest != "" {
 		if _, err := digest.Parse(src.ManifestDigest); err != nil {
@@ -356,7 +380,8 @@ func (p *Puller) resolveHTTP(src Source) (object, error) {
 			req.Header.Set("User-Agent", ua)
 			return client.Do(req)
 		},
-		size: size,
+		size:   size,
+		digest: digest.Digest(src.BlobDigest),
 	}, nil
 }
 

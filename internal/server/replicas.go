@@ -329,6 +329,9 @@ func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.W
 		peer := s.chooseSource(w.SHA256)
 		if peer == nil {
 			s.setSource(w.SHA256, SourceRegistry)
+			// Followers stream the compressed layer as it arrives rather
+			// than the image: a fraction of the bytes over this NIC.
+			dst.KeepBlob()
 			md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
 			return md5, size, SourceRegistry, err
 		}
@@ -388,6 +391,20 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wan
 		URI:    p.URL + osimage.ImagePath(osimage.SHA256(w.SHA256), w.Filename()),
 		SHA256: w.SHA256, MD5: w.Image.Get(osimage.FieldMD5), Size: w.Int64Field(osimage.FieldSize),
 	}
+	if w.Image.Get(osimage.FieldCompression) != "" {
+		// A peer pulling the image from the registry keeps its compressed
+		// layer: stream that, verified as a registry blob is. Without one
+		// (the peer holds the image verified already), copy the image.
+		blob, kept, err := s.peerBlobDescriptor(ctx, p, w.SHA256)
+		if err != nil {
+			return "", 0, err
+		}
+		if kept {
+			src.URI = p.URL + peerBlobPath(w.SHA256)
+			src.Compression = w.Image.Get(osimage.FieldCompression)
+			src.BlobDigest, src.ArchiveSize = blob.Digest, blob.Size
+		}
+	}
 	res, err := s.peerPuller.Pull(ctx, src, dst, func(received, total int64) {
 		mu.Lock()
 		if received > last {
@@ -433,6 +450,8 @@ func (s *Server) reportPeer(w selection.Wanted, p peers.Peer, err error) {
 func (s *Server) PeerHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /images/{sha256}/{file}", s.servePeer)
+	mux.HandleFunc("GET /peer/blobs/{sha256}", s.servePeerBlob)
+	mux.HandleFunc("GET /peer/blobs/{sha256}/descriptor", s.servePeerBlobDescriptor)
 	mux.HandleFunc("GET /peer/state", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.replicaState())
@@ -480,7 +499,7 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 			s.serveStored(w, r, sum)
 			return
 		case writer != nil && size > 0:
-			s.serveInProgress(w, r, writer, size)
+			s.serveInProgress(w, r, writer.Tail, size)
 			return
 		}
 		if time.Now().After(deadline) {
@@ -500,7 +519,7 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 // or bytes=N-M) or the whole, with the declared size as length. A download
 // abandoned or started again cuts the connection: the follower's
 // verification would refuse the bytes anyway.
-func (s *Server) serveInProgress(w http.ResponseWriter, r *http.Request, writer *imagestore.Writer, size int64) {
+func (s *Server) serveInProgress(w http.ResponseWriter, r *http.Request, open func(context.Context, int64) (io.ReadCloser, error), size int64) {
 	from, to := int64(0), size-1
 	status := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
@@ -524,7 +543,7 @@ func (s *Server) serveInProgress(w http.ResponseWriter, r *http.Request, writer 
 		status = http.StatusPartialContent
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", from, to, size))
 	}
-	tail, err := writer.Tail(r.Context(), from)
+	tail, err := open(r.Context(), from)
 	if err != nil {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -560,4 +579,116 @@ func (s *Server) peerStatuses() []ReplicaState {
 		out = append(out, st)
 	}
 	return out
+}
+
+// peerBlobPath is where the peer listener serves the compressed layer of
+// the image sum while it pulls it from the registry.
+func peerBlobPath(sum string) string { return "/peer/blobs/" + sum }
+
+// peerBlob waits (up to PeerTimeout) for the registry pull of sum to say
+// whether it keeps its blob: the writer that keeps it, or nil when there is
+// none to stream (the image is verified, not pulled here, or its layer is
+// not compressed) and the image is to be copied instead.
+func (s *Server) peerBlob(r *http.Request, sum string) (*imagestore.Writer, imagestore.Blob, bool) {
+	deadline := time.Now().Add(s.cfg.PeerTimeout)
+	for {
+		s.mu.Lock()
+		img, known := s.images[sum]
+		var writer *imagestore.Writer
+		var started, none bool
+		if known {
+			// A verified image is copied whole; a replica that fills from
+			// a peer keeps no blob.
+			none = img.stored || strings.HasPrefix(img.source, sourcePeer)
+		}
+		if known && !img.stored && img.source == SourceRegistry &&
+			(img.phase == PhaseDownloading || img.phase == PhaseVerifying) {
+			writer, started = img.writer, img.received > 0
+		}
+		s.mu.Unlock()
+		if writer != nil {
+			// The blob is kept before the first network byte: once bytes
+			// came without one, there will be none.
+			if b, ok := writer.Blob(); ok {
+				return writer, b, true
+			}
+			if started {
+				return nil, imagestore.Blob{}, false
+			}
+		} else if !known || none || time.Now().After(deadline) {
+			return nil, imagestore.Blob{}, false
+		}
+		select {
+		case <-r.Context().Done():
+			return nil, imagestore.Blob{}, false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// peerBlobDescriptor is the blob kept by a peer, as JSON.
+type peerBlobDescriptor struct {
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+func (s *Server) servePeerBlobDescriptor(w http.ResponseWriter, r *http.Request) {
+	sum := r.PathValue("sha256")
+	if _, err := osimage.ParseSHA256(sum); err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	_, b, ok := s.peerBlob(r, sum)
+	if !ok {
+		http.Error(w, "no compressed layer of this image is kept here: copy the image", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(peerBlobDescriptor{Digest: b.Digest, Size: b.Size})
+}
+
+func (s *Server) servePeerBlob(w http.ResponseWriter, r *http.Request) {
+	sum := r.PathValue("sha256")
+	if _, err := osimage.ParseSHA256(sum); err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	writer, b, ok := s.peerBlob(r, sum)
+	if !ok {
+		http.Error(w, "no compressed layer of this image is kept here: copy the image", http.StatusNotFound)
+		return
+	}
+	if b.Digest != "" {
+		w.Header().Set("Docker-Content-Digest", b.Digest)
+	}
+	s.serveInProgress(w, r, writer.TailBlob, b.Size)
+}
+
+// peerBlobDescriptor asks peer p for the compressed layer of sum it keeps
+// while it pulls it: kept is false when it keeps none (copy the image).
+func (s *Server) peerBlobDescriptor(ctx context.Context, p peers.Peer, sum string) (peerBlobDescriptor, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+peerBlobPath(sum)+"/descriptor", nil)
+	if err != nil {
+		return peerBlobDescriptor{}, false, err
+	}
+	resp, err := s.peerPuller.HTTP.Do(req)
+	if err != nil {
+		return peerBlobDescriptor{}, false, fmt.Errorf("asking peer %s for the compressed layer: %w", p.ID, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return peerBlobDescriptor{}, false, nil
+	default:
+		return peerBlobDescriptor{}, false, fmt.Errorf("asking peer %s for the compressed layer: %s", p.ID, resp.Status)
+	}
+	var d peerBlobDescriptor
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&d); err != nil {
+		return peerBlobDescriptor{}, false, fmt.Errorf("peer %s's compressed layer descriptor: %w", p.ID, err)
+	}
+	if d.Size <= 0 {
+		return peerBlobDescriptor{}, false, fmt.Errorf("peer %s's compressed layer descriptor: size %d", p.ID, d.Size)
+	}
+	return d, true, nil
 }

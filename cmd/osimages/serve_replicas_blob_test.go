@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/peers"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// peerTraffic counts the bytes a replica's peer listener sends, by kind:
+// the compressed layer of a download in progress, or the image.
+type peerTraffic struct {
+	blob, image atomic.Int64
+	flipped     atomic.Int64
+}
+
+// peerProxy forwards to a replica's peer listener, counting what it sends
+// in tr; with flipBlobs, it flips a byte in every compressed layer it sends.
+func peerProxy(t *testing.T, tr *peerTraffic, flipBlobs bool) func(string) string {
+	return func(peerAddr string) string {
+		target, _ := url.Parse("http://" + peerAddr)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			path := resp.Request.URL.Path
+			switch {
+			case strings.HasPrefix(path, "/peer/blobs/") && !strings.HasSuffix(path, "/descriptor"):
+				var body io.ReadCloser = resp.Body
+				if flipBlobs {
+					body = &flipReader{ReadCloser: body, at: 64 << 10, flipped: &tr.flipped}
+				}
+				resp.Body = &countReader{ReadCloser: body, n: &tr.blob}
+			case strings.HasPrefix(path, "/images/"):
+				resp.Body = &countReader{ReadCloser: resp.Body, n: &tr.image}
+			}
+			return nil
+		}
+		addr := freeHostAddr(t)
+		srv := &http.Server{Addr: addr, Handler: proxy}
+		go srv.ListenAndServe()
+		t.Cleanup(func() { srv.Close() })
+		return addr
+	}
+}
+
+type countReader struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestServeReplicasFillFromTheCompressedLayer: followers of a registry
+// pull of a gzip layer stream the layer as it arrives (about a quarter of
+// the image here), not the image the puller writes.
+func TestServeReplicasFillFromTheCompressedLayer(t *testing.T) {
+	counter := &blobCounter{}
+	counter.trickle.Store(true)
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, blobBytes := replicaImages(t, reg, 24<<20)
+	plain := publishedFor(t, reg)[0]
+	for _, p := range publishedFor(t, reg) {
+		if p.Fields.Get("compression") == "gz" {
+			plain = p
+		}
+	}
+	plainSum := plain.Fields.Get("sha256")
+	var archive, size int64
+	fmt.Sscan(plain.Fields.Get("archive-size"), &archive)
+	fmt.Sscan(plain.Fields.Get("size"), &size)
+	if archive <= 0 || archive*2 > size {
+		t.Fatalf("the gz test image is %d bytes compressed for %d: the test needs a layer well smaller than the image", archive, size)
+	}
+	ids := []string{"r0", "r1", "r2"}
+	puller := peers.Rendezvous(plainSum, ids)[0]
+	rs := newReplicaSet(t, args...)
+	traffic := map[string]*peerTraffic{}
+	for _, id := range ids {
+		traffic[id] = &peerTraffic{}
+		rs.start(id, peerProxy(t, traffic[id], false))
+	}
+	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if !rs.get(id).holds(sums...) {
+				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return true, ""
+	})
+	if sent := counter.sent.Load(); sent < blobBytes || float64(sent) > 1.05*float64(blobBytes) {
+		t.Errorf("the registry sent %d blob bytes for blobs of %d in all: want each once", sent, blobBytes)
+	}
+	for _, id := range ids {
+		if id == puller {
+			continue
+		}
+		if src := rs.get(id).state().Images[plainSum].Source; src != "peer "+puller {
+			t.Errorf("%s filled the gz image from %q, want peer %s (the rendezvous puller)", id, src, puller)
+		}
+	}
+	// Two followers took the layer from the puller: twice the compressed
+	// size (the raw image, hardened, is copied as is and counted apart).
+	got := traffic[puller].blob.Load()
+	t.Logf("puller %s sent %d bytes of compressed layer (layer %d, image %d) and %d bytes of images", puller, got, archive, size, traffic[puller].image.Load())
+	if got < 2*archive || float64(got) > 2.1*float64(archive) {
+		t.Errorf("the puller sent %d bytes of its compressed layer to two followers, want about 2 × %d", got, archive)
+	}
+	var rawPlain int64
+	for _, id := range ids {
+		rawPlain += traffic[id].image.Load()
+	}
+	// The hardened image is raw: its followers copy it (2 × its size at
+	// most); anything above means the gz image was copied raw too.
+	hardened := blobBytes - archive
+	if rawPlain > 2*hardened {
+		t.Errorf("the peers sent %d image bytes, more than the raw image's two copies (%d): the gz image was copied raw", rawPlain, 2*hardened)
+	}
+}
+
+// TestServeReplicasRefuseACorruptedCompressedLayer: a puller whose
+// compressed layer arrives corrupted at its followers is reported, and they
+// fill from elsewhere.
+func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
+	counter := &blobCounter{}
+	counter.trickle.Store(true)
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, _ := replicaImages(t, reg, 16<<20)
+	var plainSum string
+	for _, p := range publishedFor(t, reg) {
+		if p.Fields.Get("compression") == "gz" {
+			plainSum = p.Fields.Get("sha256")
+		}
+	}
+	ids := []string{"r0", "r1", "r2"}
+	puller := peers.Rendezvous(plainSum, ids)[0]
+	rs := newReplicaSet(t, args...)
+	bad := &peerTraffic{}
+	for _, id := range ids {
+		var advertise func(string) string
+		if id == puller {
+			advertise = peerProxy(t, bad, true)
+		}
+		rs.start(id, advertise)
+	}
+	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if !rs.get(id).holds(sums...) {
+				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return true, ""
+	})
+	if bad.flipped.Load() == 0 {
+		t.Fatalf("no compressed layer went through the corrupting proxy: the test proves nothing (%d image bytes went through it)", bad.image.Load())
+	}
+	reported := false
+	for _, id := range ids {
+		if id == puller {
+			continue
+		}
+		logs := rs.get(id).d.stderr.String()
+		if strings.Contains(logs, `"msg":"peer failed to fill an image; filling it from elsewhere","peer":"`+puller+`"`) &&
+			strings.Contains(logs, `"reason":"bad-bytes"`) && strings.Contains(logs, "blob digest mismatch") {
+			reported = true
+		}
+		if src := rs.get(id).state().Images[plainSum].Source; src == "peer "+puller {
+			t.Errorf("%s kept the gz image from the corrupting puller %s", id, puller)
+		}
+	}
+	if !reported {
+		t.Errorf("no follower reported the puller %s's corrupted layer", puller)
+	}
+	for _, id := range ids {
+		r := rs.get(id)
+		if got, code := sha256Of(t, r.d.url("/images/"+plainSum+"/"+imageFilename(t, r, plainSum))); code != 200 || got != plainSum {
+			t.Errorf("%s serves the gz image: %d, sha256 %s", id, code, got)
+		}
+	}
+}
