@@ -202,6 +202,7 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-image-size", "0"}, `--max-image-size "0": give a positive quantity`},
 		{[]string{"--max-image-size", "lots"}, `--max-image-size "lots"`},
 		{[]string{"--scrub-interval", "-1h"}, "--scrub-interval -1h0m0s is negative: give 0 to switch the scrub off"},
+		{[]string{"--peer-timeout", "-1s"}, "--peer-timeout -1s is negative"},
 		{[]string{"--scrub-rate", "0"}, `--scrub-rate "0": give a positive quantity`},
 		{[]string{"--scrub-rate", "quick"}, `--scrub-rate "quick"`},
 	} {

@@ -318,7 +318,8 @@ func hostSelector(raw any, path string) (map[string]any, error) {
 			return nil, fmt.Errorf("%s: unknown field %q (Metal3 knows matchLabels and matchExpressions)", path, k)
 		}
 	}
-	return deepCopy(m).(map[string]any), nil
+	// A copy: the rendered objects share no map with the values.
+	return values.DeepCopy(m).(map[string]any), nil
 }
 
 // dataTemplateFields are the fields of a dataTemplate reference in each
@@ -343,28 +344,8 @@ func (r *renderer) dataTemplate(raw any, path string) (map[string]any, error) {
 			return nil, fmt.Errorf("%s.%s: must be a string", path, k)
 		}
 	}
-	return deepCopy(m).(map[string]any), nil
-}
-
-// deepCopy keeps the rendered objects from sharing maps with the values,
-// so a caller that edits one cannot change the other.
-func deepCopy(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[k] = deepCopy(e)
-		}
-		return out
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = deepCopy(e)
-		}
-		return out
-	default:
-		return v
-	}
+	// A copy: the rendered objects share no map with the values.
+	return values.DeepCopy(m).(map[string]any), nil
 }
 
 func isHex(s string) bool {

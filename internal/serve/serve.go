@@ -350,6 +350,9 @@ func (o Options) limits() (server.Config, error) {
 		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.MinRate)
 	}
 	errs = append(errs, err)
+	if o.PeerTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--peer-timeout %s is negative: give how long a peer may show no progress, such as 30s", o.PeerTimeout))
+	}
 	if o.ScrubInterval < 0 {
 		errs = append(errs, fmt.Errorf("--scrub-interval %s is negative: give 0 to switch the scrub off", o.ScrubInterval))
 	}

@@ -13,7 +13,7 @@ package values
 func Overlay(base, over Values) Values {
 	out := make(Values, len(base)+len(over))
 	for k, v := range base {
-		out[k] = deepCopy(v)
+		out[k] = DeepCopy(v)
 	}
 	for k, v := range over {
 		bm, bok := out[k].(map[string]any)
@@ -22,23 +22,25 @@ func Overlay(base, over Values) Values {
 			out[k] = Overlay(bm, om)
 			continue
 		}
-		out[k] = deepCopy(v)
+		out[k] = DeepCopy(v)
 	}
 	return out
 }
 
-func deepCopy(v any) any {
+// DeepCopy copies the maps and lists of a values tree, so that the copy
+// shares nothing a caller could edit with the original.
+func DeepCopy(v any) any {
 	switch t := v.(type) {
 	case map[string]any:
 		out := make(map[string]any, len(t))
 		for k, e := range t {
-			out[k] = deepCopy(e)
+			out[k] = DeepCopy(e)
 		}
 		return out
 	case []any:
 		out := make([]any, len(t))
 		for i, e := range t {
-			out[i] = deepCopy(e)
+			out[i] = DeepCopy(e)
 		}
 		return out
 	default:
