@@ -64,7 +64,7 @@ func imagePath(p devregistry.Published) string {
 // held mid-stream by the registry, and a client is in the middle of an
 // image, ends the process within the shutdown grace, exit 0, with the
 // download neither retried nor counted as failed and its partial file
-// removed. On today's main the worker looped on the cancelled download:
+// kept, checkpointed, for the next start. On today's main the worker looped on the cancelled download:
 // megabytes of log, and no exit until SIGKILL.
 func TestServeStopsPromptlyOnSignal(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
@@ -77,7 +77,7 @@ func TestServeStopsPromptlyOnSignal(t *testing.T) {
 			d := startServe(t, freeAddr(t), "--data", data, "--os-images", writeFile(t, "os-images.yaml", osImagesDocFor(published)),
 				"-f", writeFile(t, "mgmt.yaml", hostileMgmt), "--output-file", filepath.Join(t.TempDir(), "served.yaml"))
 			testenv.Eventually(t, "one image ready, the other held mid-download", 60*time.Second, func() (bool, string) {
-				staged, _ := os.ReadDir(filepath.Join(data, "tmp"))
+				staged, _ := os.ReadDir(filepath.Join(data, "partial"))
 				page := d.statusPage()
 				return strings.Contains(page, "downloading") && strings.Contains(page, ">ready<") && len(staged) == 1, page + d.stderr.String()
 			})
@@ -117,7 +117,11 @@ func TestServeStopsPromptlyOnSignal(t *testing.T) {
 				t.Errorf("the interrupted download must be logged as such, not as a failure:\n%s", log)
 			}
 			if staged, _ := os.ReadDir(filepath.Join(data, "tmp")); len(staged) != 0 {
-				t.Errorf("partial files left: %v", staged)
+				t.Errorf("files left in tmp/: %v", staged)
+			}
+			held := published["held"].Fields.Get("sha256")
+			if _, err := os.Stat(filepath.Join(data, "partial", held, ".checkpoint.json")); err != nil {
+				t.Errorf("the interrupted download is not kept, checkpointed, for the next start: %v", err)
 			}
 		})
 	}

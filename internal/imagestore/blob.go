@@ -53,12 +53,21 @@ func (w *Writer) BlobWriter(digest string, size int64) (io.Writer, error) {
 	if w.blob != nil {
 		w.blob.end(errors.New("the blob is being written again from its first byte"))
 	}
+	// After Kept, the blob goes on from the checkpoint; else from byte 0.
+	from := w.blobFrom
+	w.blobFrom = 0
 	path := filepath.Join(w.dir, blobName)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err == nil {
+		err = f.Truncate(from)
+	}
 	if err != nil {
+		if f != nil {
+			f.Close()
+		}
 		return nil, fmt.Errorf("image %s: keeping the blob: %w", w.sha256, err)
 	}
-	w.blob = &blobFile{Blob: Blob{Digest: digest, Size: size}, path: path, f: f, tail: &tailState{}}
+	w.blob = &blobFile{Blob: Blob{Digest: digest, Size: size}, path: path, f: f, off: from, tail: &tailState{written: from}}
 	return w.blob, nil
 }
 
@@ -94,6 +103,12 @@ func (b *blobFile) Write(p []byte) (int, error) {
 // end closes and removes the blob; readers that opened it read on to what
 // was written, then get err (io.EOF when nil).
 func (b *blobFile) end(err error) {
+	b.close(err)
+	os.Remove(b.path)
+}
+
+// close ends the blob as end does, but keeps its file (for a later Resume).
+func (b *blobFile) close(err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tail.end(err)
@@ -101,16 +116,20 @@ func (b *blobFile) end(err error) {
 		b.f.Close()
 		b.f = nil
 	}
-	os.Remove(b.path)
 }
 
 // endBlob ends the blob kept, if any.
 func (w *Writer) endBlob(err error) {
-	w.tailMu.Lock()
-	b := w.blob
-	w.blob = nil
-	w.tailMu.Unlock()
-	if b != nil {
+	if b := w.detachBlob(); b != nil {
 		b.end(err)
 	}
+}
+
+// detachBlob takes the blob kept, if any, from the writer.
+func (w *Writer) detachBlob() *blobFile {
+	w.tailMu.Lock()
+	defer w.tailMu.Unlock()
+	b := w.blob
+	w.blob = nil
+	return b
 }

@@ -6,10 +6,12 @@
 //	images/<sha256>/<filename>       the image file, as served
 //	images/<sha256>/.osimages.json   its metadata (Entry)
 //	tmp/                             staging directories and deleted entries
+//	partial/<sha256>/                a resumable download (Store.Resume)
 //
 // An entry becomes visible in one rename of a complete, fsynced staging
 // directory into images/, so a crash at any point leaves either a whole entry
 // or nothing servable; whatever is left in tmp/ is removed by the next Open.
+// A download in partial/ is kept across restarts, and never served.
 package imagestore
 
 import (
@@ -74,12 +76,14 @@ func (e Entry) CheckedAt() time.Time {
 
 // Store is a content-addressed image store. It is safe for concurrent use.
 type Store struct {
-	dir, images, tmp string
-	lock             *os.File
-	log              *slog.Logger
+	dir, images, tmp, partial string
+	lock                      *os.File
+	log                       *slog.Logger
 
 	mu      sync.RWMutex
 	entries map[string]Entry
+	// resuming holds the sha256s a Writer from Resume has open.
+	resuming map[string]bool
 }
 
 // Open prepares dir (creating dir/images and dir/tmp), removes what an
@@ -104,16 +108,18 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("image store %s: %w", dir, err)
 	}
 	s := &Store{
-		dir:     abs,
-		images:  filepath.Join(abs, imagesDir),
-		tmp:     filepath.Join(abs, tmpDir),
-		entries: map[string]Entry{},
-		log:     slog.Default(),
+		dir:      abs,
+		images:   filepath.Join(abs, imagesDir),
+		tmp:      filepath.Join(abs, tmpDir),
+		partial:  filepath.Join(abs, partialDir),
+		entries:  map[string]Entry{},
+		resuming: map[string]bool{},
+		log:      slog.Default(),
 	}
 	for _, o := range opts {
 		o(s)
 	}
-	for _, d := range []string{s.dir, s.images, s.tmp} {
+	for _, d := range []string{s.dir, s.images, s.tmp, s.partial} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", d, err)
 		}
@@ -126,6 +132,10 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	if err := s.scan(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.cleanPartials(); err != nil {
 		s.Close()
 		return nil, err
 	}

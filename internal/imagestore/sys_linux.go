@@ -45,3 +45,18 @@ func lockDir(path string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// diskUsage is the space the files directly under dir take on disk (holes
+// take none).
+func diskUsage(dir string) int64 {
+	des, _ := os.ReadDir(dir)
+	var n int64
+	for _, de := range des {
+		if fi, err := de.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+	}
+	return n
+}

@@ -23,3 +23,15 @@ func openNoFollow(path string) (*os.File, error) {
 func lockDir(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 }
+
+// diskUsage is the size of the files directly under dir.
+func diskUsage(dir string) int64 {
+	des, _ := os.ReadDir(dir)
+	var n int64
+	for _, de := range des {
+		if fi, err := de.Info(); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,13 @@ type Writer struct {
 	// blob, guarded by tailMu.
 	keepBlob bool
 	blob     *blobFile
+
+	// For a writer from Store.Resume (resume.go): release ends its claim
+	// on the sha256; kept is the checkpoint it was opened with, and
+	// blobFrom where the next BlobWriter continues the blob.
+	release  func()
+	kept     *checkpoint
+	blobFrom int64
 }
 
 // Write appends p, leaving holes for the blocks of zeros.
@@ -125,6 +133,12 @@ func (w *Writer) Reset() error {
 	if w.done {
 		return errors.New("image store: Reset after Commit or Abort")
 	}
+	// The checkpoint goes first: a crash in between must not leave one
+	// that describes bytes no longer there.
+	if err := w.dropCheckpoint(); err != nil {
+		w.err = err
+		return err
+	}
 	if err := w.f.Truncate(0); err != nil {
 		w.err = fmt.Errorf("image %s: truncating %s: %w", w.sha256, w.f.Name(), err)
 		return w.err
@@ -136,6 +150,13 @@ func (w *Writer) Reset() error {
 	w.tailMu.Unlock()
 	// The blob is started again by the puller's next BlobWriter call.
 	w.endBlob(errors.New("the download is being started again from its first byte"))
+	if w.release != nil {
+		// One kept by an earlier process has no blobFile to end.
+		if err := os.Remove(filepath.Join(w.dir, blobName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			w.err = fmt.Errorf("image %s: removing the kept blob: %w", w.sha256, err)
+			return w.err
+		}
+	}
 	return nil
 }
 
@@ -180,6 +201,9 @@ func (w *Writer) Commit(e Entry) error {
 		w.Abort()
 		return fmt.Errorf("image %s: %s: %w", w.sha256, what, err)
 	}
+	if err := w.dropCheckpoint(); err != nil {
+		return fail("committing", err)
+	}
 	// Trailing zeros were skipped: set the length.
 	if err := w.f.Truncate(w.off); err != nil {
 		return fail("setting the file length", err)
@@ -210,6 +234,9 @@ func (w *Writer) Commit(e Entry) error {
 	}
 	w.done = true
 	w.currentTail().end(nil)
+	if w.release != nil {
+		w.release()
+	}
 	return nil
 }
 
@@ -226,7 +253,11 @@ func (w *Writer) Abort() error {
 		w.f.Close()
 		w.f = nil
 	}
-	if err := os.RemoveAll(w.dir); err != nil {
+	err := os.RemoveAll(w.dir)
+	if w.release != nil {
+		w.release()
+	}
+	if err != nil {
 		return fmt.Errorf("image %s: removing the staging directory: %w", w.sha256, err)
 	}
 	return nil

@@ -41,55 +41,105 @@ type passResult struct {
 // compressedReadBuffer is what gunzip reads from the network at a time.
 const compressedReadBuffer = 256 << 10
 
-func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj object, dst io.Writer, blob io.Writer) (passResult, error) {
+func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj object, dst io.Writer, blob io.Writer, plan *resumePlan) (passResult, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	rr.ctx = ctx
 	defer rr.closeBody()
 
-	// For a raw layer the blob is the file: its sha256 is the blob digest,
-	// computed once.
-	blobIsFile := obj.digest != "" && obj.digest.Algorithm() == digest.SHA256 && src.Compression == ""
-	var blobHash hash.Hash
-	var network io.Reader = rr
-	if obj.digest != "" && !blobIsFile {
+	// Every network byte is hashed with sha256 as it arrives: that is the
+	// blob digest (for the usual sha256 one), the file's sha256 for a raw
+	// source, and what checkpoints record.
+	net := &network{remote: rr, sha256: sha256.New()}
+	var keep *asyncWriter
+	if blob != nil {
+		from := int64(0)
+		if plan != nil && plan.kept != nil {
+			from = plan.offset
+		}
+		keep = newAsyncWriter(blob, from, 8, compressedReadBuffer)
+		net.keep = keep
+		defer func() {
+			if keep != nil {
+				keep.close()
+			}
+		}()
+	}
+	if obj.digest != "" && obj.digest.Algorithm() != digest.SHA256 {
 		if !obj.digest.Algorithm().Available() {
 			return passResult{}, fmt.Errorf("layer digest %s: algorithm %s is not supported", obj.digest, obj.digest.Algorithm())
 		}
-		blobHash = obj.digest.Algorithm().Hash()
-		network = io.TeeReader(rr, blobHash)
+		net.other = obj.digest.Algorithm().Hash()
 	}
-	if blob != nil {
-		network = io.TeeReader(network, blob)
+	if plan != nil && plan.kept != nil {
+		net.kept, net.keptLeft, net.keptSum = plan.kept, plan.offset, plan.sum
 	}
 
-	var file io.Reader = network
+	var file io.Reader = net
 	var compressed *bufio.Reader
 	if src.Compression == "gz" {
 		// klauspost's inflater has a fast path for a *bufio.Reader.
-		compressed = bufio.NewReaderSize(network, compressedReadBuffer)
+		compressed = bufio.NewReaderSize(net, compressedReadBuffer)
 		zr, err := gzip.NewReader(compressed)
 		if err != nil {
-			return passResult{}, p.decompressError(rr, err, compressed, obj, blobHash)
+			return passResult{}, p.decompressError(rr, err, compressed, obj, net)
 		}
 		file = zr
 	}
 
-	sha, md := sha256.New(), md5.New()
-	size, err := p.fanOut(ctx, cancel, file, []io.Writer{sha, md, dst}, src.Size)
+	md := md5.New()
+	out := &fileSink{dst: dst}
+	sinks := []io.Writer{md, out}
+	var sha hash.Hash
+	if src.Compression != "" {
+		sha = sha256.New()
+		sinks = append(sinks, sha)
+	} else if plan != nil {
+		// The file holds the kept bytes already.
+		out.skip = plan.offset
+	}
+	var ckpt *checkpointer
+	if plan != nil {
+		net.marks = newMarks(plan.offset)
+		durable := out.reached.Load
+		if keep != nil {
+			durable = keep.reached.Load
+		}
+		ckpt = p.startCheckpoints(ctx, cancel, plan, net.marks, durable)
+	}
+	size, err := p.fanOut(ctx, cancel, file, sinks, src.Size)
+	if keep != nil {
+		if kerr := keep.close(); kerr != nil && err == nil {
+			err = &writeError{fmt.Errorf("keeping the blob: %w", kerr)}
+		}
+		keep = nil
+	}
 	if err != nil {
+		if plan != nil {
+			// Keep what was written for the next pull: a shutdown, a
+			// network that failed, a watchdog that cut the download.
+			net.marks.addNow(net.off, net.sha256)
+		}
+		ckpt.stop(net.keptLeft == 0)
 		var werr *writeError
 		switch {
 		case errors.As(err, &werr):
+		case net.keptLeft > 0:
+			// The kept bytes did not decompress: damaged, or a bad
+			// archive; their sha256 tells.
+			if kerr := net.checkKept(); kerr != nil {
+				err = kerr
+			}
 		case rr.err() != nil:
 			// The network failed (or cannot resume): whatever gunzip made
 			// of it, that is the cause.
 			err = rr.err()
-		case compressed != nil && ctx.Err() == nil && !isVerifyError(err):
-			err = p.decompressError(rr, err, compressed, obj, blobHash)
+		case compressed != nil && ctx.Err() == nil && !isVerifyError(err) && !errors.Is(err, errKept):
+			err = p.decompressError(rr, err, compressed, obj, net)
 		}
 		return passResult{}, err
 	}
+	ckpt.stop(false)
 	if compressed != nil {
 		// The gzip stream ended: the blob digest covers the whole blob, so
 		// read what may follow (nothing, for a well-formed layer).
@@ -97,29 +147,44 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 			return passResult{}, err
 		}
 	}
-	out := passResult{sha256: hex.EncodeToString(sha.Sum(nil)), md5: hex.EncodeToString(md.Sum(nil)), size: size}
-	switch {
-	case blobIsFile:
-		out.blob = out.sha256
-	case blobHash != nil:
-		out.blob = hex.EncodeToString(blobHash.Sum(nil))
+	got := passResult{md5: hex.EncodeToString(md.Sum(nil)), size: size}
+	netSum := hex.EncodeToString(net.sha256.Sum(nil))
+	if sha != nil {
+		got.sha256 = hex.EncodeToString(sha.Sum(nil))
+	} else {
+		got.sha256 = netSum
 	}
-	return out, nil
+	switch {
+	case net.other != nil:
+		got.blob = hex.EncodeToString(net.other.Sum(nil))
+	case obj.digest != "":
+		got.blob = netSum
+	}
+	return got, nil
 }
 
 // decompressError explains a gzip failure. Corrupted network bytes break
 // the gzip stream long before the end, so the rest of the blob is read to
 // tell a transfer that went wrong (blob digest mismatch) from an artifact
 // that is not gzip.
-func (p *Puller) decompressError(rr *rangeReader, gzErr error, compressed *bufio.Reader, obj object, blobHash hash.Hash) error {
+func (p *Puller) decompressError(rr *rangeReader, gzErr error, compressed *bufio.Reader, obj object, net *network) error {
 	if err := rr.err(); err != nil {
 		return err
 	}
-	if blobHash != nil {
+	if net.keptLeft > 0 {
+		if err := net.checkKept(); err != nil {
+			return err
+		}
+	}
+	if obj.digest != "" {
 		if _, err := io.Copy(io.Discard, compressed); err != nil {
 			return fmt.Errorf("decompressing: %v; then reading the rest of the blob: %w", gzErr, err)
 		}
-		if got := hex.EncodeToString(blobHash.Sum(nil)); got != obj.digest.Encoded() {
+		h := net.sha256
+		if net.other != nil {
+			h = net.other
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != obj.digest.Encoded() {
 			return fmt.Errorf("%w (and the layer does not decompress: %v)", &VerifyError{What: WhatBlobDigest, Expected: obj.digest.String(), Actual: string(obj.digest.Algorithm()) + ":" + got}, gzErr)
 		}
 	}

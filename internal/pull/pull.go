@@ -88,8 +88,15 @@ type Result struct {
 	// Resumes counts the range requests that continued a cut transfer.
 	Resumes int
 	// Restarts counts the passes started again from byte 0 because the
-	// server would not resume.
+	// server would not resume, or the bytes kept from an earlier pull did
+	// not match their checkpoint.
 	Restarts int
+	// Kept is the count of network bytes an earlier pull into a Resumable
+	// destination kept, checked and continued from, not downloaded again.
+	Kept int64
+	// KeptDiscarded says why bytes kept by an earlier pull were thrown
+	// away ("" when they were not).
+	KeptDiscarded string
 }
 
 // What a VerifyError is about.
@@ -158,6 +165,12 @@ type Puller struct {
 	// the hashes and the write: Buffers buffers of BufferSize bytes.
 	// Defaults 256 KiB and 16.
 	BufferSize, Buffers int
+	// CheckpointBytes and CheckpointInterval set how often a Resumable
+	// destination is checkpointed: every CheckpointBytes network bytes,
+	// and once a CheckpointInterval when fewer came. A crash loses at most
+	// that. Defaults 2 MiB and 1s.
+	CheckpointBytes    int64
+	CheckpointInterval time.Duration
 }
 
 func (p *Puller) maxRetries() int            { return def(p.MaxRetries, 6) }
@@ -166,6 +179,10 @@ func (p *Puller) bufferSize() int            { return def(p.BufferSize, 256<<10)
 func (p *Puller) buffers() int               { return max(def(p.Buffers, 16), 2) }
 func (p *Puller) rangeChunk() int64          { return def(p.RangeChunk, 8<<20) }
 func (p *Puller) idleTimeout() time.Duration { return def(p.IdleTimeout, 60*time.Second) }
+func (p *Puller) checkpointBytes() int64     { return def(p.CheckpointBytes, 2<<20) }
+func (p *Puller) checkpointInterval() time.Duration {
+	return def(p.CheckpointInterval, time.Second)
+}
 func (p *Puller) manifestTimeout() time.Duration {
 	return def(p.ManifestTimeout, 60*time.Second)
 }
@@ -198,6 +215,8 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		return Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	res := Result{BlobDigest: obj.digest.String()}
+	resumable, _ := dst.(Resumable)
+	keptChecked := false
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if err := dst.Reset(); err != nil {
@@ -205,9 +224,20 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 			}
 			res.Restarts++
 		}
-		rr := &rangeReader{
-			open: obj.open, what: obj.what, size: obj.size,
-			chunk: p.rangeChunk(), knobs: p, progress: progress,
+		var plan *resumePlan
+		if resumable != nil {
+			plan = &resumePlan{dst: resumable, source: sourceID(src, obj)}
+			if !keptChecked {
+				keptChecked = true
+				var kept io.ReadCloser
+				if plan.offset, plan.sum, kept, err = resumable.Kept(plan.source); err != nil {
+					return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
+				}
+				if kept != nil {
+					defer kept.Close()
+					plan.kept = kept
+				}
+			}
 		}
 		var blob io.Writer
 		if k, ok := dst.(BlobKeeper); ok && src.Compression != "" && obj.size > 0 {
@@ -215,9 +245,34 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 				return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 			}
 		}
-		got, err := p.pass(ctx, rr, src, obj, dst, blob)
+		if plan != nil && src.Compression != "" && blob == nil {
+			// Only the blob lets a compressed download continue, and this
+			// one keeps none (its length is unknown).
+			if plan.kept != nil {
+				if err := dst.Reset(); err != nil {
+					return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
+				}
+			}
+			plan = nil
+		}
+		from := int64(0)
+		if plan != nil && plan.kept != nil {
+			from = plan.offset
+		}
+		rr := &rangeReader{
+			open: obj.open, what: obj.what, size: obj.size, off: from,
+			chunk: p.rangeChunk(), knobs: p, progress: progress,
+		}
+		got, err := p.pass(ctx, rr, src, obj, dst, blob, plan)
 		res.NetworkBytes += rr.network
 		res.Resumes += rr.resumes
+		if errors.Is(err, errKept) {
+			// Damaged while the server was down: start again from byte 0,
+			// as a server that cannot resume makes us do.
+			res.KeptDiscarded = err.Error()
+			continue
+		}
+		res.Kept = from
 		if errors.Is(err, errRestart) && attempt < p.maxRestarts() {
 			continue
 		}

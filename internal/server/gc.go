@@ -74,9 +74,36 @@ func (s *Server) CollectGarbage() {
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)
 	}
+	s.collectPartials()
 	s.mu.Lock()
 	s.gcLastPass = now
 	s.mu.Unlock()
+}
+
+// collectPartials removes the partial downloads, kept across restarts, of
+// images no longer selected: a download in progress is cancelled (and its
+// partial removed) when its image is deselected, but one kept by an earlier
+// process is known only here.
+func (s *Server) collectPartials() {
+	partials, err := s.cfg.Store.Partials()
+	if err != nil {
+		s.log.Error("listing the partial downloads failed", "error", err)
+		return
+	}
+	for _, p := range partials {
+		s.mu.Lock()
+		img, ok := s.images[p.SHA256]
+		wanted := ok && img.selected && !img.stored
+		s.mu.Unlock()
+		if wanted {
+			continue
+		}
+		if err := s.cfg.Store.RemovePartial(p.SHA256); err != nil {
+			s.log.Error("removing a partial download failed", "sha256", p.SHA256, "error", err)
+			continue
+		}
+		s.log.Info("partial download removed: its image is not selected", "sha256", p.SHA256, "bytes", p.Bytes)
+	}
 }
 
 // LastCollection is when the last complete garbage-collection pass began

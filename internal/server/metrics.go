@@ -20,6 +20,8 @@ type Metrics struct {
 	peerFailures    *prometheus.CounterVec
 	scrubBytes      prometheus.Counter
 	scrubFailures   prometheus.Counter
+	keptBytes       prometheus.Counter
+	keptDiscarded   prometheus.Counter
 }
 
 // NewMetrics registers the server's metrics, and the Go and process
@@ -51,8 +53,14 @@ func NewMetrics() *Metrics {
 		scrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_scrub_failures_total", Help: "Stored images the scrub found changed (sha256 or size): each was dropped and downloaded again.",
 		}),
+		keptBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_download_kept_bytes_total", Help: "Bytes of partial downloads kept from an earlier attempt or process, checked, and continued from rather than downloaded again.",
+		}),
+		keptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "osimages_download_kept_discarded_total", Help: "Partial downloads kept from an earlier attempt or process that no longer matched their checkpoint (damaged while the server was down): each was downloaded again from byte 0.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures, m.scrubBytes, m.scrubFailures,
+	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures, m.scrubBytes, m.scrubFailures, m.keptBytes, m.keptDiscarded,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

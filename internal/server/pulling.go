@@ -109,17 +109,16 @@ func (r *Registries) Apply(vals values.Values) error {
 // (signature.Policy.KeysFor). While policy reports an error, OCI images are
 // not pulled at all. A nil policy checks no signature.
 func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error)) PullFunc {
-	return func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
+	return func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 		src := PullSource(w)
 		if policy != nil {
 			check, err := signatureCheck(w, policy)
 			if err != nil {
-				return "", 0, err
+				return pull.Result{}, err
 			}
 			src.CheckManifest = check
 		}
-		res, err := choose().Pull(ctx, src, dst, progress)
-		return res.MD5, res.Size, err
+		return choose().Pull(ctx, src, dst, progress)
 	}
 }
 

@@ -117,7 +117,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.phase = PhaseQueued
 		img.attempts--
 		img.received = 0
-		s.log.Info("download interrupted by shutdown; its partial file is removed", "sha256", sum, "key", w.Key)
+		s.log.Info("download interrupted by shutdown; its partial file is kept, to be continued at the next start", "sha256", sum, "key", w.Key)
 	case errors.As(err, new(*spaceWait)):
 		img.phase = PhaseQueued
 		img.attempts--
@@ -148,11 +148,14 @@ func (s *Server) download(ctx context.Context, sum string) {
 	}
 }
 
-// pullInto downloads w into a new temporary file of the store, bounded to
-// bound bytes, and commits it once verified; anything short of that leaves
-// nothing behind. pulled is called once the network part is over.
+// pullInto downloads w into the store's partial file of its sha256,
+// bounded to bound bytes, continuing what an earlier attempt (or process)
+// kept there, and commits it once verified. A download refused for its
+// content, or deselected, leaves nothing behind; one cut short otherwise
+// (a shutdown, a network failure, a stall) keeps its partial file for the
+// next attempt. pulled is called once the network part is over.
 func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
-	dst, err := s.cfg.Store.Create(w.SHA256)
+	dst, err := s.cfg.Store.Resume(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
 	}
@@ -184,8 +187,21 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
 	s.mu.Unlock()
-	md5, size, _, err := s.fill(ctx, w, dst, progress)
+	res, source, err := s.fill(ctx, w, dst, progress)
 	pulled()
+	if res.KeptDiscarded != "" {
+		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.keptDiscarded.Inc()
+		}
+	}
+	if res.Kept > 0 {
+		s.log.Info("download continued from the partial file kept", "sha256", w.SHA256, "key", w.Key, "source", source, "keptBytes", res.Kept, "networkBytes", res.NetworkBytes)
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.keptBytes.Add(float64(res.Kept))
+		}
+	}
+	md5, size := res.MD5, res.Size
 	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
 	}
@@ -197,7 +213,11 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		err = dst.Commit(entry)
 	}
 	if err != nil {
-		_ = dst.Abort()
+		if keepPartial(ctx, err) {
+			_ = dst.Suspend()
+		} else {
+			_ = dst.Abort()
+		}
 	}
 	s.mu.Lock()
 	s.images[w.SHA256].writer = nil
@@ -206,6 +226,13 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		return imagestore.Entry{}, err
 	}
 	return entry, nil
+}
+
+// keepPartial says whether a download that ended with err keeps its
+// partial file for the next attempt: not when its bytes were refused, nor
+// when the image was deselected.
+func keepPartial(ctx context.Context, err error) bool {
+	return !isVerifyError(err) && !errors.Is(err, imagestore.ErrLimit) && !errors.Is(context.Cause(ctx), errDeselected)
 }
 
 func (s *Server) backoff(attempts int) time.Duration {

@@ -40,7 +40,7 @@ func TestRegistriesFollowTheValuesInForce(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dst.Abort()
-		_, _, err = pull(context.Background(), w, dst, nil)
+		_, err = pull(context.Background(), w, dst, nil)
 		t.Logf("%s: %v", what, err)
 		return err
 	}

@@ -326,10 +326,10 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 }
 
 // fill pulls w into dst from a peer or the registry, and says which.
-func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, string, error) {
+func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, string, error) {
 	if s.cfg.Replicas == nil {
-		md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
-		return md5, size, SourceRegistry, err
+		res, err := s.cfg.Pull(ctx, w, dst, progress)
+		return res, SourceRegistry, err
 	}
 	for {
 		peer := s.chooseSource(w.SHA256)
@@ -338,20 +338,20 @@ func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.W
 			// Followers stream the compressed layer as it arrives rather
 			// than the image: a fraction of the bytes over this NIC.
 			dst.KeepBlob()
-			md5, size, err := s.cfg.Pull(ctx, w, dst, progress)
-			return md5, size, SourceRegistry, err
+			res, err := s.cfg.Pull(ctx, w, dst, progress)
+			return res, SourceRegistry, err
 		}
 		s.setSource(w.SHA256, sourcePeer+peer.ID)
-		md5, size, err := s.pullFromPeer(ctx, *peer, w, dst, progress)
+		res, err := s.pullFromPeer(ctx, *peer, w, dst, progress)
 		if err == nil {
-			return md5, size, sourcePeer + peer.ID, nil
+			return res, sourcePeer + peer.ID, nil
 		}
 		if ctx.Err() != nil {
-			return "", 0, "", err
+			return res, "", err
 		}
 		s.reportPeer(w, *peer, err)
 		if err := dst.Reset(); err != nil {
-			return "", 0, "", err
+			return pull.Result{}, "", err
 		}
 		progress(0, 0)
 	}
@@ -368,7 +368,7 @@ func (s *Server) setSource(sum, source string) {
 // pullFromPeer streams w from a peer's peer listener, verified as a
 // registry pull is (sha256, md5, size), resumed with ranges. No progress
 // for PeerTimeout ends it.
-func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
+func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var mu sync.Mutex
@@ -403,7 +403,7 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wan
 		// (the peer holds the image verified already), copy the image.
 		blob, kept, err := s.peerBlobDescriptor(ctx, p, w.SHA256)
 		if err != nil {
-			return "", 0, err
+			return pull.Result{}, err
 		}
 		if kept {
 			src.URI = p.URL + peerBlobPath(w.SHA256)
@@ -422,7 +422,7 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wan
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
-	return res.MD5, res.Size, err
+	return res, err
 }
 
 // reportPeer logs, counts and reports a peer that failed to fill an

@@ -122,7 +122,13 @@ func TestShutdownEndsDownloads(t *testing.T) {
 		t.Errorf("%d shutdown lines, want one per download:\n%s", n, logs)
 	}
 	if left, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(left) != 0 {
-		t.Errorf("partial files left in tmp/: %v", left)
+		t.Errorf("files left in tmp/: %v", left)
+	}
+	// Kept for the next start, which continues what was checkpointed.
+	for _, w := range []selection.Wanted{a, b} {
+		if _, err := os.Stat(filepath.Join(dir, "partial", w.SHA256)); err != nil {
+			t.Errorf("%s: the partial download is not kept for the next start: %v", w.Key, err)
+		}
 	}
 }
 
@@ -313,8 +319,10 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	if st := h.status(good.SHA256); st.Phase != PhaseReady {
 		t.Errorf("good image: %s %q", st.Phase, st.Reason)
 	}
-	if left, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(left) != 0 {
-		t.Errorf("the bomb left %v in tmp/", left)
+	for _, sub := range []string{"tmp", "partial"} {
+		if left, _ := os.ReadDir(filepath.Join(dir, sub)); len(left) != 0 {
+			t.Errorf("the bomb left %v in %s/", left, sub)
+		}
 	}
 }
 
@@ -342,8 +350,10 @@ func TestReservationHoldsTheBound(t *testing.T) {
 	if st := h.status(large.SHA256); !strings.Contains(st.Reason, "the image declares no size") || !strings.Contains(st.Reason, "larger than the bound") {
 		t.Errorf("reason %q", st.Reason)
 	}
-	if left, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(left) != 0 {
-		t.Errorf("the cut download left %v in tmp/", left)
+	for _, sub := range []string{"tmp", "partial"} {
+		if left, _ := os.ReadDir(filepath.Join(dir, sub)); len(left) != 0 {
+			t.Errorf("the cut download left %v in %s/", left, sub)
+		}
 	}
 }
 

@@ -32,7 +32,12 @@ const (
 type Store interface {
 	List() []imagestore.Entry
 	Open(sha256 string) (*os.File, imagestore.Entry, error)
-	Create(sha256 string) (*imagestore.Writer, error)
+	// Resume opens the partial download of sha256, kept from an earlier
+	// attempt or process, or starts one.
+	Resume(sha256 string) (*imagestore.Writer, error)
+	// Partials lists the partial downloads kept; RemovePartial removes one.
+	Partials() ([]imagestore.Partial, error)
+	RemovePartial(sha256 string) error
 	Delete(sha256 string) error
 	Available() (uint64, error)
 	Used() int64
@@ -42,9 +47,10 @@ type Store interface {
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
-// reports the verified md5 and size of the file written. progress gets the
-// network bytes received and the total expected (0 when unknown).
-type PullFunc func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (md5 string, size int64, err error)
+// reports the verified md5 and size of the file written, and what was kept
+// from an earlier pull into dst (a Writer from Store.Resume). progress gets
+// the network bytes received and the total expected (0 when unknown).
+type PullFunc func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error)
 
 // References tells which objects still reference an image. A deselected
 // image that is referenced is kept on disk and served, however long ago it

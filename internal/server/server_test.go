@@ -58,31 +58,31 @@ func (f *fakeSource) add(key string, content []byte, gated bool) selection.Wante
 
 func (f *fakeSource) release(sum string) { close(f.gates[sum]) }
 
-func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (string, int64, error) {
+func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	f.pulls.Add(1)
 	f.mu.Lock()
 	content, gate, failure := f.content[w.SHA256], f.gates[w.SHA256], f.fail[w.SHA256]
 	f.mu.Unlock()
 	if failure != nil {
-		return "", 0, failure
+		return pull.Result{}, failure
 	}
 	half := len(content) / 2
 	if _, err := dst.Write(content[:half]); err != nil {
-		return "", 0, err
+		return pull.Result{}, err
 	}
 	progress(int64(half), int64(len(content)))
 	if gate != nil {
 		select {
 		case <-gate:
 		case <-ctx.Done():
-			return "", 0, ctx.Err()
+			return pull.Result{}, ctx.Err()
 		}
 	}
 	if _, err := dst.Write(content[half:]); err != nil {
-		return "", 0, err
+		return pull.Result{}, err
 	}
 	progress(int64(len(content)), int64(len(content)))
-	return w.Image.Get("md5"), int64(len(content)), nil
+	return pull.Result{SHA256: w.SHA256, MD5: w.Image.Get("md5"), Size: int64(len(content))}, nil
 }
 
 type clock struct {

@@ -84,6 +84,9 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 		return 0, fmt.Errorf("checking free disk space: %w", err)
 	}
 	free := int64(min(avail, math.MaxInt64))
+	// A partial download kept from an earlier attempt holds part of the
+	// space this one needs already.
+	free = addSizes(free, s.partialBytes(sum))
 	if !declaresSize(w) {
 		archive := need - bound
 		room := free - s.cfg.FreeSpaceMargin
@@ -122,6 +125,17 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 	}
 	s.images[sum].reservedForSpace = need
 	return bound, nil
+}
+
+// partialBytes is the disk space the kept partial download of sum takes.
+func (s *Server) partialBytes(sum string) int64 {
+	partials, _ := s.cfg.Store.Partials()
+	for _, p := range partials {
+		if p.SHA256 == sum {
+			return p.Bytes
+		}
+	}
+	return 0
 }
 
 // spaceWait says that an image waits for the space that downloads in

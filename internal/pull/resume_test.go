@@ -1,0 +1,260 @@
+package pull
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// blobTap counts the bytes of blob d the registry sends, records the Range
+// of each request, and can hold a response once a count of bytes is sent,
+// as a registry does when the server that reads it is about to die.
+type blobTap struct {
+	digest  string
+	sent    atomic.Int64
+	holdAt  atomic.Int64 // 0: never hold
+	mu      sync.Mutex
+	ranges  []string
+	holding chan struct{}
+}
+
+func (b *blobTap) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isBlobGet(r, b.digest) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		b.mu.Lock()
+		b.ranges = append(b.ranges, r.Header.Get("Range"))
+		b.mu.Unlock()
+		next.ServeHTTP(&tapWriter{ResponseWriter: w, tap: b, ctx: r.Context()}, r)
+	})
+}
+
+func (b *blobTap) requests() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.ranges...)
+}
+
+type tapWriter struct {
+	http.ResponseWriter
+	tap *blobTap
+	ctx context.Context
+}
+
+func (w *tapWriter) Write(p []byte) (int, error) {
+	if at := w.tap.holdAt.Load(); at > 0 {
+		room := at - w.tap.sent.Load()
+		if room <= 0 || int64(len(p)) > room {
+			n, _ := w.ResponseWriter.Write(p[:max(room, 0)])
+			w.tap.sent.Add(int64(n))
+			w.ResponseWriter.(http.Flusher).Flush()
+			close(w.tap.holding)
+			<-w.ctx.Done()
+			return n, w.ctx.Err()
+		}
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.tap.sent.Add(int64(n))
+	return n, err
+}
+
+func (w *tapWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+
+// interrupted pulls src into a resumable writer of a store in dir until the
+// registry has sent holdAt bytes of the blob, then stops the pull as a
+// shutdown does and suspends the writer.
+func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, holdAt int64) {
+	t.Helper()
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w, err := store.Resume(src.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap.holdAt.Store(holdAt)
+	tap.holding = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	var received atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Pull(ctx, src, w, func(n, _ int64) { received.Store(n) })
+		done <- err
+	}()
+	select {
+	case <-tap.holding:
+	case err := <-done:
+		t.Fatalf("the pull ended before the registry held it: %v", err)
+	}
+	testenv.Eventually(t, "the held bytes received", 10*time.Second, func() (bool, string) {
+		return received.Load() >= holdAt, ""
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted pull: %v, want context.Canceled", err)
+	}
+	if err := w.Suspend(); err != nil {
+		t.Fatal(err)
+	}
+	tap.holdAt.Store(0)
+}
+
+// resumed opens the store in dir again and pulls src to its end.
+func resumed(t *testing.T, dir string, p *Puller, src Source) (*imagestore.Store, Result) {
+	t.Helper()
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	w, err := store.Resume(src.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	res, err := p.Pull(context.Background(), src, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(imagestore.Entry{MD5: res.MD5, Filename: "image.raw", Size: res.Size}); err != nil {
+		t.Fatal(err)
+	}
+	return store, res
+}
+
+// TestPullContinuesAfterARestart: a pull stopped at 40 % of its blob and
+// continued by a new store on the same directory asks the registry for the
+// rest only (one closed range from where it stopped), and the file
+// committed is the image; for a gzip layer too, whose kept blob is
+// decompressed again from the disk.
+func TestPullContinuesAfterARestart(t *testing.T) {
+	for _, gz := range []bool{false, true} {
+		name := map[bool]string{false: "raw", true: "gzip"}[gz]
+		t.Run(name, func(t *testing.T) {
+			tap := &blobTap{}
+			reg := registryWith(t, tap.middleware)
+			content := devregistry.DiskContent(32<<20+5, 11)
+			src, pub := publish(t, reg, "dib/resume-"+name, content, gz, nil)
+			tap.digest = pub.LayerDigest.String()
+			blobSize := src.ArchiveSize
+			if !gz {
+				blobSize = src.Size
+			}
+			p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+			p.CheckpointInterval = 20 * time.Millisecond
+			dir := t.TempDir()
+
+			holdAt := blobSize * 4 / 10
+			interrupted(t, dir, p, src, tap, holdAt)
+			firstSent := tap.sent.Load()
+			firstRequests := len(tap.requests())
+
+			store, res := resumed(t, dir, p, src)
+			assertStored(t, store, content)
+			again := tap.sent.Load() - firstSent
+			t.Logf("%s: blob of %d bytes; %d sent before the stop, %d after it; kept %d", name, blobSize, firstSent, again, res.Kept)
+			if res.Kept != holdAt || again != blobSize-holdAt || res.NetworkBytes != again {
+				t.Errorf("kept %d, registry sent %d more, network bytes %d; want %d kept and the %d left", res.Kept, again, res.NetworkBytes, holdAt, blobSize-holdAt)
+			}
+			if reqs := tap.requests()[firstRequests:]; len(reqs) != 1 || !strings.HasPrefix(reqs[0], "bytes="+strconv.FormatInt(holdAt, 10)+"-") {
+				t.Errorf("requests after the restart: %q, want one range from byte %d", reqs, holdAt)
+			}
+			if entries, _ := os.ReadDir(filepath.Join(dir, "partial")); len(entries) != 0 {
+				t.Errorf("partial/ still holds %v after the commit", entries)
+			}
+		})
+	}
+}
+
+// TestPullDiscardsADamagedPartial: a kept partial changed (one byte) or
+// cut while the server was down is detected before anything is asked of
+// the registry, and the pull starts again from byte 0, with no Range, and
+// commits the right file.
+func TestPullDiscardsADamagedPartial(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		gz     bool
+		damage func(path string) error
+	}{
+		{"raw flipped", false, flipByte},
+		{"gzip flipped", true, flipByte},
+		{"raw cut", false, cutInHalf},
+		{"gzip cut", true, cutInHalf},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tap := &blobTap{}
+			reg := registryWith(t, tap.middleware)
+			content := devregistry.DiskContent(16<<20, 12)
+			src, pub := publish(t, reg, "dib/damaged", content, tc.gz, nil)
+			tap.digest = pub.LayerDigest.String()
+			blobSize := src.ArchiveSize
+			kept := ".partial"
+			if !tc.gz {
+				blobSize = src.Size
+			} else {
+				kept = ".blob"
+			}
+			p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+			dir := t.TempDir()
+			interrupted(t, dir, p, src, tap, blobSize/2)
+			if err := tc.damage(filepath.Join(dir, "partial", src.SHA256, kept)); err != nil {
+				t.Fatal(err)
+			}
+			firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
+
+			store, res := resumed(t, dir, p, src)
+			assertStored(t, store, content)
+			t.Logf("discarded: %s", res.KeptDiscarded)
+			if !strings.Contains(res.KeptDiscarded, "does not match its checkpoint") || res.Kept != 0 || res.Restarts != 1 {
+				t.Errorf("result %+v: want the kept partial discarded, one restart, nothing kept", res)
+			}
+			if again := tap.sent.Load() - firstSent; again != blobSize {
+				t.Errorf("registry sent %d bytes after the restart, want the whole blob, %d", again, blobSize)
+			}
+			if reqs := tap.requests()[firstRequests:]; len(reqs) != 1 || reqs[0] != "" {
+				t.Errorf("requests after the restart: %q, want one, without a Range", reqs)
+			}
+		})
+	}
+}
+
+// flipByte inverts a byte near the start of a file that holds data there.
+func flipByte(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], 1000); err != nil {
+		return err
+	}
+	b[0] ^= 0xff
+	_, err = f.WriteAt(b[:], 1000)
+	return err
+}
+
+func cutInHalf(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return os.Truncate(path, fi.Size()/2)
+}

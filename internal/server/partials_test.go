@@ -1,0 +1,76 @@
+package server
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// keepPartialDir leaves a checkpointed partial download of sha256 in the
+// store of dir, as a server killed in the middle of it does.
+func keepPartialDir(t *testing.T, dir, sha256 string) {
+	t.Helper()
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w, err := store.Resume(sha256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("kept"))
+	if err := w.Checkpoint("src", 4, sha256); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Suspend(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func partialExists(dir, sha256 string) bool {
+	_, err := os.Stat(filepath.Join(dir, "partial", sha256))
+	return err == nil
+}
+
+// TestPartialsOfUnselectedImagesAreCollected: the partial download an
+// earlier process kept for an image no longer selected is removed at the
+// first garbage-collection pass once the desired set is known, not before;
+// a failed download keeps its partial when the network failed, not when
+// its bytes were refused.
+func TestPartialsOfUnselectedImagesAreCollected(t *testing.T) {
+	src := newFakeSource()
+	gone := src.add("gone", []byte("an image no longer selected"), false)
+	flaky := src.add("flaky", []byte("an image whose registry fails"), false)
+	refused := src.add("refused", []byte("an image whose bytes are wrong"), false)
+	src.fail[flaky.SHA256] = errors.New("GET: connection refused")
+	src.fail[refused.SHA256] = &pull.VerifyError{What: pull.WhatSHA256, Expected: "x", Actual: "y"}
+	dir := t.TempDir()
+	for _, w := range []string{gone.SHA256, flaky.SHA256, refused.SHA256} {
+		keepPartialDir(t, dir, w)
+	}
+	h := start(t, dir, src, nil)
+	h.srv.CollectGarbage()
+	if !partialExists(dir, gone.SHA256) {
+		t.Fatal("a partial was collected before the desired set was known")
+	}
+	h.want(flaky, refused)
+	h.waitPhase(flaky.SHA256, PhaseFailed)
+	h.waitPhase(refused.SHA256, PhaseFailed)
+	h.srv.CollectGarbage()
+	testenv.Eventually(t, "the unselected image's partial removed", 5*time.Second, func() (bool, string) {
+		return !partialExists(dir, gone.SHA256), ""
+	})
+	if !partialExists(dir, flaky.SHA256) {
+		t.Error("a download failed by the network lost its partial")
+	}
+	if partialExists(dir, refused.SHA256) {
+		t.Error("a download whose bytes were refused kept its partial")
+	}
+}
