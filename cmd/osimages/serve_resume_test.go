@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -87,8 +89,9 @@ func (w *pacedResponse) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// publishLarge publishes an image of size bytes (DiskContent, streamed from
-// a file) under dib/<key>, selected by hostileMgmt.
+// publishLarge publishes an image of size bytes, streamed from a file,
+// under dib/<key>, selected by hostileMgmt: DiskContent, or, for a gzip
+// layer, random bytes, so that the layer is as large as the image.
 func publishLarge(t *testing.T, reg *devregistry.Registry, key string, size int64, gz bool) devregistry.Published {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), key+".raw")
@@ -96,7 +99,12 @@ func publishLarge(t *testing.T, reg *devregistry.Registry, key string, size int6
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := devregistry.WriteDiskContent(f, size, 42); err != nil {
+	if gz {
+		_, err = io.CopyN(f, rand.NewChaCha8([32]byte{42}), size)
+	} else {
+		err = devregistry.WriteDiskContent(f, size, 42)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
@@ -113,8 +121,8 @@ func publishLarge(t *testing.T, reg *devregistry.Registry, key string, size int6
 }
 
 // TestServeContinuesADownloadAfterKill9: a 512 MiB download (a raw layer,
-// and a gzip layer of a 512 MiB image) killed with SIGKILL at 30 %, 60 %
-// and 90 %, behind a byte-counting proxy: each restart continues from what
+// and a gzip layer of as much) killed with SIGKILL at 30 %, 60 % and 90 %,
+// behind a byte-counting proxy: each restart continues from what
 // the last one checkpointed, so that the registry sends at most the bytes
 // left plus 5 % of the download, and the image served has the right
 // sha256. On the main before this test, each restart began at byte 0.

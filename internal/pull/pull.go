@@ -70,8 +70,10 @@ type BlobKeeper interface {
 }
 
 // Progress reports network bytes: received is the offset reached in the
-// download, total its length or 0 while unknown. It is called often, from
-// the pulling goroutine: keep it cheap (an atomic store, say).
+// download, total its length or 0 while unknown. It is called once before
+// each pass with the offset the pass starts from (above 0 when it continues
+// bytes kept by an earlier pull), then often, from the pulling goroutine:
+// keep it cheap (an atomic store, say).
 type Progress func(received, total int64)
 
 // Result describes a verified pull.
@@ -258,6 +260,9 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		from := int64(0)
 		if plan != nil && plan.kept != nil {
 			from = plan.offset
+		}
+		if progress != nil {
+			progress(from, max(obj.size, 0))
 		}
 		rr := &rangeReader{
 			open: obj.open, what: obj.what, size: obj.size, off: from,

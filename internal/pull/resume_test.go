@@ -116,27 +116,34 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 	tap.holdAt.Store(0)
 }
 
-// resumed opens the store in dir again and pulls src to its end.
-func resumed(t *testing.T, dir string, p *Puller, src Source) (*imagestore.Store, Result) {
+// resumed opens the store in dir again and pulls src to its end. first is
+// the first offset the pull reported: where it started.
+func resumed(t *testing.T, dir string, p *Puller, src Source) (store *imagestore.Store, res Result, first int64) {
 	t.Helper()
 	store, err := imagestore.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	w, err := store.Resume(src.SHA256)
+	var w *imagestore.Writer
+	w, err = store.Resume(src.SHA256)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Abort()
-	res, err := p.Pull(context.Background(), src, w, nil)
+	first = -1
+	res, err = p.Pull(context.Background(), src, w, func(received, _ int64) {
+		if first < 0 {
+			first = received
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Commit(imagestore.Entry{MD5: res.MD5, Filename: "image.raw", Size: res.Size}); err != nil {
 		t.Fatal(err)
 	}
-	return store, res
+	return store, res, first
 }
 
 // TestPullContinuesAfterARestart: a pull stopped at 40 % of its blob and
@@ -166,8 +173,11 @@ func TestPullContinuesAfterARestart(t *testing.T) {
 			firstSent := tap.sent.Load()
 			firstRequests := len(tap.requests())
 
-			store, res := resumed(t, dir, p, src)
+			store, res, first := resumed(t, dir, p, src)
 			assertStored(t, store, content)
+			if first != holdAt {
+				t.Errorf("the continued pull first reported offset %d, want %d: where it starts", first, holdAt)
+			}
 			again := tap.sent.Load() - firstSent
 			t.Logf("%s: blob of %d bytes; %d sent before the stop, %d after it; kept %d", name, blobSize, firstSent, again, res.Kept)
 			if res.Kept != holdAt || again != blobSize-holdAt || res.NetworkBytes != again {
@@ -219,7 +229,7 @@ func TestPullDiscardsADamagedPartial(t *testing.T) {
 			}
 			firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
 
-			store, res := resumed(t, dir, p, src)
+			store, res, _ := resumed(t, dir, p, src)
 			assertStored(t, store, content)
 			t.Logf("discarded: %s", res.KeptDiscarded)
 			if !strings.Contains(res.KeptDiscarded, "does not match its checkpoint") || res.Kept != 0 || res.Restarts != 1 {

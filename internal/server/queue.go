@@ -160,8 +160,16 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		return imagestore.Entry{}, err
 	}
 	dst.SetLimit(bound)
-	var last int64
+	// The first report is where the download starts: the bytes kept by an
+	// earlier attempt were not downloaded now.
+	last, started := int64(0), false
 	progress := func(received, total int64) {
+		if !started {
+			started, last = true, received
+			if received > 0 {
+				s.log.Info("download continues from the partial file kept", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
+			}
+		}
 		s.mu.Lock()
 		img := s.images[w.SHA256]
 		if received > img.received {
