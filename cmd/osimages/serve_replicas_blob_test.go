@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -187,5 +188,99 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 		if got, code := sha256Of(t, r.d.url("/images/"+plainSum+"/"+imageFilename(t, r, plainSum))); code != 200 || got != plainSum {
 			t.Errorf("%s serves the gz image: %d, sha256 %s", id, code, got)
 		}
+	}
+}
+
+// holdThenCut passes the first after bytes of a body, then waits until
+// released() (the puller committed), then fails: the proxy aborts the
+// response, and the follower must resume.
+type holdThenCut struct {
+	io.ReadCloser
+	after    int64
+	read     int64
+	released func() bool
+	cuts     *atomic.Int64
+}
+
+func (h *holdThenCut) Read(p []byte) (int, error) {
+	if h.read >= h.after {
+		for deadline := time.Now().Add(30 * time.Second); !h.released() && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		h.cuts.Add(1)
+		return 0, io.ErrUnexpectedEOF
+	}
+	n, err := h.ReadCloser.Read(p[:min(int64(len(p)), h.after-h.read)])
+	h.read += int64(n)
+	return n, err
+}
+
+// TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream: a follower
+// whose stream of the puller's compressed layer is cut, and which asks for
+// the rest only after the puller committed the image (and removed the
+// layer), copies the image from the puller rather than report it failed.
+// Before, the 404 of the layer counted as a failed peer.
+func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
+	counter := &blobCounter{}
+	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
+	args, sums, blobBytes := replicaImages(t, reg, 16<<20)
+	var gzSum string
+	for _, p := range publishedFor(t, reg) {
+		if p.Fields.Get("compression") == "gz" {
+			gzSum = p.Fields.Get("sha256")
+		}
+	}
+	ids := []string{"r0", "r1", "r2"}
+	puller := peers.Rendezvous(gzSum, ids)[0]
+	rs := newReplicaSet(t, args...)
+	var cuts atomic.Int64
+	for _, id := range ids {
+		var advertise func(string) string
+		if id == puller {
+			advertise = func(peerAddr string) string {
+				target, _ := url.Parse("http://" + peerAddr)
+				proxy := httputil.NewSingleHostReverseProxy(target)
+				proxy.ErrorLog = log.New(io.Discard, "", 0)
+				proxy.ModifyResponse = func(resp *http.Response) error {
+					if path := resp.Request.URL.Path; resp.StatusCode == http.StatusOK && path == "/peer/blobs/"+gzSum {
+						resp.Body = &holdThenCut{ReadCloser: resp.Body, after: 64 << 10, cuts: &cuts,
+							released: func() bool { return rs.get(puller).holds(gzSum) }}
+					}
+					return nil
+				}
+				addr := freeHostAddr(t)
+				srv := &http.Server{Addr: addr, Handler: proxy, ErrorLog: log.New(io.Discard, "", 0)}
+				go srv.ListenAndServe()
+				t.Cleanup(func() { srv.Close() })
+				return addr
+			}
+		}
+		rs.start(id, advertise)
+	}
+	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if !rs.get(id).holds(sums...) {
+				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return true, ""
+	})
+	if cuts.Load() == 0 {
+		t.Fatal("no follower's stream of the layer was cut: the test proves nothing")
+	}
+	for _, id := range ids {
+		if id == puller {
+			continue
+		}
+		logs := rs.get(id).d.stderr.String()
+		if strings.Contains(logs, "peer failed to fill an image") {
+			t.Errorf("%s reported a peer failed:\n%s", id, logs)
+		}
+		if src := rs.get(id).state().Images[gzSum].Source; src != "peer "+puller {
+			t.Errorf("%s filled the gz image from %q, want peer %s", id, src, puller)
+		}
+	}
+	if sent := counter.sent.Load(); float64(sent) > 1.05*float64(blobBytes) {
+		t.Errorf("the registry sent %d blob bytes for blobs of %d in all: want each once", sent, blobBytes)
 	}
 }

@@ -343,6 +343,15 @@ func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.W
 		}
 		s.setSource(w.SHA256, sourcePeer+peer.ID)
 		res, err := s.pullFromPeer(ctx, *peer, w, dst, progress)
+		if errors.Is(err, errPeerCommitted) {
+			// Its layer is gone with the commit, not its image: copy that.
+			s.log.Info("peer committed the image while its compressed layer was streamed; copying the image from it", "peer", peer.ID, "sha256", w.SHA256, "key", w.Key)
+			if err := dst.Reset(); err != nil {
+				return pull.Result{}, "", err
+			}
+			progress(0, 0)
+			res, err = s.pullFromPeer(ctx, *peer, w, dst, progress)
+		}
 		if err == nil {
 			return res, sourcePeer + peer.ID, nil
 		}
@@ -419,10 +428,28 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wan
 		mu.Unlock()
 		progress(received, total)
 	})
+	if err != nil && ctx.Err() == nil && src.BlobDigest != "" && s.peerCommitted(ctx, p, w.SHA256) {
+		return res, fmt.Errorf("%w: %w", errPeerCommitted, err)
+	}
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
 	return res, err
+}
+
+// errPeerCommitted says that a peer whose compressed layer was streamed
+// committed the image meanwhile: the layer is gone (a resume of it fails),
+// the image is there to copy.
+var errPeerCommitted = errors.New("the peer committed the image and removed its compressed layer")
+
+// peerCommitted says whether p keeps no compressed layer of sum any more
+// and holds the image verified.
+func (s *Server) peerCommitted(ctx context.Context, p peers.Peer, sum string) bool {
+	if _, kept, err := s.peerBlobDescriptor(ctx, p, sum); err != nil || kept {
+		return false
+	}
+	st, err := fetchState(ctx, s.peerPuller.HTTP, p)
+	return err == nil && st.Images[sum].Verified()
 }
 
 // reportPeer logs, counts and reports a peer that failed to fill an
