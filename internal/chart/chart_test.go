@@ -130,6 +130,10 @@ service: {type: LoadBalancer, port: 443, nodePort: 30443}
 server:
   tlsSecret: os-image-server-tls
   maxStorage: 150Gi
+  stallTimeout: 2m
+  minRate: "0"
+  maxImageSize: 32Gi
+  scrub: {interval: 0s, rate: 20Mi}
   resources: {requests: {cpu: 500m, memory: 256Mi}, limits: {memory: 1Gi}}
 networkPolicy:
   ingressFrom:
@@ -157,7 +161,8 @@ fleetNeeds:
 				t.Errorf("server values do not carry the selectors:\n%s", doc)
 			}
 			args := strings.Join(stringsOf(container(t, r.Find("StatefulSet", "osimages-server"))["args"]), " ")
-			if !contains(args, "--ca-file=", "--registry-config=", "--tls-cert=", "--max-storage=150Gi") {
+			if !contains(args, "--ca-file=", "--registry-config=", "--tls-cert=", "--max-storage=150Gi",
+				"--stall-timeout=2m", "--min-rate=0", "--max-image-size=32Gi", "--scrub-interval=0s", "--scrub-rate=20Mi") {
 				t.Errorf("server args %s", args)
 			}
 			ing := r.Find("Ingress", "osimages-server")
@@ -376,6 +381,9 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{"server PDB negative", `server: {replicas: 3, pdb: {maxUnavailable: -1}}`, []string{"/server/pdb/maxUnavailable"}},
 		{"server PDB not a number", `server: {replicas: 3, pdb: {maxUnavailable: "one"}}`, []string{"/server/pdb/maxUnavailable"}},
 		{"server PDB minAvailable", `server: {replicas: 3, pdb: {minAvailable: 2}}`, []string{"minAvailable"}},
+		{"stall timeout not a duration", `server: {stallTimeout: "a minute"}`, []string{"/server/stallTimeout"}},
+		{"scrub rate not a quantity", `server: {scrub: {rate: "fast"}}`, []string{"/server/scrub/rate", "'fast' does not match"}},
+		{"scrub misspelt", `server: {scrub: {intervall: 24h}}`, []string{"intervall"}},
 		{"alert delay not a duration", `monitoring: {prometheusRule: {for: {downloadFailing: "half an hour"}}}`, []string{"/monitoring/prometheusRule/for/downloadFailing"}},
 	}
 	for _, c := range cases {
