@@ -16,7 +16,8 @@ const blobName = ".blob"
 // a Writer keeps beside the image it writes.
 type Blob struct {
 	// Digest is the blob's OCI digest ("" when the source has none) and
-	// Size its length, as the registry's manifest declares them.
+	// Size its length (0 when unknown), as the registry's manifest
+	// declares them.
 	Digest string
 	Size   int64
 }

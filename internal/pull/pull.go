@@ -61,9 +61,10 @@ type Destination interface {
 }
 
 // BlobKeeper is a Destination that also keeps the network bytes of a
-// compressed layer, as they arrive (for peers to stream them; see
-// imagestore.Writer.KeepBlob). BlobWriter is called before each pass with
-// the blob's digest ("" for an HTTP source) and length; a nil writer keeps
+// compressed layer, as they arrive (for peers to stream them, and for a
+// Resumable destination to continue them; see imagestore.Writer.KeepBlob).
+// BlobWriter is called before each pass with the blob's digest ("" for an
+// HTTP source without one) and length (0 when unknown); a nil writer keeps
 // nothing. The pull fails if that writer fails.
 type BlobKeeper interface {
 	BlobWriter(digest string, size int64) (io.Writer, error)
@@ -242,14 +243,14 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 			}
 		}
 		var blob io.Writer
-		if k, ok := dst.(BlobKeeper); ok && src.Compression != "" && obj.size > 0 {
-			if blob, err = k.BlobWriter(obj.digest.String(), obj.size); err != nil {
+		if k, ok := dst.(BlobKeeper); ok && src.Compression != "" {
+			if blob, err = k.BlobWriter(obj.digest.String(), max(obj.size, 0)); err != nil {
 				return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 			}
 		}
 		if plan != nil && src.Compression != "" && blob == nil {
 			// Only the blob lets a compressed download continue, and this
-			// one keeps none (its length is unknown).
+			// destination keeps none.
 			if plan.kept != nil {
 				if err := dst.Reset(); err != nil {
 					return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)

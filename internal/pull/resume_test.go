@@ -1,6 +1,8 @@
 package pull
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"net/http"
@@ -19,11 +21,13 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-// blobTap counts the bytes of blob d the registry sends, records the Range
-// of each request, and can hold a response once a count of bytes is sent,
-// as a registry does when the server that reads it is about to die.
+// blobTap counts the bytes of blob digest the registry sends (of every GET
+// with all), records the Range of each request, and can hold a
+// response once a count of bytes is sent, as a registry does when the
+// server that reads it is about to die.
 type blobTap struct {
 	digest  string
+	all     bool
 	sent    atomic.Int64
 	holdAt  atomic.Int64 // 0: never hold
 	mu      sync.Mutex
@@ -33,7 +37,7 @@ type blobTap struct {
 
 func (b *blobTap) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !isBlobGet(r, b.digest) {
+		if !isBlobGet(r, b.digest) && !(b.all && r.Method == http.MethodGet) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -267,4 +271,65 @@ func cutInHalf(path string) error {
 		return err
 	}
 	return os.Truncate(path, fi.Size()/2)
+}
+
+// TestPullContinuesAGzipDownloadOfUnknownLength: an HTTP gzip source that
+// declares no archive-size keeps its blob too, and continues after a
+// restart with a range from where it stopped.
+func TestPullContinuesAGzipDownloadOfUnknownLength(t *testing.T) {
+	content := devregistry.DiskContent(24<<20, 13)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(content)
+	zw.Close()
+	tap := &blobTap{all: true}
+	url := newQuietServer(t, tap.middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "img.gz", time.Time{}, bytes.NewReader(gz.Bytes()))
+	})))
+	src := Source{URI: url + "/img.gz", SHA256: shaHex(content), Compression: "gz", Size: int64(len(content))}
+	p := fastPuller(nil)
+	p.HTTP = http.DefaultClient
+	p.CheckpointInterval = 20 * time.Millisecond
+	dir := t.TempDir()
+	holdAt := int64(gz.Len() / 2)
+	interrupted(t, dir, p, src, tap, holdAt)
+	firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
+
+	store, res, _ := resumed(t, dir, p, src)
+	assertStored(t, store, content)
+	if again := tap.sent.Load() - firstSent; res.Kept != holdAt || again != int64(gz.Len())-holdAt {
+		t.Errorf("kept %d, sent %d after the restart; want %d kept and the %d left", res.Kept, again, holdAt, int64(gz.Len())-holdAt)
+	}
+	if reqs := tap.requests()[firstRequests:]; len(reqs) == 0 || !strings.HasPrefix(reqs[0], "bytes="+strconv.FormatInt(holdAt, 10)+"-") {
+		t.Errorf("requests after the restart: %q, want ranges from byte %d", reqs, holdAt)
+	}
+}
+
+// TestPullStartsAgainWhenTheServerWillNotContinue: bytes kept and checked,
+// but a server that ignores the Range (or answers another one) cannot
+// continue them: the pull starts again from byte 0, and the file is right.
+func TestPullStartsAgainWhenTheServerWillNotContinue(t *testing.T) {
+	content := devregistry.DiskContent(8<<20, 14)
+	tap := &blobTap{all: true}
+	ignoreRanges := atomic.Bool{}
+	url := newQuietServer(t, tap.middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ignoreRanges.Load() {
+			r.Header.Del("Range")
+		}
+		http.ServeContent(w, r, "img.raw", time.Time{}, bytes.NewReader(content))
+	})))
+	src := Source{URI: url + "/img.raw", SHA256: shaHex(content), Size: int64(len(content))}
+	p := fastPuller(nil)
+	p.HTTP = http.DefaultClient
+	dir := t.TempDir()
+	interrupted(t, dir, p, src, tap, int64(len(content)/2))
+	ignoreRanges.Store(true)
+	firstSent := tap.sent.Load()
+
+	store, res, _ := resumed(t, dir, p, src)
+	assertStored(t, store, content)
+	if res.Restarts != 1 || res.Kept != 0 || res.NetworkBytes != int64(len(content)) {
+		t.Errorf("result %+v: want one restart from byte 0 and the whole file downloaded", res)
+	}
+	t.Logf("registry sent %d bytes after the restart (the refused 200 is cut short)", tap.sent.Load()-firstSent)
 }

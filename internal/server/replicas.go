@@ -643,7 +643,9 @@ func (s *Server) peerBlob(r *http.Request, sum string) (*imagestore.Writer, imag
 			// The blob is kept before the first network byte: once bytes
 			// came without one, there will be none.
 			if b, ok := writer.Blob(); ok {
-				return writer, b, true
+				// Of unknown length (an HTTP source without
+				// archive-size), it is not offered: copy the image.
+				return writer, b, b.Size > 0
 			}
 			if started {
 				return nil, imagestore.Blob{}, false
