@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -227,5 +228,45 @@ func TestServeDiscardsAPartialDamagedWhileDown(t *testing.T) {
 	}
 	if log := d.stderr.String(); !strings.Contains(log, "partial download discarded") || !strings.Contains(log, "does not match its checkpoint") {
 		t.Errorf("the damaged partial was not reported:\n%s", log)
+	}
+}
+
+// TestServeContinuesADownloadAfterSIGTERM: a download stopped by SIGTERM
+// (a rollout) records a checkpoint where it stopped, and the next start
+// continues from there: the registry is asked for the rest only.
+func TestServeContinuesADownloadAfterSIGTERM(t *testing.T) {
+	tap := &byteTap{rate: 32 << 20}
+	reg := testenv.Registry(t, devregistry.Options{RootDirectory: t.TempDir(), Middleware: tap.middleware})
+	pub := publishLarge(t, reg, "rollout", 64<<20, false)
+	size, _ := strconv.ParseInt(pub.Fields.Get("size"), 10, 64)
+	data := t.TempDir()
+	args := []string{"--data", data, "--os-images", writeFile(t, "os-images.yaml", osImagesDocFor(map[string]devregistry.Published{"rollout": pub})),
+		"-f", writeFile(t, "mgmt.yaml", hostileMgmt), "--output-file", filepath.Join(t.TempDir(), "served.yaml")}
+	addr := freeAddr(t)
+	d := startServe(t, addr, args...)
+	testenv.Eventually(t, "half the download", 60*time.Second, func() (bool, string) {
+		return tap.reached.Load() >= size/2, d.stderr.String()
+	})
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	<-d.done
+	stoppedAt := tap.reached.Load()
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(d.stderr.String(), "its partial file is kept") {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, d.stderr.String())
+	}
+	checkpoint, err := os.ReadFile(filepath.Join(data, "partial", pub.Fields.Get("sha256"), ".checkpoint.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sentBefore, requestsBefore := tap.sent.Load(), tap.requests()
+	d = startServe(t, addr, args...)
+	testenv.Eventually(t, "the image served", 60*time.Second, func() (bool, string) {
+		sum, code := sha256Of(t, d.url(imagePath(pub)))
+		return code == 200 && sum == pub.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
+	})
+	from := tap.startsSince(requestsBefore)[0]
+	t.Logf("stopped with %d bytes sent, checkpoint %s; continued from byte %d, %d bytes sent after", stoppedAt, strings.TrimSpace(string(checkpoint)), from, tap.sent.Load()-sentBefore)
+	if from < stoppedAt-size/20 || from > stoppedAt {
+		t.Errorf("continued from byte %d; the registry had sent %d before SIGTERM: want at most 5 %% of %d again", from, stoppedAt, size)
 	}
 }
