@@ -54,6 +54,10 @@ func (s *Server) publishLoop(ctx context.Context) {
 		s.mu.Lock()
 		ready := s.ready && s.publishesLocked()
 		served := s.outputLocked()
+		s.lastAvailable = map[string]bool{}
+		for sum, e := range served.Set {
+			s.lastAvailable[sum] = e.Available
+		}
 		same := s.published.Set != nil && served.Equal(s.published)
 		s.mu.Unlock()
 		if !ready || same {

@@ -147,6 +147,14 @@ func (s *Server) pollPeers(ctx context.Context, changed <-chan struct{}) {
 			}
 			s.peerViews = views
 			s.peersKnown = true
+			ids := make([]string, 0, len(listed))
+			for _, p := range listed {
+				ids = append(ids, p.ID)
+			}
+			slices.Sort(ids)
+			if !slices.Equal(ids, s.listedIDs) {
+				s.listedIDs, s.listedChangedAt = ids, time.Now()
+			}
 			s.mu.Unlock()
 			s.signal(s.changed)
 			s.signal(s.kick)
@@ -193,8 +201,14 @@ func peerTransport() *http.Transport {
 }
 
 // availableLocked: sum is available once every ready replica (this one
-// included when it is ready) holds it verified. A ready peer whose state
-// could not be read holds nothing.
+// included when it is ready) holds it verified.
+//
+// A ready peer whose state could not be read, or was read before it became
+// ready, holds nothing new: it makes no image available. But it cannot
+// take back one that is available either: a replica becomes ready only
+// once it holds every image its ready peers hold (ReplicaReady), and a
+// peer's state goes unread when it stops, before its endpoint goes; the
+// output would flap at each scale-down and each new replica.
 func (s *Server) availableLocked(sum string, img *image) bool {
 	if s.cfg.Replicas == nil {
 		return img.phase == PhaseReady && img.stored
@@ -206,14 +220,41 @@ func (s *Server) availableLocked(sum string, img *image) bool {
 		}
 		counted++
 	}
-	for _, p := range s.cfg.Replicas.Ready() {
+	ready := s.cfg.Replicas.Ready()
+	s.noteReadyLocked(ready)
+	for _, p := range ready {
 		v, ok := s.peerViews[p.ID]
-		if !ok || v.err != nil || !v.state.Images[sum].Verified() {
-			return false
+		if ok && v.err == nil && v.state.Images[sum].Verified() {
+			counted++
+			continue
 		}
-		counted++
+		if (!ok || v.err != nil || v.at.Before(s.readySeen[p.ID])) && s.lastAvailable[sum] {
+			counted++
+			continue
+		}
+		return false
 	}
 	return counted > 0
+}
+
+// noteReadyLocked records when each ready peer was first seen ready.
+func (s *Server) noteReadyLocked(ready []peers.Peer) {
+	if s.readySeen == nil {
+		s.readySeen = map[string]time.Time{}
+	}
+	now := time.Now()
+	ids := map[string]bool{}
+	for _, p := range ready {
+		ids[p.ID] = true
+		if _, seen := s.readySeen[p.ID]; !seen {
+			s.readySeen[p.ID] = now
+		}
+	}
+	for id := range s.readySeen {
+		if !ids[id] {
+			delete(s.readySeen, id)
+		}
+	}
 }
 
 // SetLeader says whether this replica publishes (it holds the Lease).
@@ -241,10 +282,16 @@ func (s *Server) publishesLocked() bool { return s.cfg.Replicas == nil || s.lead
 
 // claimableLocked: with replicas, nothing is claimed until the endpoints
 // and the peers' states are known, or every replica would pull everything
-// from the registry at start.
+// from the registry at start; nor while the replicas listed changed less
+// than listedSettle ago, so that replicas started together list each
+// other before they choose who pulls what.
 func (s *Server) claimableLocked() bool {
-	return s.cfg.Replicas == nil || s.peersKnown
+	return s.cfg.Replicas == nil || s.peersKnown && time.Since(s.listedChangedAt) >= listedSettle
 }
+
+// listedSettle is how long the replicas listed must stay the same before
+// a download is claimed: two rounds of reading the peers.
+const listedSettle = 2 * peerPollInterval
 
 // ReplicaReady is the readiness of a replica: until it holds every
 // selected image a ready peer holds verified, it stays out of the Service
@@ -428,7 +475,9 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wan
 		mu.Unlock()
 		progress(received, total)
 	})
-	if err != nil && ctx.Err() == nil && src.BlobDigest != "" && s.peerCommitted(ctx, p, w.SHA256) {
+	// Bytes that did not verify are the peer's fault, whatever it holds
+	// now: only a stream cut short is taken up again from its image.
+	if err != nil && ctx.Err() == nil && !isVerifyError(err) && src.BlobDigest != "" && s.peerCommitted(ctx, p, w.SHA256) {
 		return res, fmt.Errorf("%w: %w", errPeerCommitted, err)
 	}
 	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {

@@ -209,12 +209,19 @@ type Server struct {
 
 	// With Replicas (replicas.go): what was last read of each ready peer,
 	// whether a first round was read, whether this replica leads, whether
-	// it was found ready once.
-	peerViews  map[string]peerView
-	peersKnown bool
-	leader     bool
-	readyOnce  bool
-	peerPuller *pull.Puller
+	// it was found ready once; when each ready peer was first seen ready,
+	// and which images were available at the last count (leader or not).
+	peerViews     map[string]peerView
+	readySeen     map[string]time.Time
+	lastAvailable map[string]bool
+	peersKnown    bool
+	// listedIDs are the replicas listed at the last read, changed at
+	// listedChangedAt.
+	listedIDs       []string
+	listedChangedAt time.Time
+	leader          bool
+	readyOnce       bool
+	peerPuller      *pull.Puller
 	// scrub is the state of the scrub (scrub.go).
 	scrub scrubState
 	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
