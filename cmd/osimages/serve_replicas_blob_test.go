@@ -138,12 +138,7 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 	counter.trickle.Store(true)
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, _ := replicaImages(t, reg, 16<<20)
-	var plainSum string
-	for _, p := range publishedFor(t, reg) {
-		if p.Fields.Get("compression") == "gz" {
-			plainSum = p.Fields.Get("sha256")
-		}
-	}
+	plainSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
 	puller := peers.Rendezvous(plainSum, ids)[0]
 	rs := newReplicaSet(t, args...)
@@ -224,12 +219,7 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 	counter := &blobCounter{}
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, blobBytes := replicaImages(t, reg, 16<<20)
-	var gzSum string
-	for _, p := range publishedFor(t, reg) {
-		if p.Fields.Get("compression") == "gz" {
-			gzSum = p.Fields.Get("sha256")
-		}
-	}
+	gzSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
 	puller := peers.Rendezvous(gzSum, ids)[0]
 	rs := newReplicaSet(t, args...)
@@ -283,4 +273,17 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 	if sent := counter.sent.Load(); float64(sent) > 1.05*float64(blobBytes) {
 		t.Errorf("the registry sent %d blob bytes for blobs of %d in all: want each once", sent, blobBytes)
 	}
+}
+
+// gzipImageSum is the sha256 of the image replicaImages published with a
+// gzip layer.
+func gzipImageSum(t *testing.T, reg *devregistry.Registry) string {
+	t.Helper()
+	for _, p := range publishedFor(t, reg) {
+		if p.Fields.Get("compression") == "gz" {
+			return p.Fields.Get("sha256")
+		}
+	}
+	t.Fatal("replicaImages published no gzip layer")
+	return ""
 }
