@@ -59,11 +59,7 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		}
 		keep = newAsyncWriter(blob, from, 8, compressedReadBuffer)
 		net.keep = keep
-		defer func() {
-			if keep != nil {
-				keep.close()
-			}
-		}()
+		defer keep.close()
 	}
 	if obj.digest != "" && obj.digest.Algorithm() != digest.SHA256 {
 		if !obj.digest.Algorithm().Available() {
@@ -108,13 +104,11 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		ckpt = p.startCheckpoints(ctx, cancel, plan, net.marks, durable)
 	}
 	size, err := p.fanOut(ctx, cancel, file, sinks, src.Size)
-	if keep != nil {
-		if kerr := keep.close(); kerr != nil && err == nil {
-			err = &writeError{fmt.Errorf("keeping the blob: %w", kerr)}
-		}
-		keep = nil
-	}
 	if err != nil {
+		if keep != nil {
+			// What reached the blob is what a checkpoint may record.
+			keep.drain()
+		}
 		if plan != nil {
 			// Keep what was written for the next pull: a shutdown, a
 			// network that failed, a watchdog that cut the download.
@@ -145,6 +139,11 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		// read what may follow (nothing, for a well-formed layer).
 		if _, err := io.Copy(io.Discard, compressed); err != nil {
 			return passResult{}, err
+		}
+	}
+	if keep != nil {
+		if err := keep.close(); err != nil {
+			return passResult{}, &writeError{fmt.Errorf("keeping the blob: %w", err)}
 		}
 	}
 	got := passResult{md5: hex.EncodeToString(md.Sum(nil)), size: size}

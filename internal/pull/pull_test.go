@@ -152,18 +152,31 @@ func TestPullHTTPSources(t *testing.T) {
 	})
 }
 
+// TestPullRefusesCorruptedLayer, into a plain writer and into a resumable
+// one as the server uses (which keeps a gzip layer beside the image).
 func TestPullRefusesCorruptedLayer(t *testing.T) {
-	for _, gz := range []bool{false, true} {
-		t.Run(fmt.Sprintf("gz=%v", gz), func(t *testing.T) {
+	for _, tc := range []struct{ gz, resumable bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		t.Run(fmt.Sprintf("gz=%v,resumable=%v", tc.gz, tc.resumable), func(t *testing.T) {
 			t.Parallel()
 			faults := &devregistry.Faults{}
 			reg := registryWith(t, faults.Middleware)
 			content := devregistry.DiskContent(2<<20, 21)
-			src, pub := publish(t, reg, "dib/corrupted", content, gz, nil)
+			src, pub := publish(t, reg, "dib/corrupted", content, tc.gz, nil)
 			faults.Set("dib/corrupted", devregistry.Blobs, devregistry.Corrupt(1000))
 			store := openStore(t)
 
-			_, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
+			p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+			var err error
+			if tc.resumable {
+				w, werr := store.Resume(src.SHA256)
+				if werr != nil {
+					t.Fatal(werr)
+				}
+				_, err = p.Pull(context.Background(), src, w, nil)
+				w.Abort()
+			} else {
+				_, _, err = p.PullInto(context.Background(), store, "img.raw", src, nil)
+			}
 			v := verifyError(t, err, WhatBlobDigest)
 			if v.Expected != pub.LayerDigest.String() || !strings.HasPrefix(v.Actual, "sha256:") {
 				t.Errorf("VerifyError = %+v", v)
@@ -507,6 +520,28 @@ func TestPullReportsArtifactErrors(t *testing.T) {
 		src, _ := publish(t, reg, "dib/notgz", content, false, osimage.Image{osimage.FieldCompression: "gz"})
 		_, err := p.Pull(ctx, src, &memDest{}, nil)
 		if err == nil || !strings.Contains(err.Error(), "not a valid gzip archive") || !strings.Contains(err.Error(), src.URI) {
+			t.Fatalf("error = %v", err)
+		}
+	})
+
+	t.Run("gzip broken at its first block, into a resumable writer", func(t *testing.T) {
+		// A gzip header, then a block of the reserved type: gunzip fails at
+		// once, and the 2 MiB after it are read (through the blob kept) to
+		// tell a transfer gone wrong from a bad archive.
+		layer := append([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0x07}, devregistry.DiskContent(2<<20, 5)[:2<<20]...)
+		p2, err := reg.Publish(ctx, devregistry.DiskImage{Repository: "dib/gz-broken", Tag: "1.0", Content: []byte("x"), Gzip: true, Layer: layer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := sourceOf("oci://"+p2.Ref, p2.Fields)
+		store := openStore(t)
+		w, err := store.Resume(src.SHA256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Abort()
+		_, err = p.Pull(ctx, src, w, nil)
+		if err == nil || !strings.Contains(err.Error(), "not a valid gzip archive") {
 			t.Fatalf("error = %v", err)
 		}
 	})

@@ -322,9 +322,12 @@ type asyncWriter struct {
 	w       io.Writer
 	queue   chan []byte
 	free    chan []byte
+	pending sync.WaitGroup
 	done    chan struct{}
+	once    sync.Once
 	err     error // set by the writing goroutine before done closes
 	failed  atomic.Bool
+	closed  bool
 	reached atomic.Int64
 }
 
@@ -337,7 +340,7 @@ func newAsyncWriter(w io.Writer, from int64, buffers, size int) *asyncWriter {
 	go func() {
 		defer close(a.done)
 		for b := range a.queue {
-			if a.err == nil {
+			if !a.failed.Load() {
 				n, err := a.w.Write(b)
 				a.reached.Add(int64(n))
 				if err != nil {
@@ -346,28 +349,40 @@ func newAsyncWriter(w io.Writer, from int64, buffers, size int) *asyncWriter {
 				}
 			}
 			a.free <- b[:0]
+			a.pending.Done()
 		}
 	}()
 	return a
 }
 
+// Write queues a copy of p. It is called from one goroutine only.
 func (a *asyncWriter) Write(p []byte) (int, error) {
+	if a.closed {
+		return 0, errors.New("write after the end of the blob")
+	}
 	if a.failed.Load() {
 		return 0, errors.New("an earlier write failed")
 	}
 	for n := 0; n < len(p); {
 		b := <-a.free
 		m := min(len(p)-n, cap(b))
+		a.pending.Add(1)
 		a.queue <- append(b, p[n:n+m]...)
 		n += m
 	}
 	return len(p), nil
 }
 
-// close waits for what is queued to be written, and says how the writing
-// went.
+// drain waits until what is queued is written.
+func (a *asyncWriter) drain() { a.pending.Wait() }
+
+// close writes what is queued, ends the writer, and says how the writing
+// went. It may be called more than once.
 func (a *asyncWriter) close() error {
-	close(a.queue)
-	<-a.done
+	a.once.Do(func() {
+		a.closed = true
+		close(a.queue)
+		<-a.done
+	})
 	return a.err
 }
