@@ -134,6 +134,13 @@ func (w *Writer) Kept(source string) (int64, string, io.ReadCloser, error) {
 	if c.InBlob {
 		name = blobName
 	}
+	if !c.InBlob && w.limit > 0 && c.Offset > w.limit {
+		// A checkpoint that parses but cannot be right, and is not worth
+		// reading (an offset of a terabyte would be hashed for an hour).
+		w.s.log.Warn("partial download discarded: its checkpoint cannot be right", "sha256", w.sha256, "path", w.dir,
+			"reason", fmt.Sprintf("it covers %d bytes of an image bounded to %d", c.Offset, w.limit))
+		return 0, "", nil, w.Reset()
+	}
 	r, err := os.Open(filepath.Join(w.dir, name))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {

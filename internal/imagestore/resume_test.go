@@ -177,3 +177,30 @@ func TestResumeDiscardsWhatNoCheckpointVouchesFor(t *testing.T) {
 		t.Errorf("partial/ holds %v, want only %s: a is committed", left, b)
 	}
 }
+
+// TestResumeDiscardsAnOffsetPastTheBound: a raw checkpoint beyond the
+// bound set on the image (it parses, it cannot be right) is not read: the
+// writer starts again, loudly.
+func TestResumeDiscardsAnOffsetPastTheBound(t *testing.T) {
+	dir := t.TempDir()
+	var logs logBuffer
+	s, err := Open(dir, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sha := shaOf([]byte("bounded"))
+	w, _ := s.Resume(sha)
+	w.Write([]byte("bounded"))
+	w.Checkpoint("src", 1<<40, shaOf([]byte("bounded")))
+	w.Suspend()
+	w, _ = s.Resume(sha)
+	defer w.Abort()
+	w.SetLimit(1 << 20)
+	if off, _, data := kept(t, w, "src"); off != 0 || data != nil || w.Size() != 0 {
+		t.Errorf("kept %d bytes of a checkpoint past the bound", off)
+	}
+	if !strings.Contains(logs.String(), "it covers 1099511627776 bytes of an image bounded to 1048576") {
+		t.Errorf("not logged:\n%s", logs.String())
+	}
+}

@@ -240,6 +240,14 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 					defer kept.Close()
 					plan.kept = kept
 				}
+				if plan.kept != nil && obj.size >= 0 && plan.offset > obj.size {
+					// Not a prefix of this download, whatever it holds.
+					res.KeptDiscarded = fmt.Sprintf("%v: it has %d bytes, more than the %d of the download", errKept, plan.offset, obj.size)
+					if err := dst.Reset(); err != nil {
+						return res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
+					}
+					plan.kept, plan.offset, plan.sum = nil, 0, ""
+				}
 			}
 		}
 		var blob io.Writer

@@ -333,3 +333,37 @@ func TestPullStartsAgainWhenTheServerWillNotContinue(t *testing.T) {
 	}
 	t.Logf("registry sent %d bytes after the restart (the refused 200 is cut short)", tap.sent.Load()-firstSent)
 }
+
+// TestPullDiscardsKeptBytesLongerThanTheDownload: a checkpoint that covers
+// more bytes than the download has (it parses, it cannot be right) is not
+// read nor continued: the pull starts from byte 0.
+func TestPullDiscardsKeptBytesLongerThanTheDownload(t *testing.T) {
+	content := devregistry.DiskContent(1<<20, 15)
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "img.raw", time.Time{}, bytes.NewReader(content))
+	}))
+	src := Source{URI: url + "/img.raw", SHA256: shaHex(content), Size: int64(len(content))}
+	store := openStore(t)
+	w, err := store.Resume(src.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(content[:1000])
+	if err := w.Checkpoint(sourceID(src, object{}), int64(len(content))+100, shaHex(content[:1000])); err != nil {
+		t.Fatal(err)
+	}
+	w.Suspend()
+	if w, err = store.Resume(src.SHA256); err != nil {
+		t.Fatal(err)
+	}
+	p := fastPuller(nil)
+	p.HTTP = http.DefaultClient
+	res, err := p.Pull(context.Background(), src, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	if !strings.Contains(res.KeptDiscarded, "more than the 1048576 of the download") || res.Kept != 0 || res.NetworkBytes != int64(len(content)) {
+		t.Errorf("result %+v: want the kept bytes discarded and the whole file downloaded", res)
+	}
+}
