@@ -69,6 +69,9 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 	}
 	if plan != nil && plan.kept != nil {
 		net.kept, net.keptLeft, net.keptSum = plan.kept, plan.offset, plan.sum
+		if progress := rr.progress; progress != nil {
+			net.alive = func() { progress(plan.offset, max(rr.size, 0)) }
+		}
 	}
 
 	var file io.Reader = net

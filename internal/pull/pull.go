@@ -73,8 +73,10 @@ type BlobKeeper interface {
 // Progress reports network bytes: received is the offset reached in the
 // download, total its length or 0 while unknown. It is called once before
 // each pass with the offset the pass starts from (above 0 when it continues
-// bytes kept by an earlier pull), then often, from the pulling goroutine:
-// keep it cheap (an atomic store, say).
+// bytes kept by an earlier pull), again with that offset every few MiB while
+// the kept bytes are read back and checked (no network byte comes then, but
+// the pull is alive), then as network bytes arrive. It is called often,
+// from the pulling goroutine: keep it cheap (an atomic store, say).
 type Progress func(received, total int64)
 
 // Result describes a verified pull.

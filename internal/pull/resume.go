@@ -84,12 +84,15 @@ type network struct {
 	kept     io.Reader
 	keptLeft int64
 	keptSum  string
-	remote   io.Reader
-	keep     io.Writer
-	sha256   hash.Hash
-	other    hash.Hash
-	off      int64
-	marks    *marks
+	// alive is called every keptPing bytes of the kept ones read.
+	alive     func()
+	sincePing int64
+	remote    io.Reader
+	keep      io.Writer
+	sha256    hash.Hash
+	other     hash.Hash
+	off       int64
+	marks     *marks
 }
 
 func (n *network) Read(p []byte) (int, error) {
@@ -124,6 +127,10 @@ func (n *network) readKept(p []byte) (int, error) {
 	m, err := n.kept.Read(p)
 	n.hash(p[:m])
 	n.keptLeft -= int64(m)
+	if n.sincePing += int64(m); n.sincePing >= keptPing && n.alive != nil {
+		n.sincePing = 0
+		n.alive()
+	}
 	if n.keptLeft == 0 {
 		if got := hex.EncodeToString(n.sha256.Sum(nil)); got != n.keptSum {
 			return m, fmt.Errorf("%w: its %d bytes have sha256 %s, the checkpoint says %s", errKept, n.off, got, n.keptSum)
@@ -138,6 +145,10 @@ func (n *network) readKept(p []byte) (int, error) {
 	}
 	return m, nil
 }
+
+// keptPing is how many kept bytes are read between two signs of life: a
+// check of 20 GiB read back from a slow volume takes minutes.
+const keptPing = 4 << 20
 
 // checkKept reads what is left of the kept bytes and says whether they
 // match their checkpoint: when decompression fails on them, a damaged

@@ -121,8 +121,10 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 }
 
 // resumed opens the store in dir again and pulls src to its end. first is
-// the first offset the pull reported: where it started.
-func resumed(t *testing.T, dir string, p *Puller, src Source) (store *imagestore.Store, res Result, first int64) {
+// the first offset the pull reported (where it started), pings the reports
+// at that offset before any network byte (signs of life while the kept
+// bytes are checked).
+func resumed(t *testing.T, dir string, p *Puller, src Source) (store *imagestore.Store, res Result, first int64, pings int) {
 	t.Helper()
 	store, err := imagestore.Open(dir)
 	if err != nil {
@@ -136,9 +138,15 @@ func resumed(t *testing.T, dir string, p *Puller, src Source) (store *imagestore
 	}
 	defer w.Abort()
 	first = -1
+	moved := false
 	res, err = p.Pull(context.Background(), src, w, func(received, _ int64) {
-		if first < 0 {
+		switch {
+		case first < 0:
 			first = received
+		case received != first:
+			moved = true
+		case !moved:
+			pings++
 		}
 	})
 	if err != nil {
@@ -147,7 +155,7 @@ func resumed(t *testing.T, dir string, p *Puller, src Source) (store *imagestore
 	if err := w.Commit(imagestore.Entry{MD5: res.MD5, Filename: "image.raw", Size: res.Size}); err != nil {
 		t.Fatal(err)
 	}
-	return store, res, first
+	return store, res, first, pings
 }
 
 // TestPullContinuesAfterARestart: a pull stopped at 40 % of its blob and
@@ -177,10 +185,13 @@ func TestPullContinuesAfterARestart(t *testing.T) {
 			firstSent := tap.sent.Load()
 			firstRequests := len(tap.requests())
 
-			store, res, first := resumed(t, dir, p, src)
+			store, res, first, pings := resumed(t, dir, p, src)
 			assertStored(t, store, content)
 			if first != holdAt {
 				t.Errorf("the continued pull first reported offset %d, want %d: where it starts", first, holdAt)
+			}
+			if want := int(holdAt / keptPing); pings != want {
+				t.Errorf("%d signs of life while %d kept bytes were checked, want one per %d: %d", pings, holdAt, keptPing, want)
 			}
 			again := tap.sent.Load() - firstSent
 			t.Logf("%s: blob of %d bytes; %d sent before the stop, %d after it; kept %d", name, blobSize, firstSent, again, res.Kept)
@@ -233,7 +244,7 @@ func TestPullDiscardsADamagedPartial(t *testing.T) {
 			}
 			firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
 
-			store, res, _ := resumed(t, dir, p, src)
+			store, res, _, _ := resumed(t, dir, p, src)
 			assertStored(t, store, content)
 			t.Logf("discarded: %s", res.KeptDiscarded)
 			if !strings.Contains(res.KeptDiscarded, "does not match its checkpoint") || res.Kept != 0 || res.Restarts != 1 {
@@ -295,7 +306,7 @@ func TestPullContinuesAGzipDownloadOfUnknownLength(t *testing.T) {
 	interrupted(t, dir, p, src, tap, holdAt)
 	firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
 
-	store, res, _ := resumed(t, dir, p, src)
+	store, res, _, _ := resumed(t, dir, p, src)
 	assertStored(t, store, content)
 	if again := tap.sent.Load() - firstSent; res.Kept != holdAt || again != int64(gz.Len())-holdAt {
 		t.Errorf("kept %d, sent %d after the restart; want %d kept and the %d left", res.Kept, again, holdAt, int64(gz.Len())-holdAt)
@@ -326,7 +337,7 @@ func TestPullStartsAgainWhenTheServerWillNotContinue(t *testing.T) {
 	ignoreRanges.Store(true)
 	firstSent := tap.sent.Load()
 
-	store, res, _ := resumed(t, dir, p, src)
+	store, res, _, _ := resumed(t, dir, p, src)
 	assertStored(t, store, content)
 	if res.Restarts != 1 || res.Kept != 0 || res.NetworkBytes != int64(len(content)) {
 		t.Errorf("result %+v: want one restart from byte 0 and the whole file downloaded", res)

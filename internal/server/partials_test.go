@@ -1,14 +1,17 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/selection"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -72,5 +75,56 @@ func TestPartialsOfUnselectedImagesAreCollected(t *testing.T) {
 	}
 	if partialExists(dir, refused.SHA256) {
 		t.Error("a download whose bytes were refused kept its partial")
+	}
+}
+
+// TestCheckingKeptBytesIsNotAStall: a download that continues bytes kept
+// by an earlier attempt first reads them back from the disk, which for a
+// large image on a slow volume outlasts --stall-timeout, with no network
+// byte. Its signs of life (pull.Progress at the kept offset) keep the
+// watchdog from cutting it, or from making it give way to a waiting image
+// for a rate of 0; a check that shows no life is a stall.
+func TestCheckingKeptBytesIsNotAStall(t *testing.T) {
+	for _, alive := range []bool{true, false} {
+		t.Run(map[bool]string{true: "alive", false: "hung"}[alive], func(t *testing.T) {
+			src := newFakeSource()
+			img := src.add("kept", []byte("an image continued from a partial download"), false)
+			other := src.add("waiting", []byte("an image waiting for the slot"), false)
+			pullKept := func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+				if w.SHA256 != img.SHA256 {
+					return src.pull(ctx, w, dst, progress)
+				}
+				progress(1000, 2000)
+				for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); {
+					select {
+					case <-ctx.Done():
+						return pull.Result{}, context.Cause(ctx)
+					case <-time.After(50 * time.Millisecond):
+					}
+					if alive {
+						progress(1000, 2000)
+					}
+				}
+				return src.pull(ctx, w, dst, progress)
+			}
+			h := start(t, t.TempDir(), src, func(c *Config) {
+				c.Pull = pullKept
+				c.Concurrency = 1
+				c.StallTimeout = 400 * time.Millisecond
+				c.MinRate = 1 << 20
+			})
+			h.want(img, other)
+			if alive {
+				h.waitPhase(img.SHA256, PhaseReady)
+				if st := h.status(img.SHA256); h.attempts(img.SHA256) != 0 || st.Reason != "" {
+					t.Errorf("the check of the kept bytes was cut: %q", st.Reason)
+				}
+				return
+			}
+			testenv.Eventually(t, "the hung check cut as a stall", 5*time.Second, func() (bool, string) {
+				st := h.status(img.SHA256)
+				return strings.Contains(st.Reason, "stalled"), st.Reason
+			})
+		})
 	}
 }

@@ -161,20 +161,25 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	}
 	dst.SetLimit(bound)
 	// The first report is where the download starts: the bytes kept by an
-	// earlier attempt were not downloaded now.
-	last, started := int64(0), false
+	// earlier attempt were not downloaded now. Until a report says
+	// otherwise, those are read back and checked (pull.Progress).
+	last, started, checking := int64(0), false, false
 	progress := func(received, total int64) {
 		if !started {
 			started, last = true, received
-			if received > 0 {
-				s.log.Info("download continues from the partial file kept", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
+			checking = received > 0
+			if checking {
+				s.log.Info("download continues from the partial file kept, once it is checked", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
 			}
+		} else if checking && received != last {
+			checking = false
 		}
 		s.mu.Lock()
 		img := s.images[w.SHA256]
-		if received > img.received {
+		if received > img.received || checking {
 			img.lastByte = time.Now()
 		}
+		img.checkingKept = checking
 		img.received = received
 		if total > 0 {
 			img.total = total

@@ -161,11 +161,15 @@ type image struct {
 	phase           Phase
 	received, total int64
 	// lastByte is when the download in progress last received a byte (or
-	// started), on the monotonic clock.
+	// started, or showed it was alive while checking the bytes kept by an
+	// earlier attempt), on the monotonic clock.
 	lastByte time.Time
-	reason   string
-	attempts int
-	nextTry  time.Time
+	// checkingKept: the download reads back and checks the bytes kept by
+	// an earlier attempt; no network byte comes, and it is not slow.
+	checkingKept bool
+	reason       string
+	attempts     int
+	nextTry      time.Time
 	// gaveWay is set when a download of the image was too slow and gave
 	// way to the queue: it is tried again after the images that did not.
 	gaveWay bool

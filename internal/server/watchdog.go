@@ -66,13 +66,19 @@ func (s *Server) watch(ctx context.Context, sum string, cancel context.CancelCau
 				s.mu.Unlock()
 				return
 			}
-			received, lastByte := img.received, img.lastByte
+			received, lastByte, checking := img.received, img.lastByte, img.checkingKept
 			waiting := s.cfg.MinRate > 0 && s.waitingLocked(sum)
 			s.mu.Unlock()
 
 			if now.Sub(lastByte) >= window {
 				cancel(&stallError{timeout: window})
 				return
+			}
+			if checking {
+				// Reading back kept bytes, from the disk: the rate is
+				// measured from the first network byte.
+				samples = []sample{{now, received}}
+				continue
 			}
 			samples = append(samples, sample{now, received})
 			// Keep one sample at least a window old: the rate is measured
