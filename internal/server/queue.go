@@ -160,39 +160,7 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		return imagestore.Entry{}, err
 	}
 	dst.SetLimit(bound)
-	// The first report is where the download starts: the bytes kept by an
-	// earlier attempt were not downloaded now. Until a report says
-	// otherwise, those are read back and checked (pull.Progress).
-	last, started, checking := int64(0), false, false
-	progress := func(received, total int64) {
-		if !started {
-			started, last = true, received
-			checking = received > 0
-			if checking {
-				s.log.Info("download continues from the partial file kept, once it is checked", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
-			}
-		} else if checking && received != last {
-			checking = false
-		}
-		s.mu.Lock()
-		img := s.images[w.SHA256]
-		if received > img.received || checking {
-			img.lastByte = time.Now()
-		}
-		img.checkingKept = checking
-		img.received = received
-		if total > 0 {
-			img.total = total
-		}
-		if img.total > 0 && received >= img.total {
-			img.phase = PhaseVerifying
-		}
-		s.mu.Unlock()
-		if s.cfg.Metrics != nil && received > last {
-			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
-		}
-		last = received
-	}
+	progress := s.progressOf(w)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.inFlight.Inc()
 		defer s.cfg.Metrics.inFlight.Dec()
@@ -239,6 +207,44 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 		return imagestore.Entry{}, err
 	}
 	return entry, nil
+}
+
+// progressOf is the pull.Progress of the download of w: it keeps the
+// image's state (bytes received, last sign of life, phase) and the
+// downloaded-bytes metric. The first report is where the download starts:
+// bytes kept by an earlier attempt were not downloaded now, and until a
+// report says otherwise they are read back and checked.
+func (s *Server) progressOf(w selection.Wanted) func(received, total int64) {
+	last, started, checking := int64(0), false, false
+	return func(received, total int64) {
+		if !started {
+			started, last = true, received
+			checking = received > 0
+			if checking {
+				s.log.Info("download continues from the partial file kept, once it is checked", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
+			}
+		} else if checking && received != last {
+			checking = false
+		}
+		s.mu.Lock()
+		img := s.images[w.SHA256]
+		if received > img.received || checking {
+			img.lastByte = time.Now()
+		}
+		img.checkingKept = checking
+		img.received = received
+		if total > 0 {
+			img.total = total
+		}
+		if img.total > 0 && received >= img.total {
+			img.phase = PhaseVerifying
+		}
+		s.mu.Unlock()
+		if s.cfg.Metrics != nil && received > last {
+			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
+		}
+		last = received
+	}
 }
 
 // keepPartial says whether a download that ended with err keeps its
