@@ -193,12 +193,14 @@ type holdThenCut struct {
 	io.ReadCloser
 	after    int64
 	read     int64
+	held     func()
 	released func() bool
 	cuts     *atomic.Int64
 }
 
 func (h *holdThenCut) Read(p []byte) (int, error) {
 	if h.read >= h.after {
+		h.held()
 		for deadline := time.Now().Add(30 * time.Second); !h.released() && time.Now().Before(deadline); {
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -216,7 +218,11 @@ func (h *holdThenCut) Read(p []byte) (int, error) {
 // layer), copies the image from the puller rather than report it failed.
 // Before, the 404 of the layer counted as a failed peer.
 func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
+	// The registry trickles until a follower streams the puller's layer,
+	// so that the puller is still downloading when the followers start;
+	// then it lets the puller finish at once.
 	counter := &blobCounter{}
+	counter.trickle.Store(true)
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, blobBytes := replicaImages(t, reg, 16<<20)
 	gzSum := gzipImageSum(t, reg)
@@ -234,6 +240,7 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 				proxy.ModifyResponse = func(resp *http.Response) error {
 					if path := resp.Request.URL.Path; resp.StatusCode == http.StatusOK && path == "/peer/blobs/"+gzSum {
 						resp.Body = &holdThenCut{ReadCloser: resp.Body, after: 64 << 10, cuts: &cuts,
+							held:     func() { counter.trickle.Store(false) },
 							released: func() bool { return rs.get(puller).holds(gzSum) }}
 					}
 					return nil
