@@ -128,7 +128,7 @@ func (n *network) readKept(p []byte) (int, error) {
 	n.hash(p[:m])
 	n.keptLeft -= int64(m)
 	if n.sincePing += int64(m); n.sincePing >= keptPing && n.alive != nil {
-		n.sincePing = 0
+		n.sincePing -= keptPing
 		n.alive()
 	}
 	if n.keptLeft == 0 {
