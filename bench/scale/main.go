@@ -49,6 +49,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -482,17 +483,16 @@ func setupKube(ctx context.Context, cs kubernetes.Interface) error {
 
 // replica is one serve process.
 type replica struct {
-	id        string
-	index     int
-	cmd       *exec.Cmd
-	logPath   string
-	done      chan struct{}
+	id      string
+	index   int
+	logPath string
+	*proc.Process
 	served    atomic.Int64
 	clientURL string
 }
 
 func startReplica(o options, k *testenv.Kube, dir, values string, i int, peers bool) (*replica, error) {
-	r := &replica{id: fmt.Sprintf("osimages-server-%d", i), index: i, done: make(chan struct{}),
+	r := &replica{id: fmt.Sprintf("osimages-server-%d", i), index: i,
 		clientURL: fmt.Sprintf("http://127.0.0.1:%d", clientPort+i)}
 	data := filepath.Join(dir, r.id)
 	if err := os.MkdirAll(data, 0o755); err != nil {
@@ -514,31 +514,16 @@ func startReplica(o options, k *testenv.Kube, dir, values string, i int, peers b
 		return nil, err
 	}
 	defer log.Close()
-	r.cmd = exec.Command(o.binary, args...)
-	r.cmd.Stdout, r.cmd.Stderr = log, log
-	r.cmd.Env = append(os.Environ(), "POD_NAME="+r.id, "POD_NAMESPACE="+namespace, "DOCKER_CONFIG="+dir)
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := r.cmd.Start(); err != nil {
+	cmd := exec.Command(o.binary, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = append(os.Environ(), "POD_NAME="+r.id, "POD_NAMESPACE="+namespace, "DOCKER_CONFIG="+dir)
+	if r.Process, err = proc.Start(cmd); err != nil {
 		return nil, err
 	}
-	go func() { r.cmd.Wait(); close(r.done) }()
 	return r, nil
 }
 
-func (r *replica) stop() {
-	select {
-	case <-r.done:
-		return
-	default:
-	}
-	r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.done:
-	case <-time.After(15 * time.Second):
-		syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-		<-r.done
-	}
-}
+func (r *replica) stop() { r.Stop(15 * time.Second) }
 
 func (r *replica) logTail() string {
 	data, _ := os.ReadFile(r.logPath)
@@ -571,7 +556,7 @@ func poll(ctx context.Context, what string, replicas []*replica, cond func() (bo
 		last = state
 		for _, r := range replicas {
 			select {
-			case <-r.done:
+			case <-r.Done():
 				return fmt.Errorf("%s exited while waiting for %s:\n%s", r.id, what, r.logTail())
 			default:
 			}

@@ -46,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 )
 
@@ -362,11 +363,10 @@ func (p parallelHash) Write(b []byte) (int, error) {
 // its own so that it and its workers can be ended together.
 type server struct {
 	name, addr, logPath string
-	cmd                 *exec.Cmd
-	done                chan struct{}
+	*proc.Process
 }
 
-func (s *server) pid() int               { return s.cmd.Process.Pid }
+func (s *server) pid() int               { return s.Pid() }
 func (s *server) url(path string) string { return "http://" + s.addr + path }
 
 func freeAddr() (string, error) {
@@ -386,31 +386,16 @@ func startServer(name, logPath string, argv []string) (*server, error) {
 	defer logFile.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	p, err := proc.Start(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	s := &server{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(s.done) }()
-	return s, nil
+	return &server{name: name, logPath: logPath, Process: p}, nil
 }
 
 // stop ends the server: SIGTERM, then SIGKILL of its process group after
 // 10 s. nginx's master ends its workers on SIGTERM.
-func (s *server) stop() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		syscall.Kill(-s.pid(), syscall.SIGKILL)
-		<-s.done
-	}
-}
+func (s *server) stop() { s.Stop(10 * time.Second) }
 
 func (s *server) logTail() string {
 	data, _ := os.ReadFile(s.logPath)
@@ -427,7 +412,7 @@ func (s *server) waitReady(ctx context.Context, urlPath string, timeout time.Dur
 	last := "no answer"
 	for time.Now().Before(deadline) {
 		select {
-		case <-s.done:
+		case <-s.Done():
 			return fmt.Errorf("%s exited before serving the image:\n%s", s.name, s.logTail())
 		case <-ctx.Done():
 			return ctx.Err()
