@@ -27,25 +27,36 @@ type peerTraffic struct {
 // peerProxy forwards to a replica's peer listener, counting what it sends
 // in tr; with flipBlobs, it flips a byte in every compressed layer it sends.
 func peerProxy(t *testing.T, tr *peerTraffic, flipBlobs bool) func(string) string {
+	return proxyPeer(t, func(resp *http.Response) {
+		path := resp.Request.URL.Path
+		switch {
+		case strings.HasPrefix(path, "/peer/blobs/") && !strings.HasSuffix(path, "/descriptor"):
+			var body io.ReadCloser = resp.Body
+			if flipBlobs {
+				body = &flipReader{ReadCloser: body, at: 64 << 10, flipped: &tr.flipped}
+			}
+			resp.Body = &countReader{ReadCloser: body, n: &tr.blob}
+		case strings.HasPrefix(path, "/images/"):
+			resp.Body = &countReader{ReadCloser: resp.Body, n: &tr.image}
+		}
+	})
+}
+
+// proxyPeer returns the advertise function of rs.start for a proxy, on
+// this machine's address, in front of a replica's peer listener, whose
+// responses pass through modify.
+func proxyPeer(t *testing.T, modify func(*http.Response)) func(string) string {
 	return func(peerAddr string) string {
 		target, _ := url.Parse("http://" + peerAddr)
 		proxy := httputil.NewSingleHostReverseProxy(target)
+		// The tests cut responses on purpose.
+		proxy.ErrorLog = log.New(io.Discard, "", 0)
 		proxy.ModifyResponse = func(resp *http.Response) error {
-			path := resp.Request.URL.Path
-			switch {
-			case strings.HasPrefix(path, "/peer/blobs/") && !strings.HasSuffix(path, "/descriptor"):
-				var body io.ReadCloser = resp.Body
-				if flipBlobs {
-					body = &flipReader{ReadCloser: body, at: 64 << 10, flipped: &tr.flipped}
-				}
-				resp.Body = &countReader{ReadCloser: body, n: &tr.blob}
-			case strings.HasPrefix(path, "/images/"):
-				resp.Body = &countReader{ReadCloser: resp.Body, n: &tr.image}
-			}
+			modify(resp)
 			return nil
 		}
 		addr := freeHostAddr(t)
-		srv := &http.Server{Addr: addr, Handler: proxy}
+		srv := &http.Server{Addr: addr, Handler: proxy, ErrorLog: log.New(io.Discard, "", 0)}
 		go srv.ListenAndServe()
 		t.Cleanup(func() { srv.Close() })
 		return addr
@@ -92,14 +103,7 @@ func TestServeReplicasFillFromTheCompressedLayer(t *testing.T) {
 		traffic[id] = &peerTraffic{}
 		rs.start(id, peerProxy(t, traffic[id], false))
 	}
-	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
-		for _, id := range ids {
-			if !rs.get(id).holds(sums...) {
-				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
-			}
-		}
-		return true, ""
-	})
+	rs.waitHold(ids, sums...)
 	if sent := counter.sent.Load(); sent < blobBytes || float64(sent) > 1.05*float64(blobBytes) {
 		t.Errorf("the registry sent %d blob bytes for blobs of %d in all: want each once", sent, blobBytes)
 	}
@@ -150,14 +154,7 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 		}
 		rs.start(id, advertise)
 	}
-	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
-		for _, id := range ids {
-			if !rs.get(id).holds(sums...) {
-				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
-			}
-		}
-		return true, ""
-	})
+	rs.waitHold(ids, sums...)
 	if bad.flipped.Load() == 0 {
 		t.Fatalf("no compressed layer went through the corrupting proxy: the test proves nothing (%d image bytes went through it)", bad.image.Load())
 	}
@@ -233,35 +230,17 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 	for _, id := range ids {
 		var advertise func(string) string
 		if id == puller {
-			advertise = func(peerAddr string) string {
-				target, _ := url.Parse("http://" + peerAddr)
-				proxy := httputil.NewSingleHostReverseProxy(target)
-				proxy.ErrorLog = log.New(io.Discard, "", 0)
-				proxy.ModifyResponse = func(resp *http.Response) error {
-					if path := resp.Request.URL.Path; resp.StatusCode == http.StatusOK && path == "/peer/blobs/"+gzSum {
-						resp.Body = &holdThenCut{ReadCloser: resp.Body, after: 64 << 10, cuts: &cuts,
-							held:     func() { counter.trickle.Store(false) },
-							released: func() bool { return rs.get(puller).holds(gzSum) }}
-					}
-					return nil
+			advertise = proxyPeer(t, func(resp *http.Response) {
+				if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/peer/blobs/"+gzSum {
+					resp.Body = &holdThenCut{ReadCloser: resp.Body, after: 64 << 10, cuts: &cuts,
+						held:     func() { counter.trickle.Store(false) },
+						released: func() bool { return rs.get(puller).holds(gzSum) }}
 				}
-				addr := freeHostAddr(t)
-				srv := &http.Server{Addr: addr, Handler: proxy, ErrorLog: log.New(io.Discard, "", 0)}
-				go srv.ListenAndServe()
-				t.Cleanup(func() { srv.Close() })
-				return addr
-			}
+			})
 		}
 		rs.start(id, advertise)
 	}
-	testenv.Eventually(t, "every replica holds every image", 120*time.Second, func() (bool, string) {
-		for _, id := range ids {
-			if !rs.get(id).holds(sums...) {
-				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
-			}
-		}
-		return true, ""
-	})
+	rs.waitHold(ids, sums...)
 	if cuts.Load() == 0 {
 		t.Fatal("no follower's stream of the layer was cut: the test proves nothing")
 	}
@@ -293,4 +272,18 @@ func gzipImageSum(t *testing.T, reg *devregistry.Registry) string {
 	}
 	t.Fatal("replicaImages published no gzip layer")
 	return ""
+}
+
+// waitHold waits until every replica of ids holds every image of sums
+// verified.
+func (rs *replicaSet) waitHold(ids []string, sums ...string) {
+	rs.t.Helper()
+	testenv.Eventually(rs.t, "every replica holds every image", 120*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if !rs.get(id).holds(sums...) {
+				return false, id + " misses an image: " + fmt.Sprint(rs.get(id).state())
+			}
+		}
+		return true, ""
+	})
 }
