@@ -101,7 +101,7 @@ func (n *network) Read(p []byte) (int, error) {
 	}
 	m, err := n.remote.Read(p)
 	if m > 0 {
-		n.hash(p[:m])
+		n.take(p[:m])
 		if n.keep != nil {
 			if _, werr := n.keep.Write(p[:m]); werr != nil {
 				return 0, &writeError{fmt.Errorf("keeping the blob: %w", werr)}
@@ -112,7 +112,8 @@ func (n *network) Read(p []byte) (int, error) {
 	return m, err
 }
 
-func (n *network) hash(p []byte) {
+// take counts p as the next bytes of the stream, and hashes them.
+func (n *network) take(p []byte) {
 	n.sha256.Write(p)
 	if n.other != nil {
 		n.other.Write(p)
@@ -125,7 +126,7 @@ func (n *network) readKept(p []byte) (int, error) {
 		p = p[:n.keptLeft]
 	}
 	m, err := n.kept.Read(p)
-	n.hash(p[:m])
+	n.take(p[:m])
 	n.keptLeft -= int64(m)
 	if n.sincePing += int64(m); n.sincePing >= keptPing && n.alive != nil {
 		n.sincePing -= keptPing
