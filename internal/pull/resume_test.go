@@ -378,3 +378,49 @@ func TestPullDiscardsKeptBytesLongerThanTheDownload(t *testing.T) {
 		t.Errorf("result %+v: want the kept bytes discarded and the whole file downloaded", res)
 	}
 }
+
+// TestPullCancelledWhileCheckingKeptBytes: a shutdown while the kept bytes
+// are read back (before any network byte) ends the pull at once and keeps
+// the checkpoint as it was: the next pull continues from it.
+func TestPullCancelledWhileCheckingKeptBytes(t *testing.T) {
+	content := devregistry.DiskContent(48<<20, 16)
+	var sent atomic.Int64
+	url := newQuietServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(countingWriter{w, &sent}, r, "img.raw", time.Time{}, bytes.NewReader(content))
+	}))
+	src := Source{URI: url + "/img.raw", SHA256: shaHex(content), Size: int64(len(content))}
+	kept := int64(40 << 20)
+	dir := t.TempDir()
+	store, err := imagestore.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := store.Resume(src.SHA256)
+	w.Write(content[:kept])
+	if err := w.Checkpoint(sourceID(src, object{}), kept, shaHex(content[:kept])); err != nil {
+		t.Fatal(err)
+	}
+	w.Suspend()
+	w, _ = store.Resume(src.SHA256)
+	p := fastPuller(nil)
+	p.HTTP = http.DefaultClient
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	_, err = p.Pull(ctx, src, w, func(int64, int64) {
+		// The first report is the start; the second, a sign of life from
+		// the check: stop there, as a SIGTERM would.
+		if calls++; calls == 2 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) || sent.Load() != 0 {
+		t.Fatalf("pull cancelled during the check: %v, %d bytes asked of the server", err, sent.Load())
+	}
+	w.Suspend()
+	store.Close()
+
+	_, res, _, _ := resumed(t, dir, p, src)
+	if res.Kept != kept || sent.Load() != int64(len(content))-kept {
+		t.Errorf("after the cancelled check: kept %d, server sent %d; want %d kept and the %d left", res.Kept, sent.Load(), kept, int64(len(content))-kept)
+	}
+}
