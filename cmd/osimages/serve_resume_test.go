@@ -29,7 +29,8 @@ type byteTap struct {
 	sent    atomic.Int64
 	reached atomic.Int64 // the furthest offset sent
 	mu      sync.Mutex
-	starts  []int64 // the first offset of each request
+	starts  []int64         // the first offset of each request
+	sents   []*atomic.Int64 // the bytes sent in answer to each request
 }
 
 func (b *byteTap) middleware(next http.Handler) http.Handler {
@@ -43,10 +44,12 @@ func (b *byteTap) middleware(next http.Handler) http.Handler {
 			first, _, _ := strings.Cut(rng, "-")
 			start, _ = strconv.ParseInt(first, 10, 64)
 		}
+		sent := &atomic.Int64{}
 		b.mu.Lock()
 		b.starts = append(b.starts, start)
+		b.sents = append(b.sents, sent)
 		b.mu.Unlock()
-		next.ServeHTTP(&pacedResponse{ResponseWriter: w, tap: b, off: start, began: time.Now()}, r)
+		next.ServeHTTP(&pacedResponse{ResponseWriter: w, tap: b, off: start, began: time.Now(), mine: sent}, r)
 	})
 }
 
@@ -55,6 +58,19 @@ func (b *byteTap) startsSince(n int) []int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]int64(nil), b.starts[n:]...)
+}
+
+// sentSince is what was sent in answer to the requests after the first n
+// (the answer to an earlier one, to a process since killed, may still be
+// written into its dead connection).
+func (b *byteTap) sentSince(n int) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var total int64
+	for _, s := range b.sents[n:] {
+		total += s.Load()
+	}
+	return total
 }
 
 func (b *byteTap) requests() int {
@@ -69,6 +85,7 @@ type pacedResponse struct {
 	off   int64
 	sent  int64
 	began time.Time
+	mine  *atomic.Int64
 }
 
 func (w *pacedResponse) Write(p []byte) (int, error) {
@@ -77,6 +94,7 @@ func (w *pacedResponse) Write(p []byte) (int, error) {
 		n, err := w.ResponseWriter.Write(p[:min(len(p), 256<<10)])
 		written += n
 		w.sent += int64(n)
+		w.mine.Add(int64(n))
 		w.tap.sent.Add(int64(n))
 		w.tap.reached.Store(w.off + w.sent)
 		if err != nil {
@@ -147,7 +165,7 @@ func TestServeContinuesADownloadAfterKill9(t *testing.T) {
 			var lastKill int64
 			var report []string
 			for i, pct := range []int64{30, 60, 90} {
-				sentBefore, requestsBefore := tap.sent.Load(), tap.requests()
+				requestsBefore := tap.requests()
 				d := startServe(t, addr, args...)
 				target := size * pct / 100
 				testenv.Eventually(t, "the download at "+strconv.FormatInt(pct, 10)+" %", 120*time.Second, func() (bool, string) {
@@ -157,20 +175,20 @@ func TestServeContinuesADownloadAfterKill9(t *testing.T) {
 				<-d.done
 				starts := tap.startsSince(requestsBefore)
 				report = append(report, "run "+strconv.Itoa(i+1)+": from byte "+strconv.FormatInt(starts[0], 10)+
-					", sent "+strconv.FormatInt(tap.sent.Load()-sentBefore, 10)+", killed at "+strconv.FormatInt(tap.reached.Load(), 10))
+					", sent "+strconv.FormatInt(tap.sentSince(requestsBefore), 10)+", killed at "+strconv.FormatInt(tap.reached.Load(), 10))
 				if i > 0 && starts[0] < lastKill-slack {
 					t.Errorf("restart %d continued from byte %d, but the last run was killed at %d: more than 5 %% (%d bytes) was downloaded again", i, starts[0], lastKill, slack)
 				}
 				lastKill = tap.reached.Load()
 			}
 
-			sentBefore, requestsBefore := tap.sent.Load(), tap.requests()
+			requestsBefore := tap.requests()
 			d := startServe(t, addr, args...)
 			testenv.Eventually(t, "the image served", 120*time.Second, func() (bool, string) {
 				sum, code := sha256Of(t, d.url(imagePath(pub)))
 				return code == 200 && sum == pub.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
 			})
-			sent := tap.sent.Load() - sentBefore
+			sent := tap.sentSince(requestsBefore)
 			report = append(report, "last run: from byte "+strconv.FormatInt(tap.startsSince(requestsBefore)[0], 10)+", sent "+strconv.FormatInt(sent, 10))
 			t.Logf("%s blob of %d bytes:\n%s\ntotal sent %d (%.2fx the blob)", name, size, strings.Join(report, "\n"), tap.sent.Load(), float64(tap.sent.Load())/float64(size))
 			if left := size - lastKill; sent > left+slack {
@@ -214,7 +232,7 @@ func TestServeDiscardsAPartialDamagedWhileDown(t *testing.T) {
 	f.WriteAt(b[:], 1000)
 	f.Close()
 
-	sentBefore, requestsBefore := tap.sent.Load(), tap.requests()
+	requestsBefore := tap.requests()
 	d = startServe(t, addr, args...)
 	testenv.Eventually(t, "the image served", 60*time.Second, func() (bool, string) {
 		sum, code := sha256Of(t, d.url(imagePath(pub)))
@@ -223,7 +241,7 @@ func TestServeDiscardsAPartialDamagedWhileDown(t *testing.T) {
 	if starts := tap.startsSince(requestsBefore); len(starts) != 1 || starts[0] != 0 {
 		t.Errorf("requests after the restart start at %v, want one from byte 0", starts)
 	}
-	if sent := tap.sent.Load() - sentBefore; sent != size {
+	if sent := tap.sentSince(requestsBefore); sent != size {
 		t.Errorf("the registry sent %d bytes after the restart, want the whole %d", sent, size)
 	}
 	if log := d.stderr.String(); !strings.Contains(log, "partial download discarded") || !strings.Contains(log, "does not match its checkpoint") {
@@ -258,14 +276,14 @@ func TestServeContinuesADownloadAfterSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sentBefore, requestsBefore := tap.sent.Load(), tap.requests()
+	requestsBefore := tap.requests()
 	d = startServe(t, addr, args...)
 	testenv.Eventually(t, "the image served", 60*time.Second, func() (bool, string) {
 		sum, code := sha256Of(t, d.url(imagePath(pub)))
 		return code == 200 && sum == pub.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
 	})
 	from := tap.startsSince(requestsBefore)[0]
-	t.Logf("stopped with %d bytes sent, checkpoint %s; continued from byte %d, %d bytes sent after", stoppedAt, strings.TrimSpace(string(checkpoint)), from, tap.sent.Load()-sentBefore)
+	t.Logf("stopped with %d bytes sent, checkpoint %s; continued from byte %d, %d bytes sent after", stoppedAt, strings.TrimSpace(string(checkpoint)), from, tap.sentSince(requestsBefore))
 	if from < stoppedAt-size/20 || from > stoppedAt {
 		t.Errorf("continued from byte %d; the registry had sent %d before SIGTERM: want at most 5 %% of %d again", from, stoppedAt, size)
 	}

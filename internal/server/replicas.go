@@ -353,6 +353,16 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 			return &p
 		}
 	}
+	// Then a peer that pulls it from the registry already: it may have
+	// chosen itself before this replica was listed.
+	for _, id := range peers.Rendezvous(sum, ids) {
+		img := views[id].state.Images[sum]
+		if _, isBad := bad[id]; !isBad && views[id].err == nil && img.Source == SourceRegistry &&
+			(img.Phase == PhaseDownloading || img.Phase == PhaseVerifying) {
+			p := byID[id]
+			return &p
+		}
+	}
 	// Else the first of the rendezvous order pulls from the registry, and
 	// the others stream its download. The order is over every replica
 	// listed and not terminating, ready or not: readiness changes as
