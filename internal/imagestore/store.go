@@ -7,6 +7,8 @@
 //	images/<sha256>/.osimages.json   its metadata (Entry)
 //	tmp/                             staging directories and deleted entries
 //	partial/<sha256>/                a resumable download (Store.Resume)
+//	set-aside/<sha256>-<time>/       an entry whose metadata was not what
+//	                                 the store wrote, bytes kept, not served
 //
 // An entry becomes visible in one rename of a complete, fsynced staging
 // directory into images/, so a crash at any point leaves either a whole entry
@@ -18,7 +20,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -34,7 +35,12 @@ import (
 const (
 	imagesDir = "images"
 	tmpDir    = "tmp"
-	lockFile  = ".lock"
+	// setAsideDir keeps, for the operator to inspect, the entries of
+	// images/ whose metadata is unreadable or wrong while their directory
+	// holds a file that may be the verified image: they are not served
+	// nor deleted.
+	setAsideDir = "set-aside"
+	lockFile    = ".lock"
 	// MetadataName is the file of an entry's metadata, beside the image. It
 	// is the one base name an image file cannot have.
 	MetadataName = ".osimages.json"
@@ -119,12 +125,23 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	for _, d := range []string{s.dir, s.images, s.tmp, s.partial} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", s.dir, err)
+	}
+	for _, d := range []string{s.images, s.tmp, s.partial} {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", d, err)
 		}
+		// The store writes inside the data directory only.
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+			what := "unreadable"
+			if err == nil {
+				what = describe(d, fi)
+			}
+			return nil, fmt.Errorf("image store: %s is %s, not a directory: the store keeps its files inside the data directory; move it away (a directory is made in its place)", d, what)
+		}
 	}
-	if s.lock, err = lockDir(filepath.Join(s.dir, lockFile)); err != nil {
+	if s.lock, err = s.openLock(); err != nil {
 		return nil, fmt.Errorf("image store %s: %w", s.dir, err)
 	}
 	if err := s.cleanTmp(); err != nil {
@@ -139,6 +156,7 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
+	s.reportSetAside()
 	return s, nil
 }
 
@@ -151,6 +169,29 @@ func (s *Store) Close() error {
 	err := s.lock.Close()
 	s.lock = nil
 	return err
+}
+
+// openLock opens and locks the lock file.
+func (s *Store) openLock() (*os.File, error) {
+	path := filepath.Join(s.dir, lockFile)
+	f, err := openChecked(path, os.O_RDWR|os.O_CREATE, 0o644, false)
+	if isOddFile(err) {
+		// The store only ever makes a regular file there: whatever else
+		// has the name is no other store's lock.
+		s.log.Warn("lock file replaced: it was not the file the store makes", "path", path, "reason", err.Error())
+		if rerr := os.Remove(path); rerr != nil {
+			return nil, fmt.Errorf("%w; removing it: %v (remove it by hand)", err, rerr)
+		}
+		f, err = openChecked(path, os.O_RDWR|os.O_CREATE, 0o644, false)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := lock(f, path); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Dir is the data directory.
@@ -183,6 +224,12 @@ func (s *Store) scan() error {
 		}
 		e, err := s.load(name, de)
 		var invalid *invalidEntry
+		if errors.As(err, &invalid) && invalid.setAside {
+			if err := s.setAside(name, invalid.reason); err != nil {
+				return err
+			}
+			continue
+		}
 		if errors.As(err, &invalid) {
 			// Not a committed entry: a half-made directory (written by hand,
 			// or by a crashed older layout), or a committed one tampered
@@ -204,13 +251,19 @@ func (s *Store) scan() error {
 	return nil
 }
 
-// invalidEntry says why a directory of images/ is not a committed entry.
-type invalidEntry struct{ reason string }
+// invalidEntry says why a directory of images/ is not a committed entry,
+// and whether to set it aside rather than remove it.
+type invalidEntry struct {
+	reason string
+	// setAside: the metadata is at fault, and the directory holds a file
+	// that may be the verified image: nothing tells it is not.
+	setAside bool
+}
 
 func (e *invalidEntry) Error() string { return e.reason }
 
 func invalidf(format string, args ...any) error {
-	return &invalidEntry{fmt.Sprintf(format, args...)}
+	return &invalidEntry{reason: fmt.Sprintf(format, args...)}
 }
 
 // load reads and checks the entry in images/<sha>. What a Commit cannot have
@@ -220,30 +273,24 @@ func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
 		return Entry{}, invalidf("not a directory")
 	}
 	dir := filepath.Join(s.images, sha)
-	f, err := os.Open(filepath.Join(dir, MetadataName))
-	if errors.Is(err, fs.ErrNotExist) {
-		return Entry{}, invalidf("no metadata")
-	}
-	if err != nil {
-		return Entry{}, err
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxMetadataBytes+1))
-	f.Close()
-	if err != nil {
+	data, err := readRegular(filepath.Join(dir, MetadataName), maxMetadataBytes)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Entry{}, badMetadata(dir, "no metadata")
+	case isOddFile(err):
+		return Entry{}, badMetadata(dir, "metadata: "+err.Error())
+	case err != nil:
 		return Entry{}, err
 	}
 	var e Entry
-	if len(data) > maxMetadataBytes {
-		return Entry{}, invalidf("metadata larger than %d bytes", maxMetadataBytes)
-	}
 	if err := json.Unmarshal(data, &e); err != nil {
-		return Entry{}, invalidf("metadata: %v", err)
+		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata: %v", err))
 	}
 	if e.SHA256 != sha {
-		return Entry{}, invalidf("metadata names sha256 %s", e.SHA256)
+		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata names sha256 %s", e.SHA256))
 	}
 	if err := osimage.ValidateFilename(e.Filename); err != nil {
-		return Entry{}, invalidf("%v", err)
+		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata: %v", err))
 	}
 	fi, err := os.Lstat(filepath.Join(dir, e.Filename))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -252,24 +299,84 @@ func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	if reason := notCommitted(fi, e); reason != "" {
+	if reason := notCommitted(filepath.Join(dir, e.Filename), fi, e); reason != "" {
 		return Entry{}, invalidf("%s", reason)
 	}
 	return e, nil
 }
 
-// notCommitted says how fi, the image file of e, differs from what a Commit
-// makes, or "".
-func notCommitted(fi fs.FileInfo, e Entry) string {
+// badMetadata is the *invalidEntry of the directory dir of images/ whose
+// metadata is at fault for reason: set aside when it holds a regular file
+// besides the metadata (which may be the verified image), removed when
+// there is nothing to lose.
+func badMetadata(dir, reason string) error {
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		if de.Name() != MetadataName && de.Type().IsRegular() {
+			return &invalidEntry{reason: reason, setAside: true}
+		}
+	}
+	return &invalidEntry{reason: reason}
+}
+
+// setAside moves the entry images/<sha> into set-aside/, not served and
+// not deleted: its metadata cannot be trusted, but nothing says its bytes
+// are not the verified image. The image is downloaded again if selected.
+func (s *Store) setAside(sha, reason string) error {
+	src := filepath.Join(s.images, sha)
+	aside := filepath.Join(s.dir, setAsideDir)
+	if err := os.Mkdir(aside, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("image store: setting aside %s (%s): %w", src, reason, err)
+	}
+	// A name of its own: nothing set aside earlier is touched.
+	base := filepath.Join(aside, sha+"-"+time.Now().UTC().Format("20060102T150405Z"))
+	dst := base
+	for i := 2; ; i++ {
+		if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		dst = fmt.Sprintf("%s-%d", base, i)
+	}
+	if err := os.Rename(src, dst); err != nil {
+		return fmt.Errorf("image store: setting aside %s (%s): %w", src, reason, err)
+	}
+	s.log.Warn("stored image set aside: its metadata is not what the store wrote, so its bytes are neither served nor deleted; it will be downloaded again if selected. Check the directory, then delete it to free its space",
+		"sha256", sha, "path", dst, "reason", reason)
+	return nil
+}
+
+// reportSetAside reminds, at each Open, of the entries set aside that are
+// still there: they take disk space until an operator removes them.
+func (s *Store) reportSetAside() {
+	aside := filepath.Join(s.dir, setAsideDir)
+	des, err := os.ReadDir(aside)
+	if err != nil || len(des) == 0 {
+		return
+	}
+	names := make([]string, 0, len(des))
+	for _, de := range des {
+		names = append(names, de.Name())
+	}
+	s.log.Warn("the data directory holds stored images set aside (their metadata was not what the store wrote); they are not served. Check them, then delete them to free their space",
+		"path", aside, "entries", names)
+}
+
+// notCommitted says how fi, the image file of e at path, differs from
+// what a Commit makes, or "".
+func notCommitted(path string, fi fs.FileInfo, e Entry) string {
 	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Sprintf("image file %s is a symlink", e.Filename)
 	case !fi.Mode().IsRegular():
-		return fmt.Sprintf("image file %s is not a regular file (%s)", e.Filename, fi.Mode().Type())
+		return notRegular(e, describe(path, fi))
 	case fi.Size() != e.Size:
 		return fmt.Sprintf("image file %s has %d bytes, not the %d committed", e.Filename, fi.Size(), e.Size)
 	}
 	return ""
+}
+
+// notRegular is the reason an image file that is what (an *oddFile's
+// what) is dropped.
+func notRegular(e Entry, what string) string {
+	return fmt.Sprintf("image file %s is not a regular file (%s)", e.Filename, what)
 }
 
 // List returns the committed entries, ordered by sha256.
@@ -310,7 +417,7 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 		return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("%s is not a directory (%s)", dir, fi.Mode().Type()))
 	}
 	path := filepath.Join(dir, e.Filename)
-	f, err := openNoFollow(path)
+	f, err := openRegular(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			if _, still := s.Get(sha256); !still {
@@ -319,8 +426,9 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 			}
 			return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("image file %s is gone", e.Filename))
 		}
-		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			return nil, Entry{}, s.dropTampered(e, notCommitted(fi, e))
+		var odd *oddFile
+		if errors.As(err, &odd) {
+			return nil, Entry{}, s.dropTampered(e, notRegular(e, odd.what))
 		}
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, err)
 	}
@@ -329,7 +437,7 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 		f.Close()
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, err)
 	}
-	if reason := notCommitted(fi, e); reason != "" {
+	if reason := notCommitted(path, fi, e); reason != "" {
 		f.Close()
 		return nil, Entry{}, s.dropTampered(e, reason)
 	}

@@ -183,6 +183,15 @@ func TestCrashLeavesNothingServable(t *testing.T) {
 			t.Errorf("invalid entry %s was not cleaned: %v", filepath.Base(d), err)
 		}
 	}
+	// Metadata at fault beside a file that may be the verified image: set
+	// aside, bytes kept. The image file at fault (the metadata is right),
+	// or nothing but metadata: removed.
+	for d, aside := range map[string]bool{noMeta: true, otherSHA: true, badName: true, badSize: false, garbage: false, symlinked: false} {
+		kept, _ := filepath.Glob(filepath.Join(dir, setAsideDir, filepath.Base(d)+"-*", "x.raw"))
+		if aside != (len(kept) == 1) {
+			t.Errorf("entry %s: set aside %v, want %v", filepath.Base(d), kept, aside)
+		}
+	}
 	if _, err := os.Stat(foreign); err != nil {
 		t.Errorf("a directory the store did not make was removed: %v", err)
 	}

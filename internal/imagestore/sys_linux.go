@@ -25,25 +25,31 @@ func available(dir string) (uint64, error) {
 	return st.Bavail * uint64(st.Bsize), nil
 }
 
-func openNoFollow(path string) (*os.File, error) {
-	return os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// openNoFollow opens path with flag, failing on a symlink (O_NOFOLLOW)
+// and never blocking on a FIFO or a device (O_NONBLOCK, which changes
+// nothing for a regular file).
+func openNoFollow(path string, flag int, perm os.FileMode) (*os.File, error) {
+	return os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, perm)
 }
 
-// lockDir takes an exclusive flock on path. The kernel drops it when the
-// process dies, so a crash never leaves the directory locked.
-func lockDir(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
+// links is the number of names of the file fi.
+func links(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
 	}
+	return 1
+}
+
+// lock takes an exclusive flock on f, the lock file path. The kernel drops
+// it when the process dies, so a crash never leaves the directory locked.
+func lock(f *os.File, path string) error {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, errors.New("the data directory is in use by another image store (another osimages process, or an Open without Close in this one); give each server its own --data")
+			return errors.New("the data directory is in use by another image store (another osimages process, or an Open without Close in this one); give each server its own --data")
 		}
-		return nil, fmt.Errorf("locking %s: %w", path, err)
+		return fmt.Errorf("locking %s: %w", path, err)
 	}
-	return f, nil
+	return nil
 }
 
 // diskUsage is the space the files directly under dir take on disk (holes
