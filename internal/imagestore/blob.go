@@ -58,7 +58,7 @@ func (w *Writer) BlobWriter(digest string, size int64) (io.Writer, error) {
 	from := w.blobFrom
 	w.blobFrom = 0
 	path := filepath.Join(w.dir, blobName)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	f, err := openOwned(path, os.O_WRONLY|os.O_CREATE)
 	if err == nil {
 		err = f.Truncate(from)
 	}

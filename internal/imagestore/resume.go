@@ -64,12 +64,12 @@ func (s *Store) Resume(sha256 string) (*Writer, error) {
 		delete(s.resuming, sha256)
 		s.mu.Unlock()
 	}
-	dir := filepath.Join(s.partial, sha256)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := s.partialDirOf(sha256)
+	if err != nil {
 		release()
-		return nil, fmt.Errorf("image %s: creating %s: %w", sha256, dir, err)
+		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, partialName), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openOwned(filepath.Join(dir, partialName), os.O_RDWR|os.O_CREATE)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("image %s: %w", sha256, err)
@@ -93,8 +93,78 @@ func (s *Store) Resume(sha256 string) (*Writer, error) {
 	return w, nil
 }
 
+// partialDirOf returns partial/<sha256>, made if missing. A download kept
+// there holds only the files a Writer makes (partialFiles), each a regular
+// file with one link. Anything else (a symlink, a FIFO, a device, a hard
+// link, a stray file) was not left by the store: the directory is
+// discarded whole, with a warning, before anything is read from it or
+// written through it, and the download starts again from byte 0. Removing
+// a symlink or a hard link removes that name only, never what it points to.
+func (s *Store) partialDirOf(sha256 string) (string, error) {
+	dir := filepath.Join(s.partial, sha256)
+	reason, err := notAPartial(dir)
+	if err != nil {
+		return "", fmt.Errorf("image %s: reading its partial download: %w", sha256, err)
+	}
+	if reason != "" {
+		s.log.Warn("partial download discarded: it holds what the store did not make; nothing was read from it or written through it, and the download starts again from byte 0",
+			"sha256", sha256, "path", dir, "reason", reason)
+		if err := os.RemoveAll(dir); err != nil {
+			return "", fmt.Errorf("image %s: removing the partial download %s (%s): %w; remove it by hand", sha256, dir, reason, err)
+		}
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("image %s: creating %s: %w", sha256, dir, err)
+	}
+	return dir, nil
+}
+
+// partialFiles are the names a Writer from Resume makes in its directory
+// and may leave there.
+var partialFiles = map[string]bool{partialName: true, blobName: true, checkpointName: true, checkpointName + ".new": true}
+
+// notAPartial says how dir differs from a directory of partial/ the store
+// left, or "" (a missing one included).
+func notAPartial(dir string) (string, error) {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return fmt.Sprintf("%s is %s, not a directory", dir, describe(dir, fi)), nil
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	for _, de := range des {
+		path := filepath.Join(dir, de.Name())
+		fi, err := de.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if !partialFiles[de.Name()] {
+			return fmt.Sprintf("%s is no file of a download (%s)", path, describe(path, fi)), nil
+		}
+		if what := checkOwned(path, fi); what != "" {
+			return fmt.Sprintf("%s is %s", path, what), nil
+		}
+	}
+	return "", nil
+}
+
+// maxCheckpointBytes bounds what is read of a checkpoint (a few hundred
+// bytes as written).
+const maxCheckpointBytes = 4 << 10
+
 func readCheckpoint(path string) (checkpoint, error) {
-	data, err := os.ReadFile(path)
+	data, err := readRegular(path, maxCheckpointBytes)
 	if err != nil {
 		return checkpoint{}, err
 	}
@@ -141,11 +211,16 @@ func (w *Writer) Kept(source string) (int64, string, io.ReadCloser, error) {
 			"reason", fmt.Sprintf("it covers %d bytes of an image bounded to %d", c.Offset, w.limit))
 		return 0, "", nil, w.Reset()
 	}
-	r, err := os.Open(filepath.Join(w.dir, name))
+	r, err := openRegular(filepath.Join(w.dir, name))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			// Lost: the caller's check of the sha256 reports it.
 			return c.Offset, c.SHA256, io.NopCloser(strings.NewReader("")), nil
+		}
+		if isOddFile(err) {
+			// Swapped since Resume checked the directory.
+			w.s.log.Warn("partial download discarded: it holds what the store did not make; nothing was read from it", "sha256", w.sha256, "path", w.dir, "reason", err.Error())
+			return 0, "", nil, w.Reset()
 		}
 		return 0, "", nil, fmt.Errorf("image %s: reading the kept download: %w", w.sha256, err)
 	}
@@ -203,7 +278,7 @@ func (w *Writer) Checkpoint(source string, offset int64, sha256 string) error {
 	}
 	path := filepath.Join(w.dir, checkpointName)
 	tmp := path + ".new"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+	if err := writeNew(tmp, append(data, '\n')); err != nil {
 		return fmt.Errorf("image %s: writing the checkpoint: %w", w.sha256, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

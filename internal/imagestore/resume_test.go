@@ -1,12 +1,19 @@
 package imagestore
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
 )
 
 // kept calls Kept and reads what it returns.
@@ -202,5 +209,208 @@ func TestResumeDiscardsAnOffsetPastTheBound(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "it covers 1099511627776 bytes of an image bounded to 1048576") {
 		t.Errorf("not logged:\n%s", logs.String())
+	}
+}
+
+// suspended leaves in dir the download of content cut at cut and
+// checkpointed there, as a shutdown does: raw (the image file is the
+// network bytes) or, with blob, compressed (the blob is: here, content
+// itself stands for the blob).
+func suspended(t *testing.T, dir string, content []byte, cut int, blob bool) {
+	t.Helper()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w, err := s.Resume(shaOf(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out io.Writer = w
+	if blob {
+		bw, err := w.BlobWriter("sha256:"+shaOf(content), int64(len(content)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = bw
+	}
+	if _, err := out.Write(content[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Checkpoint("src", int64(cut), shaOf(content[:cut])); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Suspend(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestResumeRefusesWhatTheStoreDidNotMake: a FIFO, a device, a huge file,
+// a symlink or a hard link planted in a kept download (or the download's
+// directory itself a symlink) is never opened blocking, never read without
+// bound, never written through: the partial download is discarded, with a
+// warning naming the file, and the download starts again from byte 0 and
+// commits. On today's main a FIFO blocked Resume (or the blob's writer) for
+// ever, a huge checkpoint was read whole, and the resume truncated and
+// overwrote the files the links pointed to, outside the data directory.
+func TestResumeRefusesWhatTheStoreDidNotMake(t *testing.T) {
+	content := devregistry.DiskContent(1<<20, 4)
+	sha := shaOf(content)
+	for _, tc := range []struct {
+		name string
+		blob bool
+		// plant alters the kept download in pdir; victim is a file outside
+		// the data directory, outside a directory there.
+		plant func(t *testing.T, pdir, victim, outside string) (unblock func())
+		what  string
+	}{
+		{"checkpoint fifo", false, func(t *testing.T, pdir, _, _ string) func() {
+			return mkfifo(t, filepath.Join(pdir, checkpointName))
+		}, "a FIFO"},
+		{"partial fifo", false, func(t *testing.T, pdir, _, _ string) func() {
+			return mkfifo(t, filepath.Join(pdir, partialName))
+		}, "a FIFO"},
+		{"blob fifo", true, func(t *testing.T, pdir, _, _ string) func() {
+			return mkfifo(t, filepath.Join(pdir, blobName))
+		}, "a FIFO"},
+		{"checkpoint device", false, func(t *testing.T, pdir, _, _ string) func() {
+			replaceBy(t, filepath.Join(pdir, checkpointName), func(p string) error { return os.Symlink("/dev/zero", p) })
+			return nil
+		}, "a symlink to /dev/zero"},
+		{"checkpoint huge", false, func(t *testing.T, pdir, _, _ string) func() {
+			if err := os.Truncate(filepath.Join(pdir, checkpointName), 256<<20); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, "larger than"},
+		{"partial symlink", false, func(t *testing.T, pdir, victim, _ string) func() {
+			replaceBy(t, filepath.Join(pdir, partialName), func(p string) error { return os.Symlink(victim, p) })
+			return nil
+		}, "a symlink to"},
+		{"partial hard link", false, func(t *testing.T, pdir, victim, _ string) func() {
+			replaceBy(t, filepath.Join(pdir, partialName), func(p string) error { return os.Link(victim, p) })
+			return nil
+		}, "2 links"},
+		{"blob symlink", true, func(t *testing.T, pdir, victim, _ string) func() {
+			replaceBy(t, filepath.Join(pdir, blobName), func(p string) error { return os.Symlink(victim, p) })
+			return nil
+		}, "a symlink to"},
+		{"blob hard link", true, func(t *testing.T, pdir, victim, _ string) func() {
+			replaceBy(t, filepath.Join(pdir, blobName), func(p string) error { return os.Link(victim, p) })
+			return nil
+		}, "2 links"},
+		{"new checkpoint symlink", false, func(t *testing.T, pdir, victim, _ string) func() {
+			if err := os.Symlink(victim, filepath.Join(pdir, checkpointName+".new")); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, "a symlink to"},
+		{"directory symlink", false, func(t *testing.T, pdir, _, outside string) func() {
+			replaceBy(t, pdir, func(p string) error { return os.Symlink(outside, p) })
+			return nil
+		}, "a symlink to"},
+		{"stray file", false, func(t *testing.T, pdir, victim, _ string) func() {
+			if err := os.Symlink(victim, filepath.Join(pdir, "img.raw")); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, "no file of a download"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			// The victim: a file that is not the store's, of the length and
+			// content a kept download might have, so that only refusing it
+			// keeps it whole.
+			victim := filepath.Join(outside, "victim")
+			victimContent := bytes.Repeat([]byte("not the store's file\n"), 10_000)
+			if err := os.WriteFile(victim, victimContent, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			suspended(t, dir, content, len(content)/2, tc.blob)
+			pdir := filepath.Join(dir, partialDir, sha)
+			unblock := tc.plant(t, pdir, victim, outside)
+
+			logs, withLogs := logged(t)
+			s, err := Open(dir, withLogs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var before, after runtime.MemStats
+			var w *Writer
+			var keptBytes int64
+			within(t, "resuming with a "+tc.name, unblock, func() {
+				runtime.ReadMemStats(&before)
+				w, err = s.Resume(sha)
+				if err != nil {
+					return
+				}
+				runtime.ReadMemStats(&after)
+				// As the puller goes on: what is kept, the blob, the bytes,
+				// the checkpoints, the commit.
+				var r io.ReadCloser
+				keptBytes, _, r, err = w.Kept("src")
+				if err != nil {
+					return
+				}
+				if r != nil {
+					r.Close()
+				}
+				if tc.blob {
+					w.KeepBlob()
+					var bw io.Writer
+					if bw, err = w.BlobWriter("sha256:"+sha, int64(len(content))); err != nil {
+						return
+					}
+					if _, err = bw.Write(content); err != nil {
+						return
+					}
+				}
+				if _, err = w.Write(content); err != nil {
+					return
+				}
+				if err = w.Checkpoint("src", int64(len(content)), sha); err != nil {
+					return
+				}
+				err = w.Commit(Entry{Filename: "img.raw"})
+			})
+			if err != nil {
+				t.Fatalf("resuming with a %s: %v", tc.name, err)
+			}
+			if keptBytes != 0 {
+				t.Errorf("%d bytes kept from the planted download, want none", keptBytes)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+				t.Errorf("Resume allocated %d MiB: it read a planted file without bound", grew>>20)
+			}
+			if got := readAll(t, s, sha); !bytes.Equal(got, content) {
+				t.Errorf("committed %d bytes, not the image", len(got))
+			}
+			if got, _ := os.ReadFile(victim); !bytes.Equal(got, victimContent) {
+				t.Errorf("the file outside the data directory was written through: %d bytes, want %d untouched", len(got), len(victimContent))
+			}
+			if des, _ := os.ReadDir(outside); len(des) != 1 {
+				t.Errorf("the directory outside the data directory holds %v, want only the victim", entries(outside))
+			}
+			line := grepLine(logs.String(), "partial download discarded")
+			if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, sha) || !strings.Contains(line, tc.what) {
+				t.Errorf("log %q: want a warning naming the download and saying %q", logs.String(), tc.what)
+			}
+			if _, err := os.Lstat(pdir); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s is still there after the commit: %v", pdir, err)
+			}
+		})
+	}
+}
+
+// replaceBy removes path and makes something else there with mk.
+func replaceBy(t *testing.T, path string, mk func(string) error) {
+	t.Helper()
+	if err := os.RemoveAll(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := mk(path); err != nil {
+		t.Fatal(fmt.Errorf("planting at %s: %w", path, err))
 	}
 }

@@ -65,7 +65,7 @@ func (t *tailState) end(err error) {
 // the reader when done. Tail is safe to call while another goroutine
 // writes.
 func (w *Writer) Tail(ctx context.Context, from int64) (io.ReadCloser, error) {
-	f, err := os.Open(filepath.Join(w.dir, partialName))
+	f, err := openRegular(filepath.Join(w.dir, partialName))
 	if err != nil {
 		return nil, fmt.Errorf("image %s: reading the download in progress: %w", w.sha256, err)
 	}
@@ -84,7 +84,7 @@ func (w *Writer) TailBlob(ctx context.Context, from int64) (io.ReadCloser, error
 	if b == nil {
 		return nil, fmt.Errorf("image %s: no blob is kept beside the download", w.sha256)
 	}
-	f, err := os.Open(b.path)
+	f, err := openRegular(b.path)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: reading the blob in progress: %w", w.sha256, err)
 	}
