@@ -83,14 +83,44 @@ type Options struct {
 // registries stop at once.
 const ShutdownGrace = 5 * time.Second
 
+// ShutdownDeadline bounds how long Run takes to return once its context
+// ends (SIGTERM, SIGINT), whatever the server is doing: HTTP responses get
+// ShutdownGrace, and what has still not ended a few seconds later (a read
+// that never returns, from a hung volume say) is left behind, so that the
+// process ends. It is well within Kubernetes' default grace of 30 s.
+const ShutdownDeadline = ShutdownGrace + 5*time.Second
+
 // Run serves until ctx ends. Wrong options, and inputs that cannot be used
-// at start, are exitcode.InputError.
+// at start, are exitcode.InputError. Once ctx ends, Run returns within
+// ShutdownDeadline, at start too.
 func Run(ctx context.Context, o Options) error {
-	d, err := Open(o)
-	if err != nil {
+	return boundShutdown(ctx, ShutdownDeadline, func() error {
+		d, err := Open(o)
+		if err != nil {
+			return err
+		}
+		return d.Run(ctx)
+	})
+}
+
+// boundShutdown runs f and returns its error; once ctx ends, it waits for f
+// at most deadline, then returns without it.
+func boundShutdown(ctx context.Context, deadline time.Duration, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
 		return err
+	case <-ctx.Done():
 	}
-	return d.Run(ctx)
+	t := time.NewTimer(deadline)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("the shutdown did not finish within %s: exiting without it (something, such as a read of a hung volume, never returned)", deadline)
+	}
 }
 
 // Daemon is an image server ready to run.
