@@ -1,6 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -95,4 +101,63 @@ func TestServeStartsWithSpecialFilesInTheDataDirectory(t *testing.T) {
 		t.Errorf("want a warning that the partial download is discarded, naming a FIFO in %s:\n%s", partial, log)
 	}
 	d.stopWithin(t)
+}
+
+// TestServeRecoversFromAPoisonedPartial: a kept download of a gzip layer
+// whose bytes were corrupted by the network before they were kept (they
+// match their checkpoint, and do not decompress) is discarded at the first
+// attempt, and the image downloaded from byte 0 and served. On today's main
+// every attempt failed with "flate: corrupt input" from the kept partial,
+// and the image was never served again.
+func TestServeRecoversFromAPoisonedPartial(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	published := publishHostile(t, reg, 8<<20, "poisoned")
+	pub := published["poisoned"]
+	resp, err := http.Get("http://" + reg.Host + "/v2/" + pub.Repository + "/blobs/" + pub.LayerDigest.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("reading the layer: %d, %v", resp.StatusCode, err)
+	}
+	// What a faulty network left behind a shutdown: half the layer, its
+	// first deflate block broken, checkpointed as received.
+	data := t.TempDir()
+	poisoned := bytes.Clone(layer[:len(layer)/2])
+	poisoned[10] ^= 0x55
+	store, err := imagestore.Open(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := store.Resume(pub.Fields.Get("sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bw, err := w.BlobWriter(pub.LayerDigest.String(), int64(len(layer)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bw.Write(poisoned)
+	sum := sha256.Sum256(poisoned)
+	if err := w.Checkpoint("blob "+pub.LayerDigest.String(), int64(len(poisoned)), hex.EncodeToString(sum[:])); err != nil {
+		t.Fatal(err)
+	}
+	w.Suspend()
+	store.Close()
+
+	d := startServe(t, freeAddr(t), "--data", data, "--os-images", writeFile(t, "os-images.yaml", osImagesDocFor(published)),
+		"-f", writeFile(t, "mgmt.yaml", hostileMgmt), "--output-file", filepath.Join(t.TempDir(), "served.yaml"))
+	testenv.Eventually(t, "the image served", 60*time.Second, func() (bool, string) {
+		sum, code := sha256Of(t, d.url(imagePath(pub)))
+		return code == 200 && sum == pub.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
+	})
+	log := d.stderr.String()
+	if line := grepLines(log, "partial download discarded"); !strings.Contains(line, "flate: corrupt input") || !strings.Contains(line, "from byte 0") {
+		t.Errorf("want a warning that the partial download was discarded, saying why:\n%s", log)
+	}
+	if strings.Contains(log, "download failed") {
+		t.Errorf("the discarded partial cost a failed attempt:\n%s", log)
+	}
 }

@@ -81,7 +81,13 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		compressed = bufio.NewReaderSize(net, compressedReadBuffer)
 		zr, err := gzip.NewReader(compressed)
 		if err != nil {
-			return passResult{}, p.decompressError(rr, err, compressed, obj, net)
+			if rerr := rr.err(); rerr != nil {
+				return passResult{}, rerr
+			}
+			if err = p.decompressError(rr, err, compressed, obj, net); !errors.Is(err, errKept) {
+				err = &contentError{err}
+			}
+			return passResult{}, err
 		}
 		file = zr
 	}
@@ -126,13 +132,22 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 			// archive; their sha256 tells.
 			if kerr := net.checkKept(); kerr != nil {
 				err = kerr
+			} else if ctx.Err() == nil {
+				err = &contentError{err}
 			}
 		case rr.err() != nil:
 			// The network failed (or cannot resume): whatever gunzip made
 			// of it, that is the cause.
 			err = rr.err()
-		case compressed != nil && ctx.Err() == nil && !isVerifyError(err) && !errors.Is(err, errKept):
+		case isVerifyError(err):
+			err = &contentError{err}
+		case compressed != nil && ctx.Err() == nil && !errors.Is(err, errKept):
 			err = p.decompressError(rr, err, compressed, obj, net)
+			if !errors.Is(err, errKept) {
+				// Whatever stopped the read of the rest (a shutdown, a
+				// stall), the bytes so far do not decompress.
+				err = &contentError{err}
+			}
 		}
 		return passResult{}, err
 	}
@@ -192,6 +207,17 @@ func (p *Puller) decompressError(rr *rangeReader, gzErr error, compressed *bufio
 	}
 	return fmt.Errorf("the download is not a valid gzip archive (compression: gz): %w", gzErr)
 }
+
+// contentError says that the bytes of a pass are wrong, not cut: they do
+// not decompress, or do not verify. Nothing of such a pass may be continued
+// from, and a pass that continued bytes kept by an earlier pull is started
+// again from byte 0 (the network may have corrupted them before they were
+// kept: their checkpoint vouches for what was received, not for what the
+// registry holds).
+type contentError struct{ err error }
+
+func (e *contentError) Error() string { return e.err.Error() }
+func (e *contentError) Unwrap() error { return e.err }
 
 func isVerifyError(err error) bool {
 	var v *VerifyError

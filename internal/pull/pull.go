@@ -94,7 +94,7 @@ type Result struct {
 	Resumes int
 	// Restarts counts the passes started again from byte 0 because the
 	// server would not resume, or the bytes kept from an earlier pull did
-	// not match their checkpoint.
+	// not match their checkpoint, or did not decompress or verify.
 	Restarts int
 	// Kept is the count of network bytes an earlier pull into a Resumable
 	// destination kept, checked and continued from, not downloaded again.
@@ -210,7 +210,9 @@ func def[T int | int64 | time.Duration](v, d T) T {
 // Pull downloads src into dst and verifies it: the layer's OCI digest (of
 // the network bytes), then the size, sha256 and md5 of the file written. On
 // error dst holds garbage: discard it. Errors name src.URI; a content
-// mismatch is a *VerifyError (errors.As).
+// mismatch is a *VerifyError (errors.As). A Resumable dst keeps nothing of
+// bytes that do not decompress or verify; and when a pull that continued
+// kept bytes fails so, they are discarded and it starts again from byte 0.
 func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress Progress) (Result, error) {
 	if err := normalize(&src); err != nil {
 		return Result{}, err
@@ -297,7 +299,24 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		}
 		if err == nil {
 			res.SHA256, res.MD5, res.Size = got.sha256, got.md5, got.size
-			err = verify(src, obj, got)
+			if err = verify(src, obj, got); err != nil {
+				err = &contentError{err}
+			}
+		}
+		var wrong *contentError
+		if errors.As(err, &wrong) && resumable != nil {
+			if from > 0 {
+				// The kept bytes matched their checkpoint, yet the whole
+				// is wrong: they may be what a faulty network sent before
+				// they were kept. Without them, the registry decides.
+				res.KeptDiscarded = fmt.Sprintf("the download continued from the %d bytes kept by an earlier attempt failed (%v): they are discarded, and the download starts again from byte 0", from, wrong.err)
+				res.Kept = 0
+				continue
+			}
+			// Nothing of a pass whose bytes are wrong is continued from.
+			if rerr := dst.Reset(); rerr != nil {
+				err = fmt.Errorf("%w; discarding what was written: %v", err, rerr)
+			}
 		}
 		if err != nil {
 			return res, fmt.Errorf("pulling %s: %w", display(src.URI), hint(err, src, obj))
