@@ -72,9 +72,13 @@ type Entry struct {
 }
 
 // CheckedAt is when the content of the file was last known right: its
-// verified download, or its last scrub.
+// last scrub, or its verified download before the first. A scrub always
+// follows the commit it checks (a commit has none), so a scrub dated
+// before the download is still the later check, by a clock set back
+// meanwhile; and a date in the future is only as good as the clock that
+// wrote it (the scrub takes it as due now).
 func (e Entry) CheckedAt() time.Time {
-	if e.ScrubbedAt.After(e.VerifiedAt) {
+	if !e.ScrubbedAt.IsZero() {
 		return e.ScrubbedAt
 	}
 	return e.VerifiedAt

@@ -13,7 +13,8 @@ import (
 // The scrub: one image at a time, each stored image is re-hashed once per
 // ScrubInterval, counted from when it was last verified or scrubbed (a
 // time kept in the store's metadata beside the image, so that a restart
-// neither skips a scrub that was due nor repeats one that was done). The
+// neither skips a scrub that was due nor repeats one that was done; a time
+// after now is due now). The
 // reads are paced by a token bucket of ScrubRate bytes per second, in
 // chunks of imagestore.ScrubChunk, and no lock of the server is held while
 // hashing: serving reads the same files through sendfile, untouched.
@@ -122,7 +123,7 @@ func (s *Server) nextScrub() (string, time.Duration) {
 		if !img.stored || img.phase != PhaseReady {
 			continue
 		}
-		due := img.entry.CheckedAt().Add(s.cfg.ScrubInterval)
+		due := s.scrubDue(img.entry, now)
 		if retry, ok := s.scrub.retryAt[sum]; ok {
 			due = retry
 		}
@@ -132,6 +133,10 @@ func (s *Server) nextScrub() (string, time.Duration) {
 	}
 	if best != "" && !now.Before(bestDue) {
 		s.scrub.current = best
+		if img := s.images[best]; img.entry.CheckedAt().After(now) {
+			s.log.Warn("scrub due now: the image's last check is dated in the future (a clock set back, or metadata restored or edited)",
+				"sha256", best, "key", img.Key, "checkedAt", img.entry.CheckedAt().Format(time.RFC3339), "now", now.Format(time.RFC3339))
+		}
 		return best, 0
 	}
 	s.scrub.upToDate = now
@@ -140,6 +145,17 @@ func (s *Server) nextScrub() (string, time.Duration) {
 		return "", s.cfg.ScrubInterval
 	}
 	return "", bestDue.Sub(now)
+}
+
+// scrubDue is when the scrub of e falls due: an interval after its last
+// check, or now when that check is dated after now. A date in the future
+// would put the scrub off by as much, for ever when it is far enough.
+func (s *Server) scrubDue(e imagestore.Entry, now time.Time) time.Time {
+	checked := e.CheckedAt()
+	if checked.After(now) {
+		return now
+	}
+	return checked.Add(s.cfg.ScrubInterval)
 }
 
 func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context.Context, int) error) {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -215,4 +216,63 @@ func TestScrubRateIsBounded(t *testing.T) {
 		t.Error("no download was served while the image was scrubbed")
 	}
 	t.Logf("%d MiB scrubbed in %s at a bound of %d MiB/s", size>>20, took.Round(time.Millisecond), rate>>20)
+}
+
+// TestScrubDatesInTheFutureAreDueNow: a verifiedAt or scrubbedAt after now
+// (a clock set back, metadata restored or edited) is due now, and logged:
+// the image is scrubbed at once, its scrub recorded at the present time,
+// so that the next one is an interval away. On today's main such a date
+// switched the scrub off for that image (a year ahead: a year and the
+// interval without a scrub).
+func TestScrubDatesInTheFutureAreDueNow(t *testing.T) {
+	const day = 24 * time.Hour
+	for _, field := range []string{"verifiedAt", "scrubbedAt"} {
+		t.Run(field, func(t *testing.T) {
+			src := newFakeSource()
+			a := src.add("future", randomContent(1<<20, 6), false)
+			dir := t.TempDir()
+			h := start(t, dir, src, nil) // no scrub
+			h.want(a)
+			h.waitPhase(a.SHA256, PhaseReady)
+			future := h.clock.Now().Add(365 * day)
+			h.stop()
+			meta := filepath.Join(dir, "images", a.SHA256, ".osimages.json")
+			var m map[string]any
+			data, err := os.ReadFile(meta)
+			if err == nil {
+				err = json.Unmarshal(data, &m)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m[field] = future.Format(time.RFC3339Nano)
+			if data, err = json.Marshal(m); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(meta, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			logs := &logLines{}
+			h2 := start(t, dir, src, func(c *Config) {
+				c.ScrubInterval = 7 * day
+				c.ScrubRate = 1 << 30
+				c.Logger = logs.logger()
+			})
+			var st ScrubStatus
+			testenv.Eventually(t, "the scrub to be up to date", 20*time.Second, func() (bool, string) {
+				st = h2.srv.ScrubStatus()
+				return !st.UpToDate.IsZero(), fmt.Sprintf("%+v", st)
+			})
+			if st.Bytes != 1<<20 {
+				t.Errorf("the scrub read %d bytes, want the %d of the image dated %s", st.Bytes, 1<<20, future)
+			}
+			if got := h2.status(a.SHA256).CheckedAt; !got.Equal(h2.clock.Now()) {
+				t.Errorf("checked at %s, want now (%s): the next scrub must be an interval from now", got, h2.clock.Now())
+			}
+			if logs.count("in the future", a.SHA256, future.Format(time.RFC3339)) != 1 {
+				t.Errorf("want one line saying the date is in the future:\n%s", logs)
+			}
+		})
+	}
 }
