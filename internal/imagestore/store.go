@@ -564,7 +564,8 @@ func truncate(s string) string {
 }
 
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	// Not blocking, should something else than a directory have its name.
+	d, err := openNoFollow(dir, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
