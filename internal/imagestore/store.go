@@ -345,7 +345,7 @@ func (s *Store) setAside(sha, reason string) error {
 		return fmt.Errorf("image store: setting aside %s (%s): %w", src, reason, err)
 	}
 	s.log.Warn("stored image set aside: its metadata is not what the store wrote, so its bytes are neither served nor deleted; it will be downloaded again if selected. Check the directory, then delete it to free its space",
-		"sha256", sha, "path", dst, "reason", reason)
+		"sha256", sha, "path", dst, "from", src, "reason", reason)
 	return nil
 }
 
