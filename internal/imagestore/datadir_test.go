@@ -229,14 +229,27 @@ func TestOpenNeverBlocksOnAnOddImageFile(t *testing.T) {
 
 // TestOpenRefusesTopLevelSymlinks: the store's own directories are
 // directories of the data directory, never a symlink to one elsewhere, into
-// which it would write.
+// which it would write (set-aside/ is checked when an entry is set aside).
 func TestOpenRefusesTopLevelSymlinks(t *testing.T) {
-	dir, elsewhere := t.TempDir(), t.TempDir()
-	if err := os.Symlink(elsewhere, filepath.Join(dir, partialDir)); err != nil {
-		t.Fatal(err)
-	}
-	_, err := Open(dir)
-	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, partialDir)+" is a symlink to "+elsewhere) || !strings.Contains(err.Error(), "move it away") {
-		t.Fatalf("Open = %v, want a refusal naming the symlink and what to do", err)
+	for _, name := range []string{imagesDir, tmpDir, partialDir, setAsideDir} {
+		t.Run(name, func(t *testing.T) {
+			dir, elsewhere := t.TempDir(), t.TempDir()
+			if name == setAsideDir {
+				s := openStore(t, dir)
+				e := put(t, s, []byte("an image"), "img.raw")
+				s.Close()
+				os.Remove(filepath.Join(dir, imagesDir, e.SHA256, MetadataName))
+			}
+			if err := os.Symlink(elsewhere, filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(dir)
+			if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, name)+" is a symlink to "+elsewhere) || !strings.Contains(err.Error(), "move it away") {
+				t.Fatalf("Open = %v, want a refusal naming the symlink and what to do", err)
+			}
+			if des, _ := os.ReadDir(elsewhere); len(des) != 0 {
+				t.Errorf("the store wrote through the symlink: %v", entries(elsewhere))
+			}
+		})
 	}
 }

@@ -133,16 +133,8 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", s.dir, err)
 	}
 	for _, d := range []string{s.images, s.tmp, s.partial} {
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", d, err)
-		}
-		// The store writes inside the data directory only.
-		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
-			what := "unreadable"
-			if err == nil {
-				what = describe(d, fi)
-			}
-			return nil, fmt.Errorf("image store: %s is %s, not a directory: the store keeps its files inside the data directory; move it away (a directory is made in its place)", d, what)
+		if err := makeOwnDir(d); err != nil {
+			return nil, err
 		}
 	}
 	if s.lock, err = s.openLock(); err != nil {
@@ -173,6 +165,23 @@ func (s *Store) Close() error {
 	err := s.lock.Close()
 	s.lock = nil
 	return err
+}
+
+// makeOwnDir makes the directory d of the data directory, if missing, and
+// checks that it is one: not a symlink to a directory elsewhere, into which
+// the store would write.
+func makeOwnDir(d string) error {
+	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", d, err)
+	}
+	fi, err := os.Lstat(d)
+	if err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("image store: %s is %s, not a directory: the store keeps its files inside the data directory; move it away (a directory is made in its place)", d, describe(d, fi))
+	}
+	return nil
 }
 
 // openLock opens and locks the lock file.
@@ -329,8 +338,8 @@ func badMetadata(dir, reason string) error {
 func (s *Store) setAside(sha, reason string) error {
 	src := filepath.Join(s.images, sha)
 	aside := filepath.Join(s.dir, setAsideDir)
-	if err := os.Mkdir(aside, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("image store: setting aside %s (%s): %w", src, reason, err)
+	if err := makeOwnDir(aside); err != nil {
+		return fmt.Errorf("setting aside %s (%s): %w", src, reason, err)
 	}
 	// A name of its own: nothing set aside earlier is touched.
 	base := filepath.Join(aside, sha+"-"+time.Now().UTC().Format("20060102T150405Z"))
