@@ -129,51 +129,34 @@ func (r *renderer) image(lv levels.Level) (map[string]any, string, error) {
 func (r *renderer) servedImage(key string, v values.Values, path string) (map[string]any, error) {
 	var errs []error
 	img := r.catalog[key]
-	field := func(name string) string {
-		s, err := img.StringField(name)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
-		}
-		return s
-	}
-	sha := field(osimage.FieldSHA256)
-	filename := field(osimage.FieldFilename)
-	format := field(osimage.FieldImageFormat)
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	// The identity rules are the image server's (osimage): render never
-	// writes a URL that the server would not answer.
-	if sha == "" {
-		errs = append(errs, fmt.Errorf("%s: os_images.%s has no sha256, so it cannot be served for capm3", path, key))
-	} else if _, err := osimage.ParseSHA256(sha); err != nil {
+	// The identity rules are the image server's (osimage.Image.ServedAt):
+	// render never writes a URL that the server would not answer.
+	sha, filename, err := img.ServedAt(path + ": os_images." + key)
+	errs = append(errs, err)
+	format, err := img.StringField(osimage.FieldImageFormat)
+	switch {
+	case err != nil:
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
-	}
-	if filename == "" {
-		errs = append(errs, fmt.Errorf("%s: os_images.%s has no filename, so it cannot be served for capm3", path, key))
-	} else if err := osimage.ValidateFilename(filename); err != nil {
-		errs = append(errs, fmt.Errorf("%s: os_images.%s: %w", path, key, err))
-	}
-	if format == "" {
+	case format == "":
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no image-format, so it cannot be served for capm3", path, key))
-	} else if !diskFormats[format] {
+	case !diskFormats[format]:
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q is not one Metal3 accepts (%s)", path, key, format, strings.Join(sortedKeys(diskFormats), ", ")))
 	}
 	base, err := provisioningBase(v, path)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	// The served check comes last: it is the one error an operator may
 	// just wait out, and the others need a fix whatever it says.
-	if err := r.checkServed(sha, key, path); err != nil {
+	if err := r.checkServed(string(sha), key, path); err != nil {
 		return nil, err
 	}
 	return map[string]any{
-		"url":           base + osimage.ImagePath(osimage.SHA256(sha), filename),
-		"checksum":      sha,
+		"url":           base + osimage.ImagePath(sha, filename),
+		"checksum":      string(sha),
 		"checksumType":  "sha256",
 		r.formatField(): format,
 	}, nil

@@ -105,12 +105,7 @@ func Needs(in Inputs) ([]Need, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 		}
 		for _, p := range picks {
-			if p.SHA256 == "" {
-				errs = append(errs, fmt.Errorf("%s: %s: os_images.%s has no sha256, so it cannot be served for capm3", c.Source, p.Level, p.ImageKey))
-				continue
-			}
-			// render serves it at /images/<sha256>/<its filename in (A)>.
-			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: cat[p.ImageKey].Get(osimage.FieldFilename), By: c.Source + " " + p.Level})
+			needs = append(needs, Need{SHA256: string(p.SHA256), ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level})
 		}
 	}
 	return needs, errors.Join(errs...)

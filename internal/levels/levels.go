@@ -239,14 +239,19 @@ type Pick struct {
 	// Level is the values path of the level.
 	Level    string
 	ImageKey string
-	// SHA256 is the image's sha256 in (A), empty when it has none.
-	SHA256 string
+	// SHA256 and Filename are where render serves it from:
+	// /images/<sha256>/<filename>.
+	SHA256   osimage.SHA256
+	Filename string
 }
 
 // Picks returns, in level order, the image that each level designating
 // one in (A) picks, exactly as rendering would, but without the served
 // check: they are what the cluster needs the management cluster to serve.
-// The error joins the faults of the levels that cannot pick.
+// A picked image that render would refuse to serve (osimage's served-image
+// rule: no or a malformed sha256 or filename) is no pick: it is a fault of
+// its level, as render reports it. The error joins the faults of the
+// levels that cannot pick.
 func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
 	choices, err := Choices(v)
 	errs := []error{err}
@@ -258,7 +263,12 @@ func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
 			errs = append(errs, err)
 			continue
 		}
-		out = append(out, Pick{Level: path, ImageKey: key, SHA256: catalog[key].Get(osimage.FieldSHA256)})
+		sha, filename, err := catalog[key].ServedAt(path + ": os_images." + key)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, Pick{Level: path, ImageKey: key, SHA256: sha, Filename: filename})
 	}
 	return out, errors.Join(errs...)
 }

@@ -198,3 +198,41 @@ func (i Image) Path() (string, error) {
 	}
 	return ImagePath(sha, name), nil
 }
+
+// ServedAt is the served-image rule: what an image of (A) must hold for
+// the management cluster to serve it to capm3, at /images/<sha256>/<filename>.
+// Render, the fleet check (the picks of a cluster's values) and the
+// aggregator of the fleet's needs all call it, so that an image one of them
+// accepts is never refused by another: a sha256 that render would refuse
+// never becomes a need that the image server has to parse. name is how
+// messages call the image, such as "os_images.<key>"; every fault is
+// reported.
+func (i Image) ServedAt(name string) (SHA256, string, error) {
+	var errs []error
+	sha, err := i.StringField(FieldSHA256)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("%s: %w", name, err))
+	case sha == "":
+		errs = append(errs, fmt.Errorf("%s has no sha256, so it cannot be served for capm3", name))
+	default:
+		if _, err := ParseSHA256(sha); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	filename, err := i.StringField(FieldFilename)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("%s: %w", name, err))
+	case filename == "":
+		errs = append(errs, fmt.Errorf("%s has no filename, so it cannot be served for capm3", name))
+	default:
+		if err := ValidateFilename(filename); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	if len(errs) > 0 {
+		return "", "", errors.Join(errs...)
+	}
+	return SHA256(sha), filename, nil
+}
