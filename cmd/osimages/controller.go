@@ -62,6 +62,9 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	f.IntVar(&o.CatalogConcurrency, "catalog-concurrency", 8, "catalog: manifests fetched at once")
 	f.DurationVar(&o.CatalogTimeout, "catalog-timeout", 60*time.Second, "catalog: time allowed to resolve one image, retries included")
 	f.DurationVar(&o.CatalogRunTimeout, "catalog-run-timeout", 5*time.Minute, "catalog: time allowed to one namespace's run; a run past it is stopped, reported and retried with backoff")
+	f.StringArrayVar(&o.CatalogRegistriesFrom, "catalog-registries-from", nil, "catalog: values file (repeatable) whose os_images_oci_registries name registries the namespaces' catalogs may reach, such as the management cluster's sylva-units values")
+	f.StringArrayVar(&o.CatalogAllowRegistries, "catalog-allow-registry", nil, "catalog: a registry host[:port] (repeatable) the namespaces' catalogs may reach, besides those of --catalog-registries-from")
+	f.BoolVar(&o.CatalogAllowAnyRegistry, "catalog-allow-any-registry", false, "catalog: let the namespaces' catalogs reach any registry their values name (only where every writer of catalog values is trusted)")
 	f.StringVar(&o.MaxInputSize, "max-input-size", "512Ki", "data a namespace's catalog-values ConfigMaps, and its cluster-values ConfigMaps, may hold; a ConfigMap over it is refused with an event, not held in memory")
 	return cmd
 }

@@ -385,7 +385,10 @@ func newFleetWith(t *testing.T, name string, seed uint64, extra map[string]strin
   namespaceSelector: {matchLabels: {%s: ""}}
 `, e.mgmtNS, fleetServedCM, fleetCopy, e.label))
 	e.metricsAddr = freeAddr(t)
-	e.ctrl = startDaemon(t, append([]string{"controller", "--kubeconfig", k.Kubeconfig, "--config", rules,
+	// Which registries tenants' catalogs may reach is the subject of
+	// TestControllerNeedsToKnowWhichRegistriesCatalogsMayReach and of the
+	// controller's own tests; here, any.
+	e.ctrl = startDaemon(t, append([]string{"controller", "--kubeconfig", k.Kubeconfig, "--config", rules, "--catalog-allow-any-registry",
 		"--check-namespace-selector", e.label, "--metrics-addr", e.metricsAddr, "--health-addr", "0", "--log-format", "text"}, more.ctrl...)...)
 
 	e.clusters = map[string]string{

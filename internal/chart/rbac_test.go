@@ -336,7 +336,9 @@ sylva_diskimagebuilder_images:
 	})
 
 	t.Run("controller", func(t *testing.T) {
-		r := install(t, "")
+		// The test registry is not in the management values: the
+		// operator allows it (controller.catalogAllowedRegistries).
+		r := install(t, fmt.Sprintf("controller: {catalogAllowedRegistries: [%q]}\n", reg.Host))
 		maps.Copy(exported, controllerRun(t, k, r, ns, caFile, catalogValues, other.Name, published))
 	})
 
@@ -404,7 +406,8 @@ func controllerRun(t *testing.T, k *testenv.Kube, r *Rendered, ns, caFile, catal
 	// The Deployment's own arguments, with the files it mounts and the
 	// ports of a test.
 	metricsAddr := freeAddr(t)
-	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": metricsAddr, "--health-addr": "0"})
+	args := podArgs(t, d, map[string]string{"--config": rules, "--ca-file": caFile, "--metrics-addr": metricsAddr, "--health-addr": "0",
+		"--catalog-registries-from": configFile(t, r, "osimages-catalog-registries", "values.yaml")})
 	start(t, append(args, "--kubeconfig", kubeconfig)...)
 
 	// A workload cluster's namespace with its own catalog inputs.

@@ -54,6 +54,9 @@ type CatalogOptions struct {
 	// MaxInputSize bounds the data of a namespace's catalog-values
 	// ConfigMaps (DefaultMaxInputSize when 0).
 	MaxInputSize int
+	// Registries are those a namespace's catalog may reach; a plan that
+	// names another is refused before any connection. Nil allows any.
+	Registries *catalog.RegistryAllowlist
 }
 
 func (o CatalogOptions) withDefaults(workers int) CatalogOptions {
@@ -269,6 +272,9 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			return reconcile.Result{}, err
 		}
 		return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+	}
+	if err := c.opts.Registries.Check(plan); err != nil {
+		return c.refuse(ctx, input, "CatalogRegistryNotAllowed", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()
 

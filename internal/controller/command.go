@@ -2,20 +2,24 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/exitcode"
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/propagate"
 	"github.com/sylva-projects/osimages/internal/signature"
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // CommandOptions are those of `osimages controller`, as its flags give
@@ -41,6 +45,12 @@ type CommandOptions struct {
 	CatalogRunTimeout  time.Duration
 	// MaxInputSize is a quantity, such as 512Ki.
 	MaxInputSize string
+	// The registries catalogs may reach: those of the
+	// os_images_oci_registries of the values files CatalogRegistriesFrom,
+	// and CatalogAllowRegistries; or any, with CatalogAllowAnyRegistry.
+	CatalogRegistriesFrom   []string
+	CatalogAllowRegistries  []string
+	CatalogAllowAnyRegistry bool
 }
 
 // RunCommand checks o, then runs the parts it switches on until ctx ends,
@@ -58,6 +68,38 @@ func RunCommand(ctx context.Context, o CommandOptions, stderr io.Writer) error {
 	opts.ManagerOptions = mgr
 	mgr.Logger.Info("starting", "catalog", o.Catalog, "propagate", o.Propagate, "check", o.Check)
 	return exitcode.FailureError(Run(ctx, cfg, opts))
+}
+
+// catalogRegistries returns the registries the namespaces' catalogs may
+// reach; nil (any) only when the operator says so.
+func (o CommandOptions) catalogRegistries() (*catalog.RegistryAllowlist, error) {
+	if o.CatalogAllowAnyRegistry {
+		if len(o.CatalogRegistriesFrom)+len(o.CatalogAllowRegistries) > 0 {
+			return nil, errors.New("--catalog-allow-any-registry goes without --catalog-registries-from and --catalog-allow-registry")
+		}
+		return nil, nil
+	}
+	if len(o.CatalogRegistriesFrom)+len(o.CatalogAllowRegistries) == 0 {
+		return nil, errors.New("--catalog: say which registries the namespaces' catalogs may reach, or the controller would connect wherever a tenant's values point: --catalog-registries-from MANAGEMENT-VALUES.yaml (their os_images_oci_registries), --catalog-allow-registry HOST[:PORT], or --catalog-allow-any-registry")
+	}
+	hosts := slices.Clone(o.CatalogAllowRegistries)
+	for _, f := range o.CatalogRegistriesFrom {
+		v, err := values.LoadFiles(f)
+		if err != nil {
+			return nil, fmt.Errorf("--catalog-registries-from %w", err)
+		}
+		found, err := catalog.RegistryHosts(v)
+		if err != nil {
+			return nil, fmt.Errorf("--catalog-registries-from %s: %w", f, err)
+		}
+		hosts = append(hosts, found...)
+	}
+	for _, h := range o.CatalogAllowRegistries {
+		if h == "" || strings.ContainsAny(h, " \t\n") {
+			return nil, fmt.Errorf("--catalog-allow-registry %q: give a registry host, such as registry.example.org or 10.0.0.1:5000", h)
+		}
+	}
+	return catalog.NewRegistryAllowlist(hosts...), nil
 }
 
 // options checks o and returns the Options it gives, but the manager's.
@@ -113,10 +155,15 @@ func (o CommandOptions) options() (Options, error) {
 		if err != nil {
 			return Options{}, err
 		}
+		allowed, err := o.catalogRegistries()
+		if err != nil {
+			return Options{}, err
+		}
 		opts.Catalog = &CatalogOptions{
 			Concurrency: o.CatalogConcurrency, Timeout: o.CatalogTimeout, RunTimeout: o.CatalogRunTimeout,
-			Secure:   Registry{Manifests: clients.Secure, Signatures: signature.Verifier{Client: clients.Secure}},
-			Insecure: Registry{Manifests: clients.Insecure, Signatures: signature.Verifier{Client: clients.Insecure}},
+			Secure:     Registry{Manifests: clients.Secure, Signatures: signature.Verifier{Client: clients.Secure}},
+			Insecure:   Registry{Manifests: clients.Insecure, Signatures: signature.Verifier{Client: clients.Insecure}},
+			Registries: allowed,
 		}
 	}
 	return opts, nil

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/oci"
@@ -273,5 +274,48 @@ func TestCatalogHostileTemplates(t *testing.T) {
 		if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": ns, "state": CatalogRefused}); v != 1 {
 			t.Errorf("%s: osimages_catalog_state{state=refused} = %v", ns, v)
 		}
+	}
+}
+
+// A tenant's catalog values reach only the registries the management
+// allows: one naming any other host:port (the apiserver's, a scan of the
+// network) is refused before any connection, and the refusal says which
+// registries are allowed, not what the host answered (issue 23, item 14).
+func TestCatalogReachesOnlyAllowedRegistries(t *testing.T) {
+	forbidden, allowed := newSilentRegistry(t), newSilentRegistry(t)
+	client, err := oci.NewClient(oci.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
+	startManager(t, Options{Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry, Timeout: time.Second, RunTimeout: 2 * time.Second,
+		Registries: catalog.NewRegistryAllowlist("oci://" + allowed.host() + "/sylva")}})
+	values := func(host string) string {
+		return fmt.Sprintf("oci_registry_insecure: true\nos_images_oci_registries:\n  r: {url: 'oci://%s/dib', tag: '1.0'}\nsylva_diskimagebuilder_images:\n  img: {os_images_oci_registry: r}\n", host)
+	}
+	namespace(t, "scan-forbidden", nil)
+	put(t, "scan-forbidden", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, values(forbidden.host()))
+	namespace(t, "scan-allowed", nil)
+	put(t, "scan-allowed", "inputs", map[string]string{fleet.CatalogValuesLabel: ""}, values(allowed.host()))
+	// The managers of the next tests must not resolve these.
+	t.Cleanup(func() {
+		for _, ns := range []string{"scan-forbidden", "scan-allowed"} {
+			_ = suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Delete(context.Background(), "inputs", metav1.DeleteOptions{})
+		}
+	})
+
+	testenv.Eventually(t, "the catalog naming a registry not allowed is refused", 30*time.Second, func() (bool, string) {
+		s := catalogStatusOf(t, "scan-forbidden")
+		return s.State == CatalogRefused && strings.Contains(s.Message, "is not one that workload catalogs may reach") &&
+			strings.Contains(s.Message, "allowed registries: localhost:"), fmt.Sprintf("%+v", s)
+	})
+	testenv.Eventually(t, "the catalog of an allowed registry connects", 30*time.Second, func() (bool, string) {
+		return allowed.total.Load() > 0, ""
+	})
+	if n := forbidden.total.Load(); n != 0 {
+		t.Errorf("%d connections to a registry the management does not allow", n)
+	}
+	if evs := eventNotes(t, "scan-forbidden", "CatalogRegistryNotAllowed"); len(evs) != 1 {
+		t.Errorf("events: %v", evs)
 	}
 }

@@ -121,7 +121,8 @@ subjects:
   namespace: {{ $root.Release.Namespace }}
 {{- end -}}
 
-{{/* (dict "root" $ "component" C "values" V "args" LIST "registry" BOOL "rules" BOOL) */}}
+{{/* (dict "root" $ "component" C "values" V "args" LIST "registry" BOOL "rules" BOOL
+"catalogRegistries" YAML: the values mounted at /etc/osimages/catalog-registries, "" for none) */}}
 {{- define "osimages.controllerWorkload" -}}
 {{- $root := .root }}
 {{- $v := .values }}
@@ -144,9 +145,14 @@ spec:
       labels:
         {{- include "osimages.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .component }}
-      {{- if .rules }}
+      {{- if or .rules .catalogRegistries }}
       annotations:
+        {{- if .rules }}
         checksum/rules: {{ include "osimages.rules" $root | sha256sum }}
+        {{- end }}
+        {{- with .catalogRegistries }}
+        checksum/catalog-registries: {{ . | sha256sum }}
+        {{- end }}
       {{- end }}
     spec:
       serviceAccountName: {{ $name }}
@@ -189,12 +195,20 @@ spec:
         {{- if .rules }}
         - {name: rules, mountPath: /etc/osimages/rules, readOnly: true}
         {{- end }}
+        {{- if .catalogRegistries }}
+        - {name: catalog-registries, mountPath: /etc/osimages/catalog-registries, readOnly: true}
+        {{- end }}
         {{- include "osimages.registryMounts" $root | nindent 8 }}
       volumes:
       {{- if .rules }}
       - name: rules
         configMap:
           name: {{ include "osimages.fullname" $root }}-rules
+      {{- end }}
+      {{- if .catalogRegistries }}
+      - name: catalog-registries
+        configMap:
+          name: {{ include "osimages.fullname" $root }}-catalog-registries
       {{- end }}
       {{- include "osimages.registryVolumes" $root | nindent 6 }}
       {{- with $v.nodeSelector }}
