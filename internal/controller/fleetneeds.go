@@ -22,10 +22,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-// FleetNeedsLabel marks the fleet-needs ConfigMap as osimages' own: one of
-// that name without it is a user's, and is never overwritten.
-const FleetNeedsLabel = "osimages.sylva-project.org/fleet-needs"
-
 const fleetNeedsFieldOwner = "osimages-fleet-needs"
 
 // fleetNeedsReconciler publishes, in the management cluster's namespace,
@@ -142,7 +138,7 @@ func (r *fleetNeedsReconciler) write(ctx context.Context, data map[string]string
 	switch {
 	case apierrors.IsNotFound(err):
 		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.target.Namespace, Name: r.target.Name, Labels: map[string]string{FleetNeedsLabel: ""}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.target.Namespace, Name: r.target.Name, Labels: map[string]string{fleet.FleetNeedsLabel: ""}},
 			Data:       data,
 		}
 		if err := r.writer.Create(ctx, cm, client.FieldOwner(fleetNeedsFieldOwner)); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -152,8 +148,8 @@ func (r *fleetNeedsReconciler) write(ctx context.Context, data map[string]string
 	case err != nil:
 		return err
 	}
-	if _, ours := previous.Labels[FleetNeedsLabel]; !ours {
-		r.log.Error(errors.New("not created by osimages"), "the fleet's needs are not published: ConfigMap "+r.target.String()+" exists without the label "+FleetNeedsLabel+"; rename or delete it")
+	if _, ours := previous.Labels[fleet.FleetNeedsLabel]; !ours {
+		r.log.Error(errors.New("not created by osimages"), "the fleet's needs are not published: ConfigMap "+r.target.String()+" exists without the label "+fleet.FleetNeedsLabel+"; rename or delete it")
 		return nil
 	}
 	if previous.Data[fleet.FleetNeedsKey] == data[fleet.FleetNeedsKey] && len(previous.Data) == 1 {

@@ -56,10 +56,10 @@ func TestFleetNeedsPublished(t *testing.T) {
 		if err != nil {
 			return fleet.FleetNeeds{}, err.Error()
 		}
-		if _, ours := cm.Labels[FleetNeedsLabel]; !ours {
+		if _, ours := cm.Labels[fleet.FleetNeedsLabel]; !ours {
 			return fleet.FleetNeeds{}, "no label"
 		}
-		f, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
+		f, _, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
 		if err != nil {
 			return fleet.FleetNeeds{}, err.Error()
 		}
@@ -119,7 +119,7 @@ func TestFleetNeedsLeavesAForeignConfigMap(t *testing.T) {
 	startManager(t, o)
 	put(t, "needs-foreign-a", "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
 	testenv.Eventually(t, "the refusal logged", 30*time.Second, func() (bool, string) {
-		n := log.count(func(l *errorLog) []string { return l.errors }, "the fleet's needs are not published: ConfigMap needs-foreign-mgmt/osimages-fleet-needs exists without the label "+FleetNeedsLabel)
+		n := log.count(func(l *errorLog) []string { return l.errors }, "the fleet's needs are not published: ConfigMap needs-foreign-mgmt/osimages-fleet-needs exists without the label "+fleet.FleetNeedsLabel)
 		return n > 0, fmt.Sprint(log.errors)
 	})
 	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(target.Namespace).Get(context.Background(), target.Name, metav1.GetOptions{})

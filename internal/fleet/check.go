@@ -76,9 +76,15 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 			img.Message = err.Error()
 		}
 		// The image server was asked to serve it for this namespace
-		// (--serve-fleet-needs) and refused: say why, in its words.
-		if refusal, ok := served.Refused.For(namespace, img.SHA256); ok && img.State == StateNotServed {
+		// (--serve-fleet-needs) and refused, or could not download it from
+		// this namespace's record: say why, in its words.
+		refusal, ok := served.Refused.For(namespace, img.SHA256)
+		switch {
+		case ok && img.State == StateNotServed && refusal.Reason != osimage.RefusedDownload:
 			img.Message += "; the image server refuses to serve it for this namespace: " + refusal.Message
+			img.Refused = refusal.Message
+		case ok && img.State == StateNotAvailable && refusal.Reason == osimage.RefusedDownload:
+			img.Message += "; " + refusal.Message
 			img.Refused = refusal.Message
 		}
 	}

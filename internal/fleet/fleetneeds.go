@@ -19,11 +19,20 @@ const (
 	FleetNeedsConfigMapName = "osimages-fleet-needs"
 	// FleetNeedsKey is its data key.
 	FleetNeedsKey = "needs.yaml"
+	// FleetNeedsLabel marks the ConfigMap as osimages' own: one of that
+	// name without it is a user's, which the controller never overwrites
+	// and the image server never reads.
+	FleetNeedsLabel = "osimages.sylva-project.org/fleet-needs"
 )
 
 // FleetNeeds is every image some workload cluster needs, by sha256.
 type FleetNeeds struct {
 	Images []FleetNeed `json:"images"`
+	// Refused are the needs left out of the document, and why: a
+	// namespace over its share of it, a record over the bound. The image
+	// server publishes them with its own refusals, so that they reach the
+	// namespace's osimages-status.
+	Refused osimage.RefusedNeeds `json:"refused,omitempty"`
 }
 
 // FleetNeed is one needed image and where it comes from.
@@ -38,15 +47,38 @@ type FleetNeed struct {
 	Sources []NeedSource `json:"sources,omitempty"`
 	// Namespaces are all the namespaces that need it, sorted.
 	Namespaces []string `json:"namespaces"`
+	// Filenames are, by namespace, the filenames its URLs ask for
+	// (/images/<sha256>/<filename>), sorted: each is served, whatever
+	// filename another namespace's record gives.
+	Filenames map[string][]string `json:"filenames,omitempty"`
 }
 
-// NeedSource is one record of a needed image, as os-images-info holds it.
+// NeedSource is one record of a needed image, as os-images-info holds it,
+// cut down to the fields the image server reads (NeedFields).
 type NeedSource struct {
 	// Key is the image's key in those namespaces' os-images-info.
 	Key        string        `json:"key"`
 	Image      osimage.Image `json:"image"`
 	Namespaces []string      `json:"namespaces"`
 }
+
+// NeedFields are the fields of a record that the image server reads to
+// download, verify and serve an image: the only ones the document copies,
+// so that a field nobody reads (a long description, a multi-line
+// annotation) never takes its room.
+var NeedFields = []string{
+	osimage.FieldURI, osimage.FieldRegistryKey, osimage.FieldManifestDigest, osimage.FieldSHA256, osimage.FieldMD5,
+	osimage.FieldFilename, osimage.FieldImageFormat, osimage.FieldCompression, osimage.FieldArchiveSize, osimage.FieldSize,
+}
+
+// Bounds of the document. A record cut down to NeedFields is a few hundred
+// bytes; MaxNeedRecordBytes leaves room for long URIs and nothing more. The
+// needs of all namespaces share NeedsDocumentBudget, fairly (Aggregate):
+// the rest of the ConfigMap's 1 MiB is for the refusals.
+const (
+	MaxNeedRecordBytes  = 4 << 10
+	NeedsDocumentBudget = 768 << 10
+)
 
 // NamespaceNeeds is what one namespace contributes: the check's report of
 // it and its own catalog (A), nil when it has none.
@@ -55,51 +87,169 @@ type NamespaceNeeds struct {
 	Catalog osimage.Catalog
 }
 
-// Aggregate gathers the needs of every namespace into the fleet's, sorted
-// by sha256, so that the same fleet always gives the same document. A
-// record is taken only when its sha256 is the one needed: a catalog
-// cannot make a need point at other bytes.
+// Aggregate is AggregateWithin NeedsDocumentBudget.
 func Aggregate(namespaces []NamespaceNeeds) FleetNeeds {
+	return AggregateWithin(namespaces, NeedsDocumentBudget)
+}
+
+// contribution is what one namespace puts into the document.
+type contribution struct {
+	ns      string
+	needs   []nsNeed
+	refused osimage.RefusedNeeds
+	// bytes is what its needs take in the document, counting a record it
+	// shares with others in full: a namespace is never charged less than
+	// it would take alone.
+	bytes int
+}
+
+// nsNeed is one image a namespace needs.
+type nsNeed struct {
+	sha       string
+	filenames []string
+	// key and record are its own catalog's record, cut down; doc is the
+	// record's YAML; ok is false when it has none.
+	key, doc string
+	record   osimage.Image
+	ok       bool
+}
+
+// AggregateWithin gathers the needs of every namespace into the fleet's,
+// sorted by sha256, so that the same fleet always gives the same document.
+// A record is taken only when its sha256 is the one needed (a catalog
+// cannot make a need point at other bytes), and is cut down to NeedFields;
+// one still over MaxNeedRecordBytes is left out, and refused. A need whose
+// sha256 or a filename the served-image rule refuses is left out (the
+// check reports it in the namespace's status).
+//
+// The namespaces share budget bytes of the document max-min fairly: each
+// gets what it needs up to an equal share of what those that need less
+// leave; a namespace over that share is left out as a whole, with one
+// refusal (osimage.RefusedDocumentShare), and the others are published as
+// if it were not there. So one tenant can never freeze the fleet's needs by
+// making the document too large.
+func AggregateWithin(namespaces []NamespaceNeeds, budget int) FleetNeeds {
+	var contribs []contribution
+	for _, n := range namespaces {
+		contribs = append(contribs, contribute(n))
+	}
+	admitted, refused := share(contribs, budget)
+	return assemble(admitted, refused)
+}
+
+// contribute reads what one namespace needs, and what it costs.
+func contribute(n NamespaceNeeds) contribution {
+	c := contribution{ns: n.Report.Namespace}
+	seen := map[string]bool{}
+	for _, img := range n.Report.Images {
+		if _, err := osimage.ParseSHA256(img.SHA256); err != nil || seen[img.SHA256] {
+			continue
+		}
+		seen[img.SHA256] = true
+		need := nsNeed{sha: img.SHA256}
+		for _, name := range img.Filenames {
+			if osimage.ValidateFilename(name) == nil && !slices.Contains(need.filenames, name) {
+				need.filenames = append(need.filenames, name)
+			}
+		}
+		slices.Sort(need.filenames)
+		c.bytes += len(need.sha) + 2*len(c.ns) + 64
+		for _, name := range need.filenames {
+			c.bytes += len(name) + 8
+		}
+		if key, rec, ok := recordOf(n.Catalog, img); ok {
+			doc, _ := yaml.Marshal(rec)
+			if len(doc) > MaxNeedRecordBytes {
+				c.refused = append(c.refused, osimage.RefusedNeed{SHA256: img.SHA256, Namespace: c.ns, Reason: osimage.RefusedInvalid,
+					Message: fmt.Sprintf("its record os_images.%s takes %d bytes once cut down to the fields the image server reads, over the bound of %d: shorten its uri", truncate(key), len(doc), MaxNeedRecordBytes)})
+			} else {
+				need.key, need.doc, need.record, need.ok = key, string(doc), rec, true
+				c.bytes += len(key) + len(doc) + len(c.ns) + 32
+			}
+		}
+		c.needs = append(c.needs, need)
+	}
+	for _, r := range c.refused {
+		c.bytes += len(r.Message) + len(r.SHA256) + len(c.ns) + 64
+	}
+	return c
+}
+
+// share admits namespaces max-min fairly within budget bytes: in order of
+// what they take, each while it takes no more than an equal share of what
+// is left; from the first that takes more, every one left takes more than
+// that same share, and is refused.
+func share(contribs []contribution, budget int) ([]contribution, osimage.RefusedNeeds) {
+	slices.SortFunc(contribs, func(a, b contribution) int {
+		if a.bytes != b.bytes {
+			return a.bytes - b.bytes
+		}
+		return strings.Compare(a.ns, b.ns)
+	})
+	var admitted []contribution
+	var refused osimage.RefusedNeeds
+	left := budget
+	for i, c := range contribs {
+		fair := left / (len(contribs) - i)
+		if c.bytes > fair {
+			for _, over := range contribs[i:] {
+				refused = append(refused, osimage.RefusedNeed{Namespace: over.ns, Reason: osimage.RefusedDocumentShare,
+					Message: fmt.Sprintf("the needs of this namespace take %d bytes of the fleet's needs document, over its fair share of %d bytes (%d bytes shared by %d namespaces): none of them is published, so the image server serves this namespace only what the management cluster selects; need fewer images, or use shorter records and filenames",
+						over.bytes, fair, budget, len(contribs))})
+			}
+			break
+		}
+		left -= c.bytes
+		admitted = append(admitted, c)
+	}
+	for _, c := range admitted {
+		refused = append(refused, c.refused...)
+	}
+	return admitted, refused
+}
+
+// assemble builds the document of the admitted namespaces.
+func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds {
 	type source struct {
 		key, doc string
 		image    osimage.Image
 		ns       []string
 	}
 	type gathered struct {
-		ns      []string
-		sources []*source
+		ns        []string
+		sources   []*source
+		filenames map[string][]string
 	}
 	bySHA := map[string]*gathered{}
-	for _, n := range namespaces {
-		ns := n.Report.Namespace
-		for _, img := range n.Report.Images {
-			need := bySHA[img.SHA256]
+	for _, c := range admitted {
+		for _, n := range c.needs {
+			need := bySHA[n.sha]
 			if need == nil {
 				need = &gathered{}
-				bySHA[img.SHA256] = need
+				bySHA[n.sha] = need
 			}
-			if !slices.Contains(need.ns, ns) {
-				need.ns = append(need.ns, ns)
+			need.ns = append(need.ns, c.ns)
+			if len(n.filenames) > 0 {
+				if need.filenames == nil {
+					need.filenames = map[string][]string{}
+				}
+				need.filenames[c.ns] = n.filenames
 			}
-			key, rec, ok := recordOf(n.Catalog, img)
-			if !ok {
+			if !n.ok {
 				continue
 			}
-			doc, _ := yaml.Marshal(rec)
-			i := slices.IndexFunc(need.sources, func(s *source) bool { return s.key == key && s.doc == string(doc) })
+			i := slices.IndexFunc(need.sources, func(s *source) bool { return s.key == n.key && s.doc == n.doc })
 			if i < 0 {
-				need.sources = append(need.sources, &source{key: key, doc: string(doc), image: rec})
+				need.sources = append(need.sources, &source{key: n.key, doc: n.doc, image: n.record})
 				i = len(need.sources) - 1
 			}
-			if s := need.sources[i]; !slices.Contains(s.ns, ns) {
-				s.ns = append(s.ns, ns)
-			}
+			need.sources[i].ns = append(need.sources[i].ns, c.ns)
 		}
 	}
 	out := FleetNeeds{Images: []FleetNeed{}}
 	for _, sha := range slices.Sorted(maps.Keys(bySHA)) {
 		need := bySHA[sha]
-		fn := FleetNeed{SHA256: sha, Namespaces: slices.Sorted(slices.Values(need.ns))}
+		fn := FleetNeed{SHA256: sha, Namespaces: slices.Sorted(slices.Values(need.ns)), Filenames: need.filenames}
 		slices.SortFunc(need.sources, func(a, b *source) int {
 			if c := strings.Compare(a.key, b.key); c != 0 {
 				return c
@@ -111,21 +261,43 @@ func Aggregate(namespaces []NamespaceNeeds) FleetNeeds {
 		}
 		out.Images = append(out.Images, fn)
 	}
+	refused.Sort()
+	out.Refused = refused
 	return out
 }
 
-// recordOf finds the catalog record of a needed image: under the key the
-// check found, else under any key with that sha256.
+// recordOf finds the catalog record of a needed image, cut down to
+// NeedFields: under the key the check found, else under any key with
+// that sha256.
 func recordOf(cat osimage.Catalog, img ImageStatus) (string, osimage.Image, bool) {
+	key := ""
 	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == img.SHA256 {
-		return img.ImageKey, rec, true
-	}
-	for _, k := range cat.Keys() {
-		if cat[k].Get(osimage.FieldSHA256) == img.SHA256 {
-			return k, cat[k], true
+		key = img.ImageKey
+	} else {
+		for _, k := range cat.Keys() {
+			if cat[k].Get(osimage.FieldSHA256) == img.SHA256 {
+				key = k
+				break
+			}
 		}
 	}
-	return "", nil, false
+	if key == "" {
+		return "", nil, false
+	}
+	rec := osimage.Image{}
+	for _, f := range NeedFields {
+		if v, ok := cat[key][f].(string); ok {
+			rec[f] = v
+		}
+	}
+	return key, rec, true
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 // Data is the ConfigMap data of the fleet's needs. It refuses, with an
@@ -142,17 +314,22 @@ func (f FleetNeeds) Data(what string) (map[string]string, error) {
 	return data, nil
 }
 
-// ParseFleetNeeds reads the document back, refusing unknown fields and a
-// need without a well-formed sha256.
-func ParseFleetNeeds(data string) (FleetNeeds, error) {
-	var f FleetNeeds
+// ParseFleetNeeds reads the document back, refusing unknown fields. A need
+// whose sha256 is malformed, or a refusal of a namespace that is not one,
+// is dropped and named in dropped: one bad entry never costs the others
+// their needs. Only a document that does not parse at all is an error.
+func ParseFleetNeeds(data string) (f FleetNeeds, dropped []error, err error) {
 	if err := yaml.UnmarshalStrict([]byte(data), &f); err != nil {
-		return FleetNeeds{}, fmt.Errorf("%s: %w", FleetNeedsKey, err)
+		return FleetNeeds{}, nil, fmt.Errorf("%s: %w", FleetNeedsKey, err)
 	}
+	images := f.Images[:0]
 	for _, img := range f.Images {
 		if _, err := osimage.ParseSHA256(img.SHA256); err != nil {
-			return FleetNeeds{}, fmt.Errorf("%s: %w", FleetNeedsKey, err)
+			dropped = append(dropped, fmt.Errorf("%s: a need of %s is dropped: %w", FleetNeedsKey, strings.Join(img.Namespaces, ", "), err))
+			continue
 		}
+		images = append(images, img)
 	}
-	return f, nil
+	f.Images = images
+	return f, dropped, nil
 }

@@ -16,13 +16,39 @@ import (
 // is refused: a server without the option publishes what it always did.
 const RefusedNeedsKey = "refused-needs.yaml"
 
+// The reasons of a refused need, as metrics label them.
+const (
+	// RefusedRegistry: an OCI record from a registry the management values
+	// do not declare.
+	RefusedRegistry = "registry-not-allowed"
+	// RefusedURI: an HTTP(S) record under no allowed prefix.
+	RefusedURI = "uri-not-allowed"
+	// RefusedImages and RefusedBytes: the namespace's quota is reached.
+	RefusedImages = "quota-images"
+	RefusedBytes  = "quota-bytes"
+	// RefusedStorage: what --max-storage leaves beside the management
+	// selection is taken by other namespaces' shares.
+	RefusedStorage = "storage"
+	// RefusedNoRecord: no catalog of a needing namespace describes it.
+	RefusedNoRecord = "no-record"
+	// RefusedInvalid: the record cannot be served as it is.
+	RefusedInvalid = "invalid"
+	// RefusedDocumentShare: the namespace's needs are over its share of the
+	// fleet's needs document; none is published (SHA256 is "").
+	RefusedDocumentShare = "document-share"
+	// RefusedDownload: every admitted record was tried and none gave the
+	// image; Message says what this namespace's own record gave.
+	RefusedDownload = "download-failed"
+)
+
 // RefusedNeed is one image that one namespace needs and that the image
 // server does not serve, by policy.
 type RefusedNeed struct {
+	// SHA256 is the image refused; "" refuses every need of the
+	// namespace (RefusedDocumentShare).
 	SHA256    string `json:"sha256"`
 	Namespace string `json:"namespace"`
-	// Reason is a short word for metrics: registry-not-allowed,
-	// uri-not-allowed, quota-images, quota-bytes, no-record, invalid.
+	// Reason is a short word for metrics, one of the Refused* constants.
 	Reason string `json:"reason"`
 	// Message is the exact reason, for the tenant.
 	Message string `json:"message"`
@@ -45,12 +71,21 @@ func (r RefusedNeeds) Sort() {
 	})
 }
 
-// For returns the refusal of sha256 for namespace, if any.
+// For returns the refusal of sha256 for namespace, if any: its own, else
+// one of every need of the namespace.
 func (r RefusedNeeds) For(namespace, sha string) (RefusedNeed, bool) {
-	for _, n := range r {
-		if n.Namespace == namespace && n.SHA256 == sha {
+	var all *RefusedNeed
+	for i, n := range r {
+		switch {
+		case n.Namespace != namespace:
+		case n.SHA256 == sha:
 			return n, true
+		case n.SHA256 == "" && all == nil:
+			all = &r[i]
 		}
+	}
+	if all != nil {
+		return *all, true
 	}
 	return RefusedNeed{}, false
 }

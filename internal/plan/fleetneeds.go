@@ -31,10 +31,16 @@ func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted ma
 		report := fleet.Check(in.Namespace, "", needs, osimage.ServedOutput{}, false, nil)
 		all = append(all, fleet.NamespaceNeeds{Report: report, Catalog: in.Catalog})
 	}
-	added, refused := selection.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
-	for sha, w := range added {
-		proposed.Set[sha] = osimage.ServedImage{Available: true, ImageKey: w.Key}
-		proposed.Filenames[sha] = w.ServedAs()
+	served, refused := selection.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
+	added := map[string]selection.Wanted{}
+	for sha, w := range served {
+		if w.IsNeed() {
+			added[sha] = w
+			proposed.Set[sha] = osimage.ServedImage{Available: true, ImageKey: w.Key}
+		}
+		if _, ok := proposed.Set[sha]; ok {
+			proposed.Filenames[sha] = w.ServedAs()
+		}
 	}
 	return planFleetNeeds{added: added, refused: refused}
 }
@@ -54,7 +60,7 @@ func (f planFleetNeeds) explain(namespace string, p fleet.ClusterPlan, lines []s
 			}
 		}
 		for _, r := range f.refused {
-			if r.Namespace == namespace && strings.HasPrefix(line, "would fail: "+r.SHA256+"/") {
+			if r.Namespace == namespace && strings.HasPrefix(line, "would fail: "+r.SHA256) && (r.SHA256 == "" || strings.HasPrefix(line, "would fail: "+r.SHA256+"/")) {
 				line += "; serve --serve-fleet-needs would refuse it: " + r.Message
 			}
 		}

@@ -31,7 +31,29 @@ type Wanted struct {
 	// gives this sha256, sorted: the one stored file is served under each,
 	// so that a second key with another filename never moves a URL.
 	Filenames []string
+	// Records, for an image served because workload clusters need it
+	// (FleetNeeds), are every admitted record of its bytes in the order a
+	// download tries them; Key and Image are the first. A download that
+	// fails from one record tries the next, so that no record blocks the
+	// image for the namespaces of the others.
+	Records []Record
+	// ForNamespaces are the namespaces a fleet need is served for; nil for
+	// the management selection, which is downloaded first and never gives
+	// its room to a need.
+	ForNamespaces []string
 }
+
+// Record is one record of an image's bytes, from a needing namespace's
+// catalog.
+type Record struct {
+	Key   string
+	Image osimage.Image
+	// Namespaces are those whose catalog gives this record.
+	Namespaces []string
+}
+
+// IsNeed says whether w is served only because workload clusters need it.
+func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 
 // Filename is the filename of the image's record (that of Key).
 func (w Wanted) Filename() string { return w.Image.Get(osimage.FieldFilename) }

@@ -3,7 +3,6 @@ package serve
 import (
 	"errors"
 	"fmt"
-	"maps"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -52,18 +51,27 @@ func (d *Daemon) fleetNeedsFromCluster() error {
 }
 
 // addFleetNeeds adds to the management selection the fleet's needs that
-// the policy admits, and returns the refusals of the others.
+// the policy admits, and returns the refusals of the others. A needs
+// document that cannot be used leaves the needs last used in force: a
+// broken or foreign document never stops the management inputs, nor
+// takes an image away from a cluster.
 func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]selection.Wanted) (map[string]selection.Wanted, osimage.RefusedNeeds) {
-	if !d.opts.FleetNeeds.Serve || in.Needs == nil {
+	if !d.opts.FleetNeeds.Serve {
 		return wanted, nil
 	}
-	served := d.srv.Served()
-	isServed := func(sha string) bool { _, ok := served[sha]; return ok }
-	added, refused := selection.FleetNeeds(in.Values, *in.Needs, wanted, isServed, d.opts.FleetNeeds.Policy)
-	if len(added) == 0 {
-		return wanted, refused
+	for _, err := range in.NeedsDropped {
+		d.log.Error("a fleet need is left out", "error", err.Error())
 	}
-	out := maps.Clone(wanted)
-	maps.Copy(out, added)
-	return out, refused
+	needs := in.Needs
+	if in.NeedsError != nil {
+		d.log.Error("the fleet's needs cannot be read; the needs last read stay in force, and the management inputs apply", "error", in.NeedsError.Error())
+		needs = d.lastNeeds
+	}
+	if needs == nil {
+		return wanted, nil
+	}
+	d.lastNeeds = needs
+	policy := d.opts.FleetNeeds.Policy
+	policy.Storage, policy.MaxImageSize = d.limits.MaxStorage, d.limits.MaxImageSize
+	return selection.FleetNeeds(in.Values, *needs, wanted, d.srv.StoredSizes(), policy)
 }

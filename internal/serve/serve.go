@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -136,6 +137,10 @@ type Daemon struct {
 	httpSrv *http.Server
 	// With PeersService (replicas.go).
 	replicas *replicas
+	// limits are the server's bounds, which the fleet's needs share.
+	limits server.Config
+	// lastNeeds are the fleet's needs last used (fleetneeds.go).
+	lastNeeds *fleet.FleetNeeds
 }
 
 // Open checks o and builds the server: the store is opened and the address
@@ -161,7 +166,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if log == nil {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
-	d := &Daemon{opts: o, log: log}
+	d := &Daemon{opts: o, log: log, limits: cfg}
 	defer func() {
 		if err != nil {
 			d.close()

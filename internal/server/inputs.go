@@ -62,8 +62,14 @@ type Inputs struct {
 type Loaded struct {
 	Catalog osimage.Catalog
 	Values  values.Values
-	// Needs are the fleet's needs, nil without FleetNeedsConfigMap.
-	Needs *fleet.FleetNeeds
+	// Needs are the fleet's needs, nil without FleetNeedsConfigMap, or
+	// when NeedsError says why the document cannot be used: the caller
+	// keeps the last needs it used, and management inputs still apply.
+	Needs      *fleet.FleetNeeds
+	NeedsError error
+	// NeedsDropped are the entries of the document left out (a malformed
+	// sha256): the others are in Needs.
+	NeedsDropped []error
 }
 
 // Refusal says why inputs were refused.
@@ -131,10 +137,8 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if errs := selection.ValuesNearMisses(vals); len(errs) > 0 {
 		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("values %s: %w", strings.Join(in.ValueFiles, ", "), errors.Join(errs...))}
 	}
-	needs, err := in.readFleetNeeds(ctx)
-	if err != nil {
-		return Loaded{}, nil, err
-	}
+	l := Loaded{Catalog: cat, Values: vals}
+	l.Needs, l.NeedsDropped, l.NeedsError = in.readFleetNeeds(ctx)
 	// The fingerprint is taken from what was parsed, so it can never
 	// disagree with it.
 	h := sha256.New()
@@ -142,10 +146,11 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if err := json.NewEncoder(h).Encode(vals); err != nil {
 		return Loaded{}, nil, err
 	}
-	if err := json.NewEncoder(h).Encode(needs); err != nil {
+	if err := json.NewEncoder(h).Encode(l.Needs); err != nil {
 		return Loaded{}, nil, err
 	}
-	return Loaded{Catalog: cat, Values: vals, Needs: needs}, h.Sum(nil), nil
+	fmt.Fprintln(h, errors.Join(l.NeedsError, errors.Join(l.NeedsDropped...)))
+	return l, h.Sum(nil), nil
 }
 
 // readOSImages returns the os_images document and names where it was
@@ -323,18 +328,20 @@ func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events 
 // readFleetNeeds returns the fleet's needs, nil when they are not an
 // input. A ConfigMap that does not exist yet, or has no needs.yaml, is no
 // need: the controller may not run, or not have checked yet. One that does
-// not parse is refused like any unreadable input: the last good inputs
-// stay, and no served image is dropped because of it.
-func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, error) {
+// not parse, or that osimages did not write (without fleet.FleetNeedsLabel),
+// is an error: the caller keeps the needs it had, and the management
+// inputs are read and applied all the same, for a tenant must never stop
+// them. Entries that cannot be used are dropped alone.
+func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, []error, error) {
 	if in.FleetNeedsConfigMap == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	key := *in.FleetNeedsConfigMap
 	var cm *corev1.ConfigMap
 	if in.fleetNeeds != nil {
 		obj, exists, err := in.fleetNeeds.GetByKey(key.String())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if exists {
 			cm, _ = obj.(*corev1.ConfigMap)
@@ -342,16 +349,22 @@ func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, error) 
 	} else {
 		var err error
 		if cm, err = kube.GetConfigMap(ctx, in.Client, key); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	needs := &fleet.FleetNeeds{}
 	if cm == nil || cm.Data[fleet.FleetNeedsKey] == "" {
-		return needs, nil
+		return needs, nil, nil
 	}
-	parsed, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
+	if _, ours := cm.Labels[fleet.FleetNeedsLabel]; !ours {
+		return nil, nil, fmt.Errorf("ConfigMap %s has no label %s: osimages' controller did not write it, so its needs are not served; delete it and let the controller (--fleet-needs) write its own", key, fleet.FleetNeedsLabel)
+	}
+	parsed, dropped, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
 	if err != nil {
-		return nil, fmt.Errorf("ConfigMap %s: %w", key, err)
+		return nil, nil, fmt.Errorf("ConfigMap %s: %w", key, err)
 	}
-	return &parsed, nil
+	for i, d := range dropped {
+		dropped[i] = fmt.Errorf("ConfigMap %s: %w", key, d)
+	}
+	return &parsed, dropped, nil
 }

@@ -21,7 +21,7 @@ func (s *Server) Served() osimage.ServedSet {
 // outputLocked is what is published: the served set and the filenames of
 // its images.
 func (s *Server) outputLocked() osimage.ServedOutput {
-	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}, Refused: s.refusedNeeds}
+	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}, Refused: s.refusedLocked()}
 	for sum := range out.Set {
 		out.Filenames[sum] = s.images[sum].ServedAs()
 	}

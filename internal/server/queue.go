@@ -37,8 +37,8 @@ func (s *Server) worker(ctx context.Context) {
 	}
 }
 
-// next claims the image that needs a download now: the first in key order
-// of those that never gave way, else the first of those that did.
+// next claims the image that needs a download now, in claim order
+// (claimsBefore): the management selection first, then the fleet's needs.
 func (s *Server) next() (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -47,11 +47,12 @@ func (s *Server) next() (string, bool) {
 	}
 	now := s.cfg.Now()
 	var best *image
+	inProgress := s.needsInProgressLocked()
 	for _, img := range s.images {
 		if !s.dueLocked(img, now) {
 			continue
 		}
-		if best == nil || !img.gaveWay && best.gaveWay || img.gaveWay == best.gaveWay && img.Key < best.Key {
+		if best == nil || claimsBefore(img, best, inProgress) {
 			best = img
 		}
 	}
@@ -71,9 +72,10 @@ func (s *Server) next() (string, bool) {
 func (s *Server) download(ctx context.Context, sum string) {
 	s.mu.Lock()
 	img := s.images[sum]
-	w := img.Wanted
+	w := img.attempt()
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
+	img.yield = func(err error) { cancel(err) }
 	if !img.selected {
 		// Deselected between its claim by next and now, when there was no
 		// download to cancel yet.
@@ -99,7 +101,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	img.cancel = nil
+	img.cancel, img.yield = nil, nil
 	switch {
 	case err == nil:
 		img.phase = PhaseReady
@@ -108,6 +110,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.attempts = 0
 		img.gaveWay = false
 		img.badPeers = nil
+		img.recordFailed = nil
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
 	case !img.selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
@@ -123,7 +126,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 		img.attempts--
 		img.reason = err.Error()
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
-	case errors.As(cause, new(*gaveWayError)):
+	case errors.As(cause, new(*gaveWayError)), errors.As(cause, new(*yieldError)):
 		img.phase = PhaseQueued
 		img.attempts--
 		img.gaveWay = true
@@ -133,6 +136,9 @@ func (s *Server) download(ctx context.Context, sum string) {
 	default:
 		if errors.As(cause, new(*stallError)) {
 			err = fmt.Errorf("%w; the attempt ended with: %v", cause, err)
+		}
+		if s.nextRecordLocked(img, w, err) {
+			break
 		}
 		img.phase = PhaseFailed
 		img.reason = err.Error()

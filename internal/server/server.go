@@ -175,13 +175,19 @@ type image struct {
 	gaveWay bool
 	// waitingForSpace is set while the image waits for space reserved by
 	// downloads in progress: it is not claimed until one of them ends.
-	waitingForSpace  bool
-	selected         bool
-	deselectedAt     time.Time
-	stored           bool
-	entry            imagestore.Entry
-	cancel           context.CancelFunc
+	waitingForSpace bool
+	selected        bool
+	deselectedAt    time.Time
+	stored          bool
+	entry           imagestore.Entry
+	cancel          context.CancelFunc
+	// yield ends the download in progress with a cause that puts it back
+	// in the queue (a *yieldError), without counting as a failure.
+	yield            func(error)
 	reservedForSpace int64
+	// recordFailed are the records of a fleet need that failed in this
+	// round of attempts, by recordID, with their error (fleetneeds.go).
+	recordFailed map[string]string
 	// keptBy is what "image kept" was last logged for, so that it is
 	// logged once per change, not at every collection.
 	keptBy string

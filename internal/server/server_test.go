@@ -32,11 +32,13 @@ type fakeSource struct {
 	content map[string][]byte        // sha256 -> bytes
 	gates   map[string]chan struct{} // sha256 -> closed when the pull may finish
 	fail    map[string]error
+	// failURI fails the pulls of a record by its uri.
+	failURI map[string]error
 	pulls   atomic.Int32
 }
 
 func newFakeSource() *fakeSource {
-	return &fakeSource{content: map[string][]byte{}, gates: map[string]chan struct{}{}, fail: map[string]error{}}
+	return &fakeSource{content: map[string][]byte{}, gates: map[string]chan struct{}{}, fail: map[string]error{}, failURI: map[string]error{}}
 }
 
 // add registers an image and returns its selection.Wanted record.
@@ -62,6 +64,9 @@ func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagesto
 	f.pulls.Add(1)
 	f.mu.Lock()
 	content, gate, failure := f.content[w.SHA256], f.gates[w.SHA256], f.fail[w.SHA256]
+	if err := f.failURI[w.Image.Get("uri")]; err != nil {
+		failure = err
+	}
 	f.mu.Unlock()
 	if failure != nil {
 		return pull.Result{}, failure

@@ -73,10 +73,19 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 	for _, img := range s.images {
 		reserved = addSizes(reserved, img.reservedForSpace)
 	}
+	if w.IsNeed() {
+		// The management selection's room is kept for it, downloaded or
+		// not yet: a need never takes it.
+		why += " (with the room of the management images not stored yet)"
+		reserved = addSizes(reserved, s.managementPendingLocked())
+	}
 	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
 		s.images[sum].waitingForSpace = true
+		if !w.IsNeed() {
+			s.yieldNeedsLocked(w.Key)
+		}
 		return 0, &spaceWait{msg: msg}
 	}
 	avail, err := s.cfg.Store.Available()
@@ -125,6 +134,34 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 	}
 	s.images[sum].reservedForSpace = need
 	return bound, nil
+}
+
+// managementPendingLocked is the room the management images that are
+// selected, not stored and not downloading yet will reserve.
+func (s *Server) managementPendingLocked() int64 {
+	var n int64
+	for _, img := range s.images {
+		if !img.selected || img.IsNeed() || img.stored || img.reservedForSpace > 0 {
+			continue
+		}
+		if _, need, err := s.bounds(img.Wanted); err == nil {
+			n = addSizes(n, need)
+		}
+	}
+	return n
+}
+
+// yieldNeedsLocked ends the downloads of fleet needs that hold space, so
+// that the management image key, which waits for space, gets it: a need
+// never blocks the management selection. They go back to the queue with
+// their partial files kept.
+func (s *Server) yieldNeedsLocked(key string) {
+	for _, img := range s.images {
+		if img.IsNeed() && img.reservedForSpace > 0 && img.yield != nil {
+			s.log.Info("a fleet need's download gives way to a management image that waits for space", "sha256", img.SHA256, "management", key)
+			img.yield(&yieldError{image: key})
+		}
+	}
 }
 
 // partialBytes is the disk space the kept partial download of sum takes.
