@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/fleet"
@@ -202,6 +203,63 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			_, code := sha256Of(t, e.serve.url("/images/"+oldSHA+"/"+filename))
 			return code == 404, fmt.Sprint(code)
 		})
+	})
+
+	// Two tenants against each other (issue 23, items 1 and 2): a tenant
+	// writes its own os-images-info giving the victim's sha256 another
+	// filename, under a key that sorts first, with a tag that does not
+	// exist and a 600 KB multi-line field. The victim's image is served
+	// all the same, at its own URL, and the tenant is told why its record
+	// fails.
+	t.Run("tenants against each other", func(t *testing.T) {
+		e := newFleetWith(t, "fleet-tenants", 900, nil, fleetArgs{
+			serve: []string{"--serve-fleet-needs"},
+			ctrl:  []string{"--fleet-needs", "fleet-tenants-mgmt/" + fleet.FleetNeedsConfigMapName},
+		})
+		victim, evil := "fleet-tenants-wc4", "fleet-tenants-aaa"
+		old := e.published[img132+":0.7.6"]
+		sha := old.Fields.Get(osimage.FieldSHA256)
+		e.addWorkload(victim, catalogInputsAt(e.reg.Host, "sylva-n-1", "0.7.6"))
+		e.waitCatalog(victim, img132, sha)
+		good := e.catalogOf(victim)[img132]
+
+		rec := good.Clone()
+		rec[osimage.FieldURI] = strings.Replace(good.Get(osimage.FieldURI), ":0.7.6", ":does-not-exist", 1)
+		delete(rec, osimage.FieldManifestDigest)
+		rec[osimage.FieldFilename] = "evil.raw"
+		rec["description"] = strings.Repeat("a line of a long description\n", 20_000)
+		doc, err := yaml.Marshal(map[string]any{"os_images": map[string]any{"aaa": map[string]any(rec)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.k.Namespace(t, evil, map[string]string{e.label: ""})
+		e.applyConfigMap(evil, osimage.InfoConfigMapName, nil, string(doc))
+		e.applyConfigMap(evil, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, e.clusterValues(evil, "v1.32.5+rke2r1"))
+		testenv.Eventually(t, "the tenant is told its own record fails", 90*time.Second, func() (bool, string) {
+			probs := e.status(evil).Problems()
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable &&
+				strings.Contains(probs[0].Refused, "record aaa"), fmt.Sprintf("%+v", probs)
+		})
+
+		values := e.clusterValues(victim, "v1.32.5+rke2r1")
+		e.applyConfigMap(victim, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, values)
+		testenv.Eventually(t, "the victim's image is served at its own URL", 120*time.Second, func() (bool, string) {
+			r := e.status(victim)
+			return len(r.Images) == 1 && r.Images[0].State == fleet.StateServed, fmt.Sprintf("%+v", r.Images)
+		})
+		if got, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+good.Get(osimage.FieldFilename))); code != 200 || got != sha {
+			t.Fatalf("the victim's URL: HTTP %d, sha256 %s", code, got)
+		}
+		if r := e.render(victim, values); r.code != 0 {
+			t.Fatalf("render --apply of the victim: exit %d\n%s", r.code, r.stderr)
+		}
+		cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), fleet.FleetNeedsConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if needs := cm.Data[fleet.FleetNeedsKey]; !strings.Contains(needs, "evil.raw") || strings.Contains(needs, "a long description") {
+			t.Error("a field the server never reads is copied into the fleet's needs")
+		}
 	})
 
 	t.Run("off: today's clear not-served status, nothing downloaded", func(t *testing.T) {

@@ -125,6 +125,7 @@ subjects:
 "catalogRegistries" YAML: the values mounted at /etc/osimages/catalog-registries, "" for none) */}}
 {{- define "osimages.controllerWorkload" -}}
 {{- $root := .root }}
+{{- $catalogRegistries := get . "catalogRegistries" }}
 {{- $v := .values }}
 {{- $name := printf "%s-%s" (include "osimages.fullname" $root) .component }}
 apiVersion: apps/v1
@@ -145,12 +146,12 @@ spec:
       labels:
         {{- include "osimages.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .component }}
-      {{- if or .rules .catalogRegistries }}
+      {{- if or .rules $catalogRegistries }}
       annotations:
         {{- if .rules }}
         checksum/rules: {{ include "osimages.rules" $root | sha256sum }}
         {{- end }}
-        {{- with .catalogRegistries }}
+        {{- with $catalogRegistries }}
         checksum/catalog-registries: {{ . | sha256sum }}
         {{- end }}
       {{- end }}
@@ -195,7 +196,7 @@ spec:
         {{- if .rules }}
         - {name: rules, mountPath: /etc/osimages/rules, readOnly: true}
         {{- end }}
-        {{- if .catalogRegistries }}
+        {{- if $catalogRegistries }}
         - {name: catalog-registries, mountPath: /etc/osimages/catalog-registries, readOnly: true}
         {{- end }}
         {{- include "osimages.registryMounts" $root | nindent 8 }}
@@ -205,7 +206,7 @@ spec:
         configMap:
           name: {{ include "osimages.fullname" $root }}-rules
       {{- end }}
-      {{- if .catalogRegistries }}
+      {{- if $catalogRegistries }}
       - name: catalog-registries
         configMap:
           name: {{ include "osimages.fullname" $root }}-catalog-registries
