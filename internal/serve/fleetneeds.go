@@ -75,3 +75,23 @@ func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]selection.Wan
 	policy.Storage, policy.MaxImageSize = d.limits.MaxStorage, d.limits.MaxImageSize
 	return selection.FleetNeeds(in.Values, *needs, wanted, d.srv.StoredSizes(), policy)
 }
+
+// needsLeftOut adds to refused a refusal, for each namespace a need of
+// wanted is served for, of every need left out of mgmt for why.
+func needsLeftOut(wanted, mgmt map[string]selection.Wanted, refused osimage.RefusedNeeds, why error) osimage.RefusedNeeds {
+	seen := map[string]bool{}
+	for sha, w := range wanted {
+		if _, ok := mgmt[sha]; ok {
+			continue
+		}
+		for _, ns := range w.ForNamespaces {
+			if !seen[ns] {
+				seen[ns] = true
+				refused = append(refused, osimage.RefusedNeed{Namespace: ns, Reason: osimage.RefusedStorage,
+					Message: "the served set with the fleet's needs would be refused (" + why.Error() + "): the management selection is served alone until it fits"})
+			}
+		}
+	}
+	refused.Sort()
+	return refused
+}

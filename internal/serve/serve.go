@@ -333,10 +333,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 // selection (Server.Admit): then nothing changes, registry settings
 // included.
 func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
-	wanted, selErr := selection.Select(in.Values, in.Catalog)
-	wanted, refused := d.addFleetNeeds(in, wanted)
+	mgmt, selErr := selection.Select(in.Values, in.Catalog)
+	wanted, refused := d.addFleetNeeds(in, mgmt)
 	if err := d.srv.Admit(ctx, wanted); err != nil {
-		return err
+		// The fleet's needs never keep the management selection from
+		// applying: when the set with them is refused and the set without
+		// them is not, the needs wait.
+		if len(wanted) == len(mgmt) || d.srv.Admit(ctx, mgmt) != nil {
+			return err
+		}
+		d.log.Error("the fleet's needs are not served: with them, the served set would be refused; the management selection applies alone", "error", err.Error())
+		wanted, refused = mgmt, needsLeftOut(wanted, mgmt, refused, err)
 	}
 	policyErr := d.regs.Apply(in.Values)
 	if selErr != nil {

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selection"
@@ -228,5 +229,54 @@ func TestANeedGivesWayToAManagementImageWaitingForSpace(t *testing.T) {
 		if st.SHA256 == need.SHA256 && st.Phase == PhaseReady {
 			t.Error("the need is stored: there is room for one image only")
 		}
+	}
+}
+
+// The refusals of the fleet's needs never keep the served set from its
+// ConfigMap: past 256 KiB the first of each namespace is kept first, and
+// none is published when the served set leaves no room (issue 23, item 2).
+func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
+	store, err := imagestore.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	s := New(Config{Store: store})
+	var refused osimage.RefusedNeeds
+	for i := range 3000 {
+		refused = append(refused, osimage.RefusedNeed{SHA256: fmt.Sprintf("%064x", i), Namespace: fmt.Sprintf("wc-%02d", i%40),
+			Reason: osimage.RefusedImages, Message: strings.Repeat("m", 100)})
+	}
+	s.SetRefusedNeeds(refused)
+	got := s.RefusedNeeds()
+	if len(got) >= len(refused) || len(got) == 0 {
+		t.Fatalf("%d of %d refusals kept", len(got), len(refused))
+	}
+	doc, _ := osimage.MarshalRefusedNeeds(got)
+	if len(doc) > maxRefusedBytes+64<<10 {
+		t.Errorf("the refusals take %d bytes", len(doc))
+	}
+	for i := range 40 {
+		if _, ok := got.For(fmt.Sprintf("wc-%02d", i), fmt.Sprintf("%064x", i)); !ok {
+			t.Errorf("the first refusal of wc-%02d is left out", i)
+		}
+	}
+
+	// A served set that leaves no room: published without them.
+	wanted := map[string]selection.Wanted{}
+	for i := range 2200 {
+		sha := fmt.Sprintf("%064x", 10000+i)
+		name := fmt.Sprintf("%05d-%s.raw", i, strings.Repeat("x", 240))
+		wanted[sha] = selection.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha, "filename": name}}
+	}
+	s.SetDesired(wanted, nil)
+	s.mu.Lock()
+	out := s.outputLocked()
+	s.mu.Unlock()
+	if _, err := out.ConfigMapData("the served set"); err != nil {
+		t.Fatalf("the output cannot be published: %v", err)
+	}
+	if len(out.Refused) != 0 || len(out.Set) != 2200 {
+		t.Errorf("%d refusals and %d images published", len(out.Refused), len(out.Set))
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -24,6 +25,14 @@ func (s *Server) outputLocked() osimage.ServedOutput {
 	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}, Refused: s.refusedLocked()}
 	for sum := range out.Set {
 		out.Filenames[sum] = s.images[sum].ServedAs()
+	}
+	if len(out.Refused) > 0 {
+		// The refusals of the fleet's needs never keep the served set
+		// from its ConfigMap: what does not fit beside it is left out.
+		if _, err := out.ConfigMapData("the served set"); errors.As(err, new(*osimage.SizeError)) {
+			s.log.Error("the refusals of the fleet's needs are not published: the served set leaves no room for them", "refusals", len(out.Refused))
+			out.Refused = nil
+		}
 	}
 	return out
 }
