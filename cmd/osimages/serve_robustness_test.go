@@ -206,6 +206,8 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-image-size", "0"}, `--max-image-size "0": give a positive quantity`},
 		{[]string{"--max-image-size", "lots"}, `--max-image-size "lots"`},
 		{[]string{"--scrub-interval", "-1h"}, "--scrub-interval -1h0m0s is negative: give 0 to switch the scrub off"},
+		{[]string{"--fleet-needs-configmap", "ns/Not_A_Name"}, `--fleet-needs-configmap "ns/Not_A_Name": want NAMESPACE/NAME: name "Not_A_Name"`},
+		{[]string{"--output-configmap", "bad"}, `--output-configmap "bad": want NAMESPACE/NAME`},
 		{[]string{"--peer-timeout", "-1s"}, "--peer-timeout -1s is negative"},
 		{[]string{"--scrub-rate", "0"}, `--scrub-rate "0": give a positive quantity`},
 		{[]string{"--scrub-rate", "quick"}, `--scrub-rate "quick"`},

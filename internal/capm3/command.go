@@ -35,6 +35,19 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if o.Apply && o.Namespace == "" {
 		return exitcode.InputError(errors.New("--apply needs --namespace: templates live in the cluster's namespace"))
 	}
+	if _, err := normalizeAPIVersion(o.APIVersion); err != nil {
+		return exitcode.InputError(fmt.Errorf("--api-version: %w", err))
+	}
+	if o.Namespace != "" {
+		if err := kube.ValidateNamespace(o.Namespace); err != nil {
+			return exitcode.InputError(fmt.Errorf("--namespace: %w", err))
+		}
+	}
+	for _, f := range []struct{ flag, key string }{{"--os-images-configmap", o.OSImagesConfigMap}, {"--served-configmap", o.ServedConfigMap}} {
+		if _, err := kube.ParseObjectKey(f.key); f.key != "" && err != nil {
+			return exitcode.InputError(fmt.Errorf("%s %w", f.flag, err))
+		}
+	}
 	v, err := values.LoadFiles(o.ValueFiles...)
 	if err != nil {
 		return exitcode.InputError(err)

@@ -45,6 +45,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if o.Concurrency < 1 {
 		return exitcode.InputError(fmt.Errorf("--concurrency must be at least 1"))
 	}
+	if o.Timeout <= 0 {
+		return exitcode.InputError(fmt.Errorf("--timeout %s: give a positive duration, such as 60s", o.Timeout))
+	}
+	if err := kube.ValidateNamespace(o.Namespace); err != nil {
+		return exitcode.InputError(fmt.Errorf("--namespace: %w", err))
+	}
 	filter, err := CompileFilter(o.Filter)
 	if err != nil {
 		return exitcode.InputError(err)

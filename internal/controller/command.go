@@ -126,6 +126,9 @@ func (o CommandOptions) options() (Options, error) {
 	if err := o.Manager.Validate(); err != nil {
 		return Options{}, err
 	}
+	if err := kube.ValidateName(o.LeaderElectionID); err != nil {
+		return Options{}, fmt.Errorf("--leader-election-id: %w", err)
+	}
 	opts := Options{Workers: o.Workers, Resync: o.Resync, MaxInputSize: int(maxInput)}
 	if o.Propagate {
 		rules, err := propagate.LoadRulesOrDefault(o.PropagateConfig)
@@ -139,13 +142,16 @@ func (o CommandOptions) options() (Options, error) {
 		if err != nil {
 			return Options{}, fmt.Errorf("--check-namespace-selector %q: %w", o.NamespaceSelector, err)
 		}
+		if err := kube.ValidateName(o.ServedCopy); err != nil {
+			return Options{}, fmt.Errorf("--served-copy: %w", err)
+		}
 		opts.Check = &CheckOptions{Namespaces: sel, ServedCopy: o.ServedCopy, Resync: o.Resync}
 		if o.FleetNeeds != "" {
-			ns, name, ok := strings.Cut(o.FleetNeeds, "/")
-			if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-				return Options{}, fmt.Errorf("--fleet-needs %q: want NAMESPACE/NAME, such as sylva-system/%s, or \"\" not to publish the fleet's needs", o.FleetNeeds, fleet.FleetNeedsConfigMapName)
+			key, err := kube.ParseObjectKey(o.FleetNeeds)
+			if err != nil {
+				return Options{}, fmt.Errorf("--fleet-needs %w, such as sylva-system/%s, or \"\" not to publish the fleet's needs", err, fleet.FleetNeedsConfigMapName)
 			}
-			opts.Check.FleetNeeds = types.NamespacedName{Namespace: ns, Name: name}
+			opts.Check.FleetNeeds = types.NamespacedName{Namespace: key.Namespace, Name: key.Name}
 		}
 	}
 	if o.Catalog {

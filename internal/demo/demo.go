@@ -30,6 +30,8 @@ import (
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	imageserver "github.com/sylva-projects/osimages/internal/serve"
@@ -147,6 +149,11 @@ type Options struct {
 // one YAML stream, then serves until ctx ends unless opts.Once. Progress goes
 // to log.
 func Run(ctx context.Context, out, log io.Writer, opts Options) error {
+	if opts.Listen != "" {
+		if err := kube.ValidateListenAddress(opts.Listen); err != nil {
+			return exitcode.InputError(fmt.Errorf("--listen: %w", err))
+		}
+	}
 	env, err := Start(ctx)
 	if err != nil {
 		return err

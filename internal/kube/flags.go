@@ -1,9 +1,12 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strconv"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
@@ -50,8 +53,35 @@ func (m ManagerFlags) Validate() error {
 	if m.QPS <= 0 || m.Burst < 1 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d: must be positive", m.QPS, m.Burst)
 	}
+	if err := ValidateNamespace(m.LeaderElectionNamespace); err != nil {
+		return fmt.Errorf("--leader-election-namespace: %w", err)
+	}
+	for flag, addr := range map[string]string{"--metrics-addr": m.MetricsAddr, "--health-addr": m.HealthAddr} {
+		if addr == "0" {
+			continue
+		}
+		if err := ValidateListenAddress(addr); err != nil {
+			return fmt.Errorf("%s: %w, or 0 to disable it", flag, err)
+		}
+	}
 	_, err := NewLogger(io.Discard, m.LogFormat, m.Verbosity)
 	return err
+}
+
+// ValidateListenAddress refuses what cannot be listened on: it wants
+// [HOST]:PORT, the port a number.
+func ValidateListenAddress(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		var n uint64
+		if n, err = strconv.ParseUint(port, 10, 16); err == nil && n > 65535 {
+			err = errors.New("port out of range")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("listen address %q: want [HOST]:PORT, such as :8080 or 127.0.0.1:8080 (%v)", addr, err)
+	}
+	return nil
 }
 
 // Setup returns the REST config (with the flags' rate) and the manager

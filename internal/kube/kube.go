@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -54,13 +55,38 @@ type ObjectKey struct{ Namespace, Name string }
 
 func (k ObjectKey) String() string { return k.Namespace + "/" + k.Name }
 
-// ParseObjectKey reads NS/NAME.
+// ParseObjectKey reads NS/NAME, a namespace and an object name that the
+// apiserver accepts.
 func ParseObjectKey(s string) (ObjectKey, error) {
 	ns, name, ok := strings.Cut(s, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 		return ObjectKey{}, fmt.Errorf("%q: want NAMESPACE/NAME", s)
 	}
+	if err := ValidateNamespace(ns); err != nil {
+		return ObjectKey{}, fmt.Errorf("%q: want NAMESPACE/NAME: %w", s, err)
+	}
+	if err := ValidateName(name); err != nil {
+		return ObjectKey{}, fmt.Errorf("%q: want NAMESPACE/NAME: %w", s, err)
+	}
 	return ObjectKey{Namespace: ns, Name: name}, nil
+}
+
+// ValidateNamespace refuses what cannot name a namespace (a DNS-1123
+// label), with the apiserver's own reasons.
+func ValidateNamespace(ns string) error {
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ValidateName refuses what cannot name a ConfigMap, a Lease or most
+// other objects (a DNS-1123 subdomain), with the apiserver's own reasons.
+func ValidateName(name string) error {
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 // GetConfigMap returns the ConfigMap, or nil when it does not exist.

@@ -62,6 +62,16 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err := o.FleetNeeds.Check(); err != nil {
 		return exitcode.InputError(err)
 	}
+	if o.Timeout <= 0 {
+		return exitcode.InputError(fmt.Errorf("--timeout %s: give a positive duration, such as 60s", o.Timeout))
+	}
+	if _, err := kube.ParseObjectKey(o.ServedConfigMap); o.Served == "" && err != nil {
+		return exitcode.InputError(fmt.Errorf("--served-configmap %w", err))
+	}
+	sel, err := labels.Parse(o.NamespaceSelector)
+	if err != nil {
+		return exitcode.InputError(fmt.Errorf("--namespace-selector %q: %w", o.NamespaceSelector, err))
+	}
 	mgmt, err := values.LoadFiles(o.ValueFiles...)
 	if err != nil {
 		return exitcode.InputError(err)
@@ -94,10 +104,6 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			return exitcode.InputError(err)
 		}
 	} else {
-		sel, err := labels.Parse(o.NamespaceSelector)
-		if err != nil {
-			return exitcode.InputError(fmt.Errorf("--namespace-selector %q: %w", o.NamespaceSelector, err))
-		}
 		cluster, err := kube.NewTarget(o.Kubeconfig)
 		if err != nil {
 			return exitcode.InputError(err)

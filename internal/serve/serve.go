@@ -155,6 +155,13 @@ func Open(o Options) (_ *Daemon, err error) {
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return nil, exitcode.InputError(errors.New("--tls-cert and --tls-key go together"))
 	}
+	for _, f := range []struct{ flag, key string }{
+		{"--os-images-configmap", o.OSImagesConfigMap}, {"--output-configmap", o.OutputConfigMap}, {"--fleet-needs-configmap", o.FleetNeeds.ConfigMap},
+	} {
+		if _, err := kube.ParseObjectKey(f.key); f.key != "" && err != nil {
+			return nil, exitcode.InputError(fmt.Errorf("%s %w", f.flag, err))
+		}
+	}
 	cfg, err := o.limits()
 	if err != nil {
 		return nil, exitcode.InputError(err)
