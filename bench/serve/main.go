@@ -6,9 +6,13 @@
 // its downloads.
 //
 // With -scrub-rate, the osimages server scrubs without pause during its
-// runs (--scrub-interval 1ms, at that rate): a second image of the same
-// size is stored beside the served one, so that the scrub reads a file the
-// clients do not, and the figures show what the scrub costs serving.
+// runs (at that rate): a second image is stored beside the served one, so
+// that the scrub reads a file the clients do not, and the figures show what
+// the scrub costs serving. Both are stored as verified an hour ago, so the
+// scrub starts at once; it runs at the shortest interval serve accepts
+// (serve.MinScrubInterval), and the second image is large enough that a
+// pass over both outlasts it (up to maxScrubbed: beyond, the scrub pauses,
+// and the bench says so).
 //
 // Fairness: both servers serve the same inode (the nginx folder holds a hard
 // link to the file in the image store), on 127.0.0.1, to the same curl
@@ -46,8 +50,11 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/serve"
 )
 
 const (
@@ -59,6 +66,8 @@ const (
 	// downloaded (-scrub-rate).
 	scrubKey      = "bench-scrubbed"
 	scrubFilename = "bench-scrubbed.raw"
+	// maxScrubbed bounds the second image of -scrub-rate.
+	maxScrubbed = 8 * gib
 	// sampleEvery is how often the servers' memory is read during a run.
 	sampleEvery = 50 * time.Millisecond
 	// rssTarget and ratioTarget are the targets of the issue.
@@ -133,12 +142,23 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("  image stored through imagestore in %.1f s: sha256 %s\n", time.Since(start).Seconds(), img.sha256)
 	var scrubbed *image
 	if o.scrubRate != "" {
-		other, err := storeImage(filepath.Join(dir, "data"), o.size, scrubFilename, 7)
+		q, err := resource.ParseQuantity(o.scrubRate)
+		if err != nil || q.Value() <= 0 {
+			return fmt.Errorf("-scrub-rate %q: want a positive quantity of bytes per second, such as 50Mi", o.scrubRate)
+		}
+		// A pass over both images lasts the interval and a bit more.
+		pass := q.Value() * int64((serve.MinScrubInterval + 5*time.Second).Seconds())
+		size := min(max(o.size, (pass-o.size+mib-1)/mib*mib), maxScrubbed)
+		other, err := storeImage(filepath.Join(dir, "data"), size, scrubFilename, 7)
 		if err != nil {
 			return err
 		}
 		scrubbed = &other
-		fmt.Printf("  scrub: the osimages server scrubs without pause at %s/s, over a second stored image of %s (sha256 %s) and the served one\n", o.scrubRate, human(o.size), other.sha256)
+		fmt.Printf("  scrub: the osimages server scrubs at %s/s, every %s, over a second stored image of %s (sha256 %s) and the served one\n",
+			o.scrubRate, serve.MinScrubInterval, human(size), other.sha256)
+		if size+o.size < pass {
+			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, serve.MinScrubInterval)
+		}
 	}
 	urlPath := "/images/" + img.sha256 + "/" + filename
 
@@ -338,7 +358,9 @@ func storeImage(dataDir string, size int64, filename string, seed uint64) (image
 	if err := content(w, size, seed); err != nil {
 		return image{}, err
 	}
-	if err := w.Commit(imagestore.Entry{SHA256: img.sha256, MD5: img.md5, Filename: filename, Size: size}); err != nil {
+	// Verified an hour ago: a scrub of the bench starts at once.
+	verified := time.Now().Add(-time.Hour)
+	if err := w.Commit(imagestore.Entry{SHA256: img.sha256, MD5: img.md5, Filename: filename, Size: size, VerifiedAt: verified}); err != nil {
 		return image{}, err
 	}
 	img.path = filepath.Join(dataDir, "images", img.sha256, filename)
@@ -451,7 +473,7 @@ func startOsimages(binary, dir string, img image, scrubbed *image, scrubRate str
 		// Both selected, so that neither is collected during the runs.
 		doc += entry(scrubKey, scrubFilename, *scrubbed)
 		vals += fmt.Sprintf("  scrubbed: {_os_images_key_: %s}\n", scrubKey)
-		scrub = []string{"--scrub-interval", "1ms", "--scrub-rate", scrubRate}
+		scrub = []string{"--scrub-interval", serve.MinScrubInterval.String(), "--scrub-rate", scrubRate}
 	}
 	for path, data := range map[string]string{osImages: doc, values: vals} {
 		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {

@@ -206,6 +206,10 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-image-size", "0"}, `--max-image-size "0": give a positive quantity`},
 		{[]string{"--max-image-size", "lots"}, `--max-image-size "lots"`},
 		{[]string{"--scrub-interval", "-1h"}, "--scrub-interval -1h0m0s is negative: give 0 to switch the scrub off"},
+		// A scrub of nanoseconds re-read small images in a loop, a log line
+		// each time.
+		{[]string{"--scrub-interval", "1ns"}, "--scrub-interval 1ns is below the minimum of 1m0s"},
+		{[]string{"--scrub-interval", "59s"}, "--scrub-interval 59s is below the minimum of 1m0s"},
 		{[]string{"--fleet-needs-configmap", "ns/Not_A_Name"}, `--fleet-needs-configmap "ns/Not_A_Name": want NAMESPACE/NAME: name "Not_A_Name"`},
 		{[]string{"--output-configmap", "bad"}, `--output-configmap "bad": want NAMESPACE/NAME`},
 		{[]string{"--peer-timeout", "-1s"}, "--peer-timeout -1s is negative"},

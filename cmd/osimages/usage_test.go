@@ -87,6 +87,7 @@ current-context: c
 		{"render namespace", []string{"render", "-f", values, "-n", "Bad_NS"}, `--namespace: namespace "Bad_NS"`},
 		{"catalog timeout", []string{"catalog", "-f", values, "--timeout", "-1s"}, "--timeout -1s: give a positive duration"},
 		{"catalog namespace", []string{"catalog", "-f", values, "-n", "kube_system"}, `--namespace: namespace "kube_system"`},
+		{"serve scrub interval", serve("--output-file", output, "--scrub-interval", "1ns"), "--scrub-interval 1ns is below the minimum of 1m0s"},
 		{"serve ConfigMap", serve("--output-configmap", "ns/Bad_Name"), `--output-configmap "ns/Bad_Name": want NAMESPACE/NAME: name "Bad_Name"`},
 		{"serve fleet prefix without the switch", serve("--output-file", output, "--fleet-needs-allow-prefix", "ftp://x/"), `--fleet-needs-allow-prefix "ftp://x/"`},
 		{"controller address", manager("controller", "--metrics-addr", "bad:addr:1"), `--metrics-addr: listen address "bad:addr:1"`},

@@ -336,6 +336,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
+// MinScrubInterval is the shortest --scrub-interval but 0 (off). The scrub
+// looks for bit rot, which takes days; an interval of nanoseconds re-read
+// small images in a loop and logged each pass.
+const MinScrubInterval = time.Minute
+
 // apply puts new inputs in force, unless the server refuses their
 // selection (Server.Admit): then nothing changes, registry settings
 // included.
@@ -404,6 +409,9 @@ func (o Options) limits() (server.Config, error) {
 	}
 	if o.ScrubInterval < 0 {
 		errs = append(errs, fmt.Errorf("--scrub-interval %s is negative: give 0 to switch the scrub off", o.ScrubInterval))
+	} else if o.ScrubInterval > 0 && o.ScrubInterval < MinScrubInterval {
+		errs = append(errs, fmt.Errorf("--scrub-interval %s is below the minimum of %s: a scrub re-reads each stored image once per interval, and more often only fills the log; give at least %s (the default is %s), or 0 to switch the scrub off",
+			o.ScrubInterval, MinScrubInterval, MinScrubInterval, server.DefaultScrubInterval))
 	}
 	scrubRate, err := kube.Quantity("--scrub-rate", o.ScrubRate)
 	if err == nil && scrubRate <= 0 {
