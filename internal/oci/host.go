@@ -11,10 +11,15 @@ import (
 // under which two spellings that reach the same registry compare equal:
 // lower case, no trailing dot, no default port (443 or 80), an
 // IPv4-mapped IPv6 address as IPv4, IPv4 in any form inet_aton accepts
-// (127.1, 0x7f000001) as dotted decimal, and every loopback or
-// unspecified address, and localhost, as "localhost". It over-merges on
-// purpose (port 80 and 443 of a host are one): it decides which signing
-// keys apply to an image, and one key too many only asks for a signature.
+// (127.1, 0x7f000001) as dotted decimal, and the addresses that localhost
+// names (127.0.0.1 and ::1, and the unspecified 0.0.0.0 and ::, which a
+// connection takes for them), and localhost, as "localhost". It
+// over-merges ports on purpose (port 80 and 443 of a host are one): it
+// decides which signing keys apply to an image, and one key too many only
+// asks for a signature. Beyond the loopback that localhost names, it never
+// merges two addresses: the rest of 127.0.0.0/8 are other hosts (a
+// listener on 127.0.0.2 is not one on 127.0.0.1), and the fleet's registry
+// policy admits hosts by this form.
 // Names that DNS maps to the same address are not merged: that needs a
 // resolver, and a resolver can lie.
 func CanonicalHost(hostport string) string {
@@ -37,6 +42,8 @@ func CanonicalHost(hostport string) string {
 	return net.JoinHostPort(host, port)
 }
 
+var localhostV4 = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
 func canonicalAddress(host string) string {
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
 		return "localhost"
@@ -53,7 +60,7 @@ func canonicalAddress(host string) string {
 		addr = a
 	}
 	addr = addr.Unmap()
-	if addr.IsLoopback() || addr.IsUnspecified() {
+	if addr == localhostV4 || addr == netip.IPv6Loopback() || addr.IsUnspecified() {
 		return "localhost"
 	}
 	return addr.String()

@@ -14,7 +14,12 @@ func TestCanonicalHost(t *testing.T) {
 		{"127.1:5000", "localhost:5000"},
 		{"0x7f000001:5000", "localhost:5000"},
 		{"2130706433:5000", "localhost:5000"},
-		{"127.8.9.10:5000", "localhost:5000"},
+		// Other loopback addresses are other hosts.
+		{"127.8.9.10:5000", "127.8.9.10:5000"},
+		{"127.0.0.2:5000", "127.0.0.2:5000"},
+		{"127.2:5000", "127.0.0.2:5000"},
+		{"[::ffff:127.0.0.2]:5000", "127.0.0.2:5000"},
+		{"[::]:5000", "localhost:5000"},
 		{"0.0.0.0:5000", "localhost:5000"},
 		{"registry.example.org", "registry.example.org"},
 		{"Registry.Example.ORG.:443", "registry.example.org"},
@@ -28,6 +33,22 @@ func TestCanonicalHost(t *testing.T) {
 	} {
 		if got := CanonicalHost(tc[0]); got != tc[1] {
 			t.Errorf("CanonicalHost(%q) = %q, want %q", tc[0], got, tc[1])
+		}
+	}
+}
+
+// TestCanonicalHostNeverMergesTwoAddresses: every spelling of one
+// address is one host, and no two addresses are.
+func TestCanonicalHostNeverMergesTwoAddresses(t *testing.T) {
+	for _, pair := range [][2]string{
+		{"127.0.0.1:5000", "127.0.0.2:5000"},
+		{"localhost:5000", "127.0.0.2:5000"},
+		{"127.0.0.1:5000", "127.255.255.254:5000"},
+		{"[::1]:5000", "127.0.0.2:5000"},
+		{"127.0.0.1:5000", "127.0.0.1:5001"},
+	} {
+		if a, b := CanonicalHost(pair[0]), CanonicalHost(pair[1]); a == b {
+			t.Errorf("%s and %s are both %s: they are two hosts", pair[0], pair[1], a)
 		}
 	}
 }
