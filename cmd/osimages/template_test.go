@@ -39,3 +39,37 @@ func TestCatalogRefusesHostileTemplates(t *testing.T) {
 		})
 	}
 }
+
+// A registry whose url is refused has that one error: the images that
+// name it do not add a second, wrong one saying it is not defined.
+func TestCatalogReportsARefusedRegistryOnce(t *testing.T) {
+	doc := `os_images_oci_registries:
+  sylva:
+    url: 'oci://{{ range .Values.x }}{{ end }}registry.example.org/dib'
+    tag: '1.0'
+  missing-tag: {url: 'oci://registry.example.org/dib'}
+sylva_diskimagebuilder_images:
+  ubuntu: {os_images_oci_registry: sylva}
+  ubuntu-too: {os_images_oci_registry: missing-tag}
+  ubuntu-nowhere: {os_images_oci_registry: nowhere}
+`
+	r := run(t, "catalog", "-f", writeFile(t, "values.yaml", doc))
+	if r.code != 2 || r.stdout != "" {
+		t.Fatalf("exit %d, stdout %q; want exit 2 and nothing printed", r.code, r.stdout)
+	}
+	for _, want := range []string{
+		"os_images_oci_registries.sylva.url: values template refused",
+		"os_images_oci_registries.missing-tag.tag: missing",
+		// A registry that is not declared at all still is reported.
+		"sylva_diskimagebuilder_images.ubuntu-nowhere.os_images_oci_registry ('nowhere') is not defined",
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	for _, spurious := range []string{"('sylva') is not defined", "('missing-tag') is not defined"} {
+		if strings.Contains(r.stderr, spurious) {
+			t.Errorf("stderr says %q of a registry that is declared:\n%s", spurious, r.stderr)
+		}
+	}
+}

@@ -146,7 +146,11 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 		}
 		reg, ok := registries[regKey]
 		if !ok {
-			fail(fmt.Errorf("%s.os_images_oci_registry ('%s') is not defined in os_images_oci_registries", path, regKey))
+			// A registry that is declared but could not be read has its
+			// own error already: saying it is not defined would be wrong.
+			if !declaredRegistry(v, regKey) {
+				fail(fmt.Errorf("%s.os_images_oci_registry ('%s') is not defined in os_images_oci_registries", path, regKey))
+			}
 			continue
 		}
 		if !reg.enabled {
@@ -365,6 +369,14 @@ func registriesFromValues(r *values.Renderer, v values.Values, needTag bool) (ma
 		out[key] = reg
 	}
 	return out, errors.Join(errs...)
+}
+
+// declaredRegistry says whether os_images_oci_registries has key, readable
+// or not.
+func declaredRegistry(v values.Values, key string) bool {
+	raw, err := values.Map(v, "os_images_oci_registries", "os_images_oci_registries")
+	_, ok := raw[key]
+	return err == nil && ok
 }
 
 func renderField(r *values.Renderer, entry values.Values, field, path string) (string, error) {
