@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/sylva-projects/osimages/internal/clip"
 )
 
 // ManagerFlags are the flags of every command that runs a
@@ -113,15 +115,17 @@ func (m ManagerFlags) Setup(w io.Writer, leaderID string) (*rest.Config, Manager
 	}, nil
 }
 
-// NewLogger returns the structured log of --log-format and --verbosity.
+// NewLogger returns the structured log of --log-format and --verbosity,
+// each value clipped (clip.LogValue): errors quote tenant values and
+// registry answers.
 func NewLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
 	// logr's V(n) is slog level -n.
 	opts := &slog.HandlerOptions{Level: slog.Level(-verbosity)}
 	switch format {
 	case "json":
-		return logr.FromSlogHandler(slog.NewJSONHandler(w, opts)), nil
+		return logr.FromSlogHandler(clip.Handler(slog.NewJSONHandler(w, opts), clip.LogValue)), nil
 	case "text":
-		return logr.FromSlogHandler(slog.NewTextHandler(w, opts)), nil
+		return logr.FromSlogHandler(clip.Handler(slog.NewTextHandler(w, opts), clip.LogValue)), nil
 	}
 	return logr.Logger{}, fmt.Errorf("--log-format %q: want json or text", format)
 }

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -125,5 +127,23 @@ func TestApplyObjectsAllOrNothing(t *testing.T) {
 	missing := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.org/v1", "kind": "Nothing", "metadata": map[string]any{"name": "n", "namespace": "kube-apply"}}}
 	if err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{missing}); err == nil || !strings.Contains(err.Error(), "Nothing n") || !strings.Contains(err.Error(), "is its CRD installed?") {
 		t.Errorf("unknown kind: %v", err)
+	}
+}
+
+// The managers' log clips each value: an error quoting a tenant's value
+// of a megabyte is a line of a few KiB that says it was clipped.
+func TestNewLoggerClipsValues(t *testing.T) {
+	big := strings.Repeat("v", 1<<20)
+	for _, format := range []string{"json", "text"} {
+		var out strings.Builder
+		log, err := NewLogger(&out, format, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Error(errors.New("values refused: "+big), "catalog not published", "namespace", "tenant", "input", big, "inputs", []string{big})
+		line := out.String()
+		if len(line) > 4*clip.LogValue || !strings.Contains(line, "values refused: vvv") || strings.Count(line, "[clipped: ") != 3 || !strings.Contains(line, "tenant") {
+			t.Errorf("%s: a line of %d bytes: %.400s", format, len(line), line)
+		}
 	}
 }

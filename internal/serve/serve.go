@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/exitcode"
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
@@ -171,7 +172,8 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	log := o.Logger
 	if log == nil {
-		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		// Errors quote registry answers and input values: each is clipped.
+		log = slog.New(clip.Handler(slog.NewJSONHandler(os.Stderr, nil), clip.LogValue))
 	}
 	d := &Daemon{opts: o, log: log, limits: cfg}
 	defer func() {
