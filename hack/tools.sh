@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the tools the tests and benchmarks need, once per version, into a
 # cache outside the checkout, so that a fresh clone on the same machine reuses
-# them and a new machine builds them (about 6 minutes cold on 2 cores).
+# them and a new machine builds them (about 6 minutes cold on 2 cores). Each
+# step says what it installs, and where, before it installs it (hack's
+# TestToolsSayWhatTheyInstallFirst holds every step to it); what is there
+# already is not mentioned.
 #
 #   hack/tools.sh          build what is missing
 #   hack/tools.sh env      build what is missing, then print the environment
@@ -75,6 +78,8 @@ ensure_chromium() {
 download_capi() {
   local version
   version=$(grep -o 'ClusterAPIVersion = "v[0-9.]*"' "$root/internal/testenv/capi.go" | cut -d'"' -f2)
+  [ -f "$(go env GOMODCACHE)/cache/download/sigs.k8s.io/cluster-api/@v/$version.zip" ] && return
+  log "downloading sigs.k8s.io/cluster-api@$version into the Go module cache (its CRDs, for the chart tests)"
   (cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download "sigs.k8s.io/cluster-api@$version") ||
     { log "could not download sigs.k8s.io/cluster-api@$version: the chart tests will fail"; return 1; }
 }
