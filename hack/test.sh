@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command: builds the test tools (cached), checks format and
 # vet, then runs every test against real components (envtest's kube-apiserver
-# and etcd, an OCI registry on 127.0.0.1).
+# and etcd, an OCI registry on 127.0.0.1), and lists at the end the tests
+# that skipped, with their reasons.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,4 +15,10 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 go vet ./...
-go test -count=1 "$@" ./...
+# go test's own output, then every skipped test and why (hack/testreport):
+# a skip is a test that did not run. pipefail keeps go test's exit status;
+# the report fails too on any failed test or build, or a cut run.
+report=$(mktemp -d)
+trap 'rm -rf "$report"' EXIT
+go build -o "$report/testreport" ./hack/testreport
+go test -count=1 -json "$@" ./... | "$report/testreport"
