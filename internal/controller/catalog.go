@@ -28,6 +28,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -195,7 +196,7 @@ func newCatalogReconciler(opts CatalogOptions, workers int, m *metrics) *catalog
 // runs stop with it.
 func (c *catalogReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
 	c.reader, c.writer = mgr.GetCache(), mgr.GetClient()
-	c.recorder = mgr.GetEventRecorder(eventSource)
+	c.recorder = kube.BoundedEvents(mgr.GetEventRecorder(eventSource))
 	c.log = mgr.GetLogger().WithValues("controller", "catalog")
 	if err := mgr.Add(c); err != nil {
 		return err

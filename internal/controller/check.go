@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 )
@@ -97,7 +98,7 @@ func newCheckReconciler(opts CheckOptions, m *metrics) *checkReconciler {
 // not installed.
 func (c *checkReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
 	c.reader, c.writer = mgr.GetCache(), mgr.GetClient()
-	c.recorder = mgr.GetEventRecorder(eventSource)
+	c.recorder = kube.BoundedEvents(mgr.GetEventRecorder(eventSource))
 	c.log = mgr.GetLogger().WithValues("controller", "check")
 	inputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
 		_, values := obj.GetLabels()[fleet.ClusterValuesLabel]

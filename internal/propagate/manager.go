@@ -117,7 +117,7 @@ func AddToManager(mgr manager.Manager, o Options) error {
 	c := newReconciler(o.Rules, nil, nil, nil, m, o.Adopt)
 	c.reader = mgr.GetCache()
 	c.writer = mgr.GetClient()
-	c.recorder = mgr.GetEventRecorder(FieldOwner)
+	c.recorder = kube.BoundedEvents(mgr.GetEventRecorder(FieldOwner))
 	c.log = mgr.GetLogger().WithValues("controller", "propagate")
 
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.ConfigMap{}, indexRule, func(obj client.Object) []string {

@@ -97,7 +97,7 @@ func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
 		tracker: peers.NewTracker(client, ns, o.PeersService, id), pod: os.Getenv("POD_NAME")}
 	if r.pod != "" {
 		r.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-		r.recorder = r.broadcaster.NewRecorder(scheme.Scheme, "osimages-server")
+		r.recorder = kube.BoundedEvents(r.broadcaster.NewRecorder(scheme.Scheme, "osimages-server"))
 	}
 	return r, nil
 }
