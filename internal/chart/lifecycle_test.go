@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -117,6 +118,13 @@ func release(r any, err error) (*releasev1.Release, error) {
 		return nil, fmt.Errorf("helm returned a %T, not a release", r)
 	}
 	return rel, nil
+}
+
+func ptrString(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 func loadChart(t *testing.T) *chartv2.Chart {
@@ -254,6 +262,95 @@ func TestHelmLifecycle(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+
+	// A StatefulSet's volumeClaimTemplates cannot change: an upgrade that
+	// changes the data volume failed as "field is immutable" and left a
+	// failed revision. The chart refuses it before anything is applied,
+	// with the steps, and the steps work.
+	t.Run("data-volume-change", func(t *testing.T) {
+		const ns = "life-volume"
+		ensureNamespace(t, k, ns, nil)
+		h := newHelm(t, k, ns)
+		volume := func(persistence string) map[string]any {
+			vals, err := values.Parse([]byte("osImagePersistenceDefaults: " + persistence))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return vals
+		}
+		claim := func() map[string]any {
+			sts, err := k.Client.AppsV1().StatefulSets(ns).Get(context.Background(), "osimages-server", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := sts.Spec.VolumeClaimTemplates[0].Spec
+			return map[string]any{"size": c.Resources.Requests.Storage().String(), "class": ptrString(c.StorageClassName), "modes": fmt.Sprint(c.AccessModes)}
+		}
+		if _, err := h.install(volume("{size: 30Gi}")); err != nil {
+			t.Fatalf("helm install: %v", err)
+		}
+		// The same size in another unit is no change.
+		rel, err := h.upgrade(volume("{size: 30720Mi}"))
+		if err != nil {
+			t.Fatalf("helm upgrade to the same size written 30720Mi: %v", err)
+		}
+		wantInstalled(t, k, rel, 2)
+
+		for _, change := range []struct{ values, says string }{
+			{"{size: 50Gi}", "(size 30Gi -> 50Gi)"},
+			{`{size: 30Gi, storageClass: fast}`, `(storageClass "" -> "fast")`},
+			{"{size: 30Gi, accessModes: [ReadWriteOncePod]}", `(accessModes ["ReadWriteOnce"] -> ["ReadWriteOncePod"])`},
+		} {
+			_, err := h.upgrade(volume(change.values))
+			if err == nil || !contains(err.Error(), change.says, "this upgrade is refused, nothing was changed",
+				"kubectl -n life-volume delete statefulset osimages-server --cascade=orphan", "Changing the data volume") {
+				t.Errorf("helm upgrade to %s: %v; want a refusal saying %s and the steps", change.values, err, change.says)
+			}
+		}
+		// Refused before anything was applied: no failed revision, the
+		// release and its StatefulSet as they were.
+		history, err := action.NewHistory(h.cfg).Run("osimages")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(history) != 2 {
+			t.Errorf("%d revisions after the refusals, want the 2 deployed ones", len(history))
+		}
+		if cur := h.current(); cur.Version != 2 || cur.Info.Status != releasecommon.StatusDeployed {
+			t.Errorf("the release is at version %d, %s; want 2, deployed", cur.Version, cur.Info.Status)
+		}
+		if got := claim(); got["size"] != "30Gi" || got["class"] != "" {
+			t.Errorf("the data volume changed: %v", got)
+		}
+
+		// The README's steps: orphan the StatefulSet (its pods would keep
+		// running), upgrade.
+		orphan := metav1.DeletePropagationOrphan
+		if err := k.Client.AppsV1().StatefulSets(ns).Delete(context.Background(), "osimages-server", metav1.DeleteOptions{PropagationPolicy: &orphan}); err != nil {
+			t.Fatal(err)
+		}
+		// The orphan finalizer is the garbage collector's to remove, once
+		// it has orphaned the pods; envtest runs no garbage collector and
+		// has no pods: do its part.
+		if _, err := k.Client.AppsV1().StatefulSets(ns).Patch(context.Background(), "osimages-server", types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, "the StatefulSet gone", 30*time.Second, func() (bool, string) {
+			_, err := k.Client.AppsV1().StatefulSets(ns).Get(context.Background(), "osimages-server", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		rel, err = h.upgrade(volume("{size: 50Gi, storageClass: fast}"))
+		if err != nil {
+			t.Fatalf("helm upgrade after orphaning the StatefulSet: %v", err)
+		}
+		wantInstalled(t, k, rel, 3)
+		if got := claim(); got["size"] != "50Gi" || got["class"] != "fast" {
+			t.Errorf("the data volume after the steps: %v", got)
+		}
+		if err := h.uninstall(); err != nil {
+			t.Fatalf("helm uninstall: %v", err)
 		}
 	})
 

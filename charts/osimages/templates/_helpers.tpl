@@ -201,3 +201,52 @@ template:
         name: {{ .name }}-values
     {{- include "osimages.registryVolumes" $root | nindent 4 }}
 {{- end -}}
+
+{{/* The bytes of a Kubernetes quantity, as a decimal string ("" when it
+cannot be read), so that 30Gi and 30720Mi compare equal, as the apiserver
+compares them. */}}
+{{- define "osimages.quantityBytes" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- $unit := trimPrefix $number $q -}}
+{{- if and $number (hasKey $units $unit) -}}
+{{- printf "%.0f" (mulf (float64 $number) (get $units $unit)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A StatefulSet's volumeClaimTemplates cannot change: an upgrade that
+changes the data volume (osImagePersistenceDefaults) would fail half-way,
+as "field is immutable", and leave a failed revision. It is refused here,
+before anything is applied, with the steps that make the change
+(README: "Changing the data volume"). lookup finds nothing under helm
+template and a client-side dry run: then there is nothing to compare. */}}
+{{- define "osimages.checkDataVolume" -}}
+{{- $name := printf "%s-server" (include "osimages.fullname" .) -}}
+{{- $ns := .Release.Namespace -}}
+{{- $sts := lookup "apps/v1" "StatefulSet" $ns $name -}}
+{{- $old := dict -}}
+{{- range (dig "spec" "volumeClaimTemplates" list ($sts | default dict)) -}}
+{{- if eq (dig "metadata" "name" "" .) "data" -}}{{- $old = . -}}{{- end -}}
+{{- end -}}
+{{- if $old -}}
+{{- $p := .Values.osImagePersistenceDefaults -}}
+{{- $changes := list -}}
+{{- $oldSize := toString (dig "spec" "resources" "requests" "storage" "" $old) -}}
+{{- if ne (include "osimages.quantityBytes" $oldSize) (include "osimages.quantityBytes" $p.size) -}}
+{{- $changes = append $changes (printf "size %s -> %s" $oldSize (toString $p.size)) -}}
+{{- end -}}
+{{- $oldClass := dig "spec" "storageClassName" "" $old -}}
+{{- if ne $oldClass (toString $p.storageClass) -}}
+{{- $changes = append $changes (printf "storageClass %q -> %q" $oldClass (toString $p.storageClass)) -}}
+{{- end -}}
+{{- $oldModes := dig "spec" "accessModes" list $old -}}
+{{- if ne (toJson $oldModes) (toJson $p.accessModes) -}}
+{{- $changes = append $changes (printf "accessModes %s -> %s" (toJson $oldModes) (toJson $p.accessModes)) -}}
+{{- end -}}
+{{- if $changes -}}
+{{- fail (printf `osImagePersistenceDefaults changes the data volume of StatefulSet %s/%s (%s), and Kubernetes cannot change a StatefulSet's volumeClaimTemplates: this upgrade is refused, nothing was changed. Keep the old values, or change the volumes first, as charts/osimages/README.md says ("Changing the data volume"): (1) a larger size, with a storage class that allows expansion: for each replica N, kubectl -n %s patch pvc data-%s-N -p '{"spec":{"resources":{"requests":{"storage":"%s"}}}}'; (2) kubectl -n %s delete statefulset %s --cascade=orphan (the pods keep serving); (3) helm upgrade again with the new values; (4) another storage class or access mode, or a smaller size: after (2) and (3), replica by replica, kubectl -n %s delete pvc data-%s-N --wait=false and kubectl -n %s delete pod %s-N: the replica comes back on a new volume and fills it from its peers or the registries.`
+  $ns $name (join ", " $changes) $ns $name (toString $p.size) $ns $name $ns $name $ns $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
