@@ -192,6 +192,9 @@ fleetNeeds:
 		namespaces: []string{"catalogs"},
 		values: `
 propagation: {enabled: true, adopt: true}
+# Adopting is what the delete guard refuses (the guard's own test is
+# TestDeleteGuard).
+deleteGuard: {enabled: false}
 controller: {enabled: false}
 catalogJob:
   enabled: true
@@ -367,6 +370,7 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{"replicas", `controller: {replicas: 0}`, []string{"/controller/replicas"}},
 		{"propagation twice", `propagation: {enabled: true}`, []string{"controller.propagate and propagation.enabled are both true"}},
 		{"ingress without host", `ingress: {enabled: true}`, []string{"ingress.host is empty"}},
+		{"adopting under the delete guard", `propagation: {adopt: true}`, []string{"propagation.adopt is true, but the delete guard", "kubectl label configmap"}},
 		{"CA not PEM", `oci_registry_extra_ca_certs: "not a certificate"`, []string{"/oci_registry_extra_ca_certs"}},
 		{"PDB as many as replicas", `controller: {replicas: 2, pdb: {minAvailable: 2}}`, []string{"controller.pdb.minAvailable is 2", "block every node drain"}},
 		{"PDB above replicas", `controller: {replicas: 3, pdb: {minAvailable: 5}}`, []string{"controller.pdb.minAvailable is 5"}},
