@@ -135,18 +135,13 @@ func parseRule(fr fileRule) (Rule, []error) {
 	} else if msgs := validation.IsValidLabelValue(fr.Name); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("name %q must be a valid label value: %s", fr.Name, msgs[0]))
 	}
+	// ParseObjectKey checks the namespace and the name as the apiserver
+	// would.
 	src, err := kube.ParseObjectKey(fr.Source)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("source: %w", err))
-	} else {
-		if msgs := validation.IsDNS1123Label(src.Namespace); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("source namespace %q: %s", src.Namespace, msgs[0]))
-		}
-		if msgs := validation.IsDNS1123Subdomain(src.Name); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("source name %q: %s", src.Name, msgs[0]))
-		} else if msgs := validation.IsValidLabelValue(src.Name); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("source name %q must fit in a label value, copies carry it: %s", src.Name, msgs[0]))
-		}
+	} else if msgs := validation.IsValidLabelValue(src.Name); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("source name %q must fit in a label value, copies carry it: %s", src.Name, msgs[0]))
 	}
 	if fr.Target == "" {
 		errs = append(errs, errors.New("target is required"))

@@ -69,7 +69,7 @@ func TestParseRulesErrors(t *testing.T) {
 		{"name not a label value", "rules:\n- name: 'a b'\n" + ok, []string{`.rules[0] (a b): name "a b" must be a valid label value`}},
 		{"source without namespace", "rules:\n- name: a\n  source: b\n  target: c\n  namespaceSelector: {}\n", []string{`.rules[0] (a): source: "b": want NAMESPACE/NAME`}},
 		{"source name too long for a label", "rules:\n- name: a\n  source: ns/" + strings.Repeat("x", 64) + "\n  target: c\n  namespaceSelector: {}\n", []string{"must fit in a label value"}},
-		{"source namespace invalid", "rules:\n- name: a\n  source: Bad_NS/b\n  target: c\n  namespaceSelector: {}\n", []string{`source namespace "Bad_NS"`}},
+		{"source namespace invalid", "rules:\n- name: a\n  source: Bad_NS/b\n  target: c\n  namespaceSelector: {}\n", []string{`source: "Bad_NS/b": want NAMESPACE/NAME: namespace "Bad_NS"`}},
 		{"no target", "rules:\n- name: a\n  source: a/b\n  namespaceSelector: {}\n", []string{".rules[0] (a): target is required"}},
 		{"target invalid", "rules:\n- name: a\n  source: a/b\n  target: Not/Valid\n  namespaceSelector: {}\n", []string{`target "Not/Valid" is not a valid ConfigMap name`}},
 		{"no selector", "rules:\n- name: a\n  source: a/b\n  target: c\n", []string{"namespaceSelector is required (write {} to select every namespace)"}},
