@@ -51,6 +51,8 @@ func proxyPeer(t *testing.T, modify func(*http.Response)) func(string) string {
 		proxy := httputil.NewSingleHostReverseProxy(target)
 		// The tests cut responses on purpose.
 		proxy.ErrorLog = log.New(io.Discard, "", 0)
+		// Each byte goes on as it comes, as from the replica itself.
+		proxy.FlushInterval = -1
 		proxy.ModifyResponse = func(resp *http.Response) error {
 			modify(resp)
 			return nil

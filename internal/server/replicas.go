@@ -433,27 +433,44 @@ func (s *Server) setSource(sum, source string) {
 
 // pullFromPeer streams w from a peer's peer listener, verified as a
 // registry pull is (sha256, md5, size), resumed with ranges. No progress
-// for PeerTimeout ends it.
+// for PeerTimeout ends it, and so does a rate below MinRate over a
+// StallTimeout window from the first byte, whether or not an image waits
+// for a slot: a peer that trickles would hold the fill for ever, and the
+// registry, or another peer, is there to take over.
 func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var mu sync.Mutex
 	last, lastAt := int64(-1), time.Now()
-	watch := time.NewTicker(max(s.cfg.PeerTimeout/4, 10*time.Millisecond))
+	window := s.cfg.StallTimeout
+	watch := time.NewTicker(min(max(s.cfg.PeerTimeout/4, 10*time.Millisecond), rateTick(window)))
 	defer watch.Stop()
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
+		var rate *rateWindow
 		for {
 			select {
 			case <-done:
 				return
 			case <-watch.C:
+				now := time.Now()
 				mu.Lock()
-				idle := time.Since(lastAt)
+				idle, received := now.Sub(lastAt), last
 				mu.Unlock()
 				if idle > s.cfg.PeerTimeout {
 					cancel(fmt.Errorf("peer %s sent no byte for %s", p.ID, s.cfg.PeerTimeout))
+					return
+				}
+				if received < 0 {
+					continue // no byte yet: PeerTimeout's to judge
+				}
+				if rate == nil {
+					rate = newRateWindow(window, now, received)
+					continue
+				}
+				if slow, got, over := rate.below(now, received, s.cfg.MinRate); slow {
+					cancel(&peerSlowError{peer: p.ID, received: got, window: over, minRate: s.cfg.MinRate})
 					return
 				}
 			}
@@ -511,12 +528,28 @@ func (s *Server) peerCommitted(ctx context.Context, p peers.Peer, sum string) bo
 	return err == nil && st.Images[sum].Verified()
 }
 
+// peerSlowError ends a fill from a peer that sends below MinRate.
+type peerSlowError struct {
+	peer     string
+	received int64
+	window   time.Duration
+	minRate  int64
+}
+
+func (e *peerSlowError) Error() string {
+	return fmt.Sprintf("peer %s sent %s in the last %s, below --min-rate %s/s", e.peer, bytesIEC(e.received), e.window.Round(time.Millisecond), bytesIEC(e.minRate))
+}
+
 // reportPeer logs, counts and reports a peer that failed to fill an
 // image, and skips it for that image.
 func (s *Server) reportPeer(w selection.Wanted, p peers.Peer, err error) {
 	reason := "failed"
-	if isVerifyError(err) {
+	var slow *peerSlowError
+	switch {
+	case isVerifyError(err):
 		reason = "bad-bytes"
+	case errors.As(err, &slow):
+		reason = "slow"
 	}
 	s.mu.Lock()
 	if img, ok := s.images[w.SHA256]; ok {
