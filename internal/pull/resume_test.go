@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -98,8 +99,10 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 	ctx, cancel := context.WithCancel(context.Background())
 	var received atomic.Int64
 	done := make(chan error, 1)
+	var res Result
 	go func() {
-		_, err := p.Pull(ctx, src, w, func(n, _ int64) { received.Store(n) })
+		var err error
+		res, err = p.Pull(ctx, src, w, func(n, _ int64) { received.Store(n) })
 		done <- err
 	}()
 	select {
@@ -113,6 +116,11 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted pull: %v, want context.Canceled", err)
+	}
+	// A shutdown checkpoints the exact point it stopped at: every byte
+	// the registry sent, none downloaded again.
+	if res.Reached != holdAt || res.Checkpoint != holdAt {
+		t.Errorf("stopped with %d network bytes received, checkpoint at %d; the registry sent %d", res.Reached, res.Checkpoint, holdAt)
 	}
 	if err := w.Suspend(); err != nil {
 		t.Fatal(err)
@@ -423,4 +431,94 @@ func TestPullCancelledWhileCheckingKeptBytes(t *testing.T) {
 	if res.Kept != kept || sent.Load() != int64(len(content))-kept {
 		t.Errorf("after the cancelled check: kept %d, server sent %d; want %d kept and the %d left", res.Kept, sent.Load(), kept, int64(len(content))-kept)
 	}
+}
+
+// slowCheckpoints is a resumable writer whose checkpoints block while gate
+// is held, as on a disk so busy that a small write and a rename wait: it
+// records how far past the last checkpoint written the writes ever went.
+type slowCheckpoints struct {
+	*imagestore.Writer
+	gate    chan struct{} // a checkpoint waits until it is closed
+	mu      sync.Mutex
+	written int64
+	last    int64 // the last checkpoint written
+	ahead   int64 // the most written past last, ever
+	calls   int
+	held    chan struct{} // closed when a checkpoint waits at the gate
+}
+
+func (s *slowCheckpoints) Write(p []byte) (int, error) {
+	n, err := s.Writer.Write(p)
+	s.mu.Lock()
+	s.written += int64(n)
+	s.ahead = max(s.ahead, s.written-s.last)
+	s.mu.Unlock()
+	return n, err
+}
+
+func (s *slowCheckpoints) Checkpoint(source string, offset int64, sum string) error {
+	s.mu.Lock()
+	s.calls++
+	wait := s.calls == 2
+	s.mu.Unlock()
+	if wait {
+		close(s.held)
+		<-s.gate
+	}
+	if err := s.Writer.Checkpoint(source, offset, sum); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.last = offset
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *slowCheckpoints) Written() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written
+}
+
+// TestPullWaitsForASlowCheckpoint: while a checkpoint takes long (a busy
+// disk), the download writes at most aheadCheckpoints × CheckpointBytes
+// past the last one, so that a SIGKILL never loses more than that of what
+// was written; it goes on at once when the checkpoint is written.
+func TestPullWaitsForASlowCheckpoint(t *testing.T) {
+	reg := newRegistry(t, devregistry.Options{})
+	content := devregistry.DiskContent(16<<20, 12)
+	src, _ := publish(t, reg, "dib/slow-checkpoint", content, false, nil)
+	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+	p.CheckpointBytes = 256 << 10
+	bound := aheadCheckpoints * p.CheckpointBytes
+	store := openStore(t)
+	w, err := store.Resume(src.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := &slowCheckpoints{Writer: w, gate: make(chan struct{}), held: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Pull(context.Background(), src, dst, nil)
+		done <- err
+	}()
+	<-dst.held
+	// The writes catch up with the bound, and stop there until the
+	// checkpoint is written.
+	testenv.Eventually(t, "the writes reach the bound", 30*time.Second, func() (bool, string) {
+		dst.mu.Lock()
+		defer dst.mu.Unlock()
+		return dst.written-dst.last > bound-p.CheckpointBytes, fmt.Sprintf("written %d, last checkpoint %d", dst.written, dst.last)
+	})
+	close(dst.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if dst.ahead > bound {
+		t.Errorf("written %d bytes past the last checkpoint while it was slow, want at most %d", dst.ahead, bound)
+	}
+	if err := w.Commit(imagestore.Entry{Filename: "slow.raw"}); err != nil {
+		t.Fatal(err)
+	}
+	assertStored(t, store, content)
 }

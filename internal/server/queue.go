@@ -196,6 +196,8 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	if err != nil {
 		if keepPartial(ctx, err) {
 			_ = dst.Suspend()
+			s.log.Info("partial download kept for the next attempt", "sha256", w.SHA256, "key", w.Key,
+				"receivedBytes", res.Reached, "checkpointBytes", res.Checkpoint)
 		} else {
 			_ = dst.Abort()
 		}
