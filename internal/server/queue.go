@@ -59,6 +59,9 @@ func (s *Server) next() (string, bool) {
 		return "", false
 	}
 	best.phase = PhaseDownloading
+	// Where this attempt fills from is chosen by fill; the source of an
+	// earlier one would tell peers it keeps no layer (replicas.go).
+	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
 	best.lastByte = time.Now()
 	best.reason = ""
