@@ -53,7 +53,7 @@ same address.`,
 	f.StringVar(&o.FreeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what downloads reserve (0: none)")
 	f.StringVar(&o.MaxImageSize, "max-image-size", "64Gi", "largest image file: the bound of an image that declares no size (reserved on disk for its download), and the most an image may declare")
 	f.DurationVar(&o.StallTimeout, "stall-timeout", server.DefaultStallTimeout, "a download that receives no byte for this long (manifest included) is cut and retried with backoff; it is also the window of --min-rate")
-	f.StringVar(&o.MinRate, "min-rate", "64Ki", "bytes per second below which a download, measured over --stall-timeout, gives way to images waiting for a slot (0: never)")
+	f.StringVar(&o.MinRate, "min-rate", "64Ki", "bytes per second below which a download, measured over --stall-timeout, gives way to images waiting for a slot, and a fill from a peer replica is given up for another source (0: never)")
 	f.DurationVar(&o.ScrubInterval, "scrub-interval", server.DefaultScrubInterval, "how often each stored image is re-read and re-hashed, counted from its last check (kept across restarts); one found changed is no longer served and is downloaded again (at least 1m; 0: never)")
 	f.StringVar(&o.ScrubRate, "scrub-rate", "50Mi", "bytes per second the scrub reads at most, one image at a time")
 	f.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -51,6 +52,8 @@ func proxyPeer(t *testing.T, modify func(*http.Response)) func(string) string {
 		proxy := httputil.NewSingleHostReverseProxy(target)
 		// The tests cut responses on purpose.
 		proxy.ErrorLog = log.New(io.Discard, "", 0)
+		// Each byte goes on as it comes, as from the replica itself.
+		proxy.FlushInterval = -1
 		proxy.ModifyResponse = func(resp *http.Response) error {
 			modify(resp)
 			return nil
@@ -286,4 +289,71 @@ func (rs *replicaSet) waitHold(ids []string, sums ...string) {
 		}
 		return true, ""
 	})
+}
+
+// TestServeReplicasWaitForAPeerThatHasNotReadTheSelection: a follower asks
+// the puller of an image (the first in rendezvous order) for it as soon
+// as it selects it, which can be before the puller has read the selection
+// that names it: replicas read their inputs each at its own pace. The
+// puller answers once it has, rather than 404 at once; before, the
+// follower reported it failed and pulled the image from the registry
+// itself.
+func TestServeReplicasWaitForAPeerThatHasNotReadTheSelection(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	published := publishServeImages(t, reg, 4<<20)
+	hardened := published["ubuntu-hardened"].Fields.Get("sha256")
+	plain := published["ubuntu-plain"].Fields.Get("sha256")
+	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
+	both := writeFile(t, "both.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
+	// The puller selects the plain image only, until its values change.
+	lateValues := writeFile(t, "late.yaml", mgmtServeValues+"oci_registry_insecure: true\n")
+	late, early := "r0", "r1"
+	if peers.Rendezvous(hardened, []string{late, early})[0] != late {
+		late, early = early, late
+	}
+	rs := newReplicaSet(t, "--os-images", osImages, "--peer-timeout", "60s")
+	var asked atomic.Bool
+	lateR := rs.start(late, watchPeerRequests(t, "/images/"+hardened+"/", &asked), "-f", lateValues)
+	testenv.Eventually(t, "the puller holds the plain image", 60*time.Second, func() (bool, string) {
+		return lateR.holds(plain), lateR.d.stderr.String()
+	})
+	earlyR := rs.start(early, nil, "-f", both)
+	testenv.Eventually(t, "the follower asks the puller for the hardened image", 60*time.Second, func() (bool, string) {
+		return asked.Load(), fmt.Sprint(earlyR.state())
+	})
+	if err := os.WriteFile(lateValues+".new", []byte(mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(lateValues+".new", lateValues); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitHold([]string{late, early}, plain, hardened)
+	if src := earlyR.state().Images[hardened].Source; src != "peer "+late {
+		t.Errorf("the follower filled the hardened image from %q, want peer %s", src, late)
+	}
+	if logs := earlyR.d.stderr.String(); strings.Contains(logs, "peer failed to fill an image") {
+		t.Errorf("the follower reported the puller failed:\n%s", logs)
+	}
+}
+
+// watchPeerRequests is the advertise function of rs.start for a proxy in
+// front of a replica's peer listener that sets asked once a request for a
+// path under prefix came through.
+func watchPeerRequests(t *testing.T, prefix string, asked *atomic.Bool) func(string) string {
+	return func(peerAddr string) string {
+		target, _ := url.Parse("http://" + peerAddr)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.ErrorLog = log.New(io.Discard, "", 0)
+		proxy.FlushInterval = -1
+		addr := freeHostAddr(t)
+		srv := &http.Server{Addr: addr, ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, prefix) {
+				asked.Store(true)
+			}
+			proxy.ServeHTTP(w, r)
+		})}
+		go srv.ListenAndServe()
+		t.Cleanup(func() { srv.Close() })
+		return addr
+	}
 }

@@ -584,6 +584,59 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 	}
 }
 
+// TestServeReplicasFallBackFromATricklingPeer: a peer that sends its
+// verified images a byte every 200 ms never goes silent long enough for
+// --peer-timeout, and no image waits for a slot; --min-rate still applies
+// to a fill from a peer, and the registry takes over.
+func TestServeReplicasFallBackFromATricklingPeer(t *testing.T) {
+	reg := testenv.Registry(t, devregistry.Options{})
+	args, sums, _ := replicaImages(t, reg, 2<<20)
+	rs := newReplicaSet(t, args...)
+	var trickled atomic.Int64
+	slow := rs.start("slow", proxyPeer(t, func(resp *http.Response) {
+		path := resp.Request.URL.Path
+		if strings.HasPrefix(path, "/images/") || strings.HasPrefix(path, "/peer/blobs/") && !strings.HasSuffix(path, "/descriptor") {
+			resp.Body = &trickleReader{ReadCloser: resp.Body, every: 200 * time.Millisecond, n: &trickled}
+		}
+	}))
+	testenv.Eventually(t, "the first replica holds every image", 60*time.Second, func() (bool, string) {
+		return slow.holds(sums...), slow.d.stderr.String()
+	})
+	// The window of --min-rate is --stall-timeout: the peer is given up
+	// after one window of trickle, then the registry fills the image.
+	good := rs.start("good", nil, "--stall-timeout", "3s", "--min-rate", "64Ki")
+	testenv.Eventually(t, "the second replica holds every image", 90*time.Second, func() (bool, string) {
+		return good.holds(sums...), fmt.Sprint(good.state()) + good.d.stderr.String()
+	})
+	if trickled.Load() == 0 {
+		t.Fatal("the trickling peer was never asked for an image: the test proves nothing")
+	}
+	for _, s := range sums {
+		if src := good.state().Images[s].Source; src != server.SourceRegistry {
+			t.Errorf("image %s came from %q, want the registry after the peer trickled", s[:12], src)
+		}
+	}
+	logs := good.d.stderr.String()
+	if !strings.Contains(logs, `"msg":"peer failed to fill an image; filling it from elsewhere","peer":"slow"`) || !strings.Contains(logs, `"reason":"slow"`) ||
+		!strings.Contains(logs, "below --min-rate 64.0 KiB/s") {
+		t.Errorf("no log line reports the slow peer:\n%s", logs)
+	}
+}
+
+// trickleReader passes on one byte every interval.
+type trickleReader struct {
+	io.ReadCloser
+	every time.Duration
+	n     *atomic.Int64
+}
+
+func (r *trickleReader) Read(p []byte) (int, error) {
+	time.Sleep(r.every)
+	n, err := r.ReadCloser.Read(p[:min(len(p), 1)])
+	r.n.Add(int64(n))
+	return n, err
+}
+
 // imageFilename is the filename a replica serves sum under.
 func imageFilename(t *testing.T, r *replica, sum string) string {
 	resp, err := http.Get(r.d.url("/"))

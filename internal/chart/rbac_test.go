@@ -278,10 +278,35 @@ sylva_diskimagebuilder_images:
 			t.Errorf("the status page shows selection problems:\n%s", page)
 		}
 		maps.Copy(exported, exportedNames(httpGet(base+"/metrics")))
+		// Its output deleted by hand: the chart grants no create (RBAC
+		// cannot bind it to a name), so the server says why it cannot
+		// publish; created again, empty (as helm upgrade does), it is
+		// filled at once, watched by name.
+		const output = "capm3-os-image-server-os-images"
+		before, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, output, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Client.CoreV1().ConfigMaps(ns).Delete(ctx, output, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, "the server says why it cannot publish its deleted output", 60*time.Second, func() (bool, string) {
+			return strings.Contains(srv.log(), "the ConfigMap does not exist (deleted?) and this server may not create it"), srv.log()
+		})
+		if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: output, Namespace: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, "the server fills its output created again", 60*time.Second, func() (bool, string) {
+			cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, output, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return cm.Data["values.yaml"] == before.Data["values.yaml"], cm.Data["values.yaml"]
+		})
 		outOfScope(t, cfg, ns, other.Name, false)
 		cs := kubernetes.NewForConfigOrDie(cfg)
 		// Its input is read-only.
-		_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, "os-images-info", types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
+		_, err = cs.CoreV1().ConfigMaps(ns).Patch(ctx, "os-images-info", types.MergePatchType, []byte(`{"data":{"x":"y"}}`), metav1.PatchOptions{})
 		wantForbidden(t, "server patches its input os-images-info", err)
 		_, err = cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
 		wantForbidden(t, "server lists every ConfigMap of its namespace", err)

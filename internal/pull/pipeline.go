@@ -74,24 +74,6 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		}
 	}
 
-	var file io.Reader = net
-	var compressed *bufio.Reader
-	if src.Compression == "gz" {
-		// klauspost's inflater has a fast path for a *bufio.Reader.
-		compressed = bufio.NewReaderSize(net, compressedReadBuffer)
-		zr, err := gzip.NewReader(compressed)
-		if err != nil {
-			if rerr := rr.err(); rerr != nil {
-				return passResult{}, rerr
-			}
-			if err = p.decompressError(rr, err, compressed, obj, net); !errors.Is(err, errKept) {
-				err = &contentError{err}
-			}
-			return passResult{}, err
-		}
-		file = zr
-	}
-
 	md := md5.New()
 	out := &fileSink{dst: dst}
 	sinks := []io.Writer{md, out}
@@ -103,16 +85,38 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		// The file holds the kept bytes already.
 		out.skip = plan.offset
 	}
+	// The checkpoints are set up before the first network byte is read
+	// (gunzip reads the header at once): each write of the durable
+	// destination (the blob kept, else the file) wakes the checkpointer,
+	// so that a mark is recorded as soon as it is durable, and waits when
+	// it is too far ahead of the last checkpoint.
 	var ckpt *checkpointer
 	if plan != nil {
 		net.marks = newMarks(plan.offset)
-		durable := out.reached.Load
+		var durable *atomic.Int64
 		if keep != nil {
-			durable = keep.reached.Load
+			durable = &keep.reached
+			keep.hold, keep.wrote = func(end int64) { ckpt.hold(ctx, end) }, net.marks.poke
+		} else {
+			durable = &out.reached
+			out.hold, out.wrote = func(end int64) { ckpt.hold(ctx, end) }, net.marks.poke
 		}
-		ckpt = p.startCheckpoints(ctx, cancel, plan, net.marks, durable)
+		ckpt = p.startCheckpoints(ctx, cancel, plan, net.marks, durable.Load)
 	}
-	size, err := p.fanOut(ctx, cancel, file, sinks, src.Size)
+
+	var size int64
+	var err error
+	var compressed *bufio.Reader
+	if src.Compression == "gz" {
+		// klauspost's inflater has a fast path for a *bufio.Reader.
+		compressed = bufio.NewReaderSize(net, compressedReadBuffer)
+		var zr *gzip.Reader
+		if zr, err = gzip.NewReader(compressed); err == nil {
+			size, err = p.fanOut(ctx, cancel, zr, sinks, src.Size)
+		}
+	} else {
+		size, err = p.fanOut(ctx, cancel, net, sinks, src.Size)
+	}
 	if err != nil {
 		if keep != nil {
 			// What reached the blob is what a checkpoint may record.
@@ -124,6 +128,9 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 			net.marks.addNow(net.off, net.sha256)
 		}
 		ckpt.stop(net.keptLeft == 0)
+		if plan != nil {
+			plan.reached = max(net.off, plan.offset)
+		}
 		var werr *writeError
 		switch {
 		case errors.As(err, &werr):
@@ -152,6 +159,9 @@ func (p *Puller) pass(ctx context.Context, rr *rangeReader, src Source, obj obje
 		return passResult{}, err
 	}
 	ckpt.stop(false)
+	if plan != nil {
+		plan.reached = net.off
+	}
 	if compressed != nil {
 		// The gzip stream ended: the blob digest covers the whole blob, so
 		// read what may follow (nothing, for a well-formed layer).

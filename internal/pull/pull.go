@@ -102,6 +102,12 @@ type Result struct {
 	// KeptDiscarded says why bytes kept by an earlier pull were thrown
 	// away ("" when they were not).
 	KeptDiscarded string
+	// Reached is how far the network bytes of the last pass into a
+	// Resumable destination went (the kept ones included), and Checkpoint
+	// where its last checkpoint is: a next pull continues from there. A
+	// pull stopped by its context, or by a network failure, checkpoints
+	// every byte it received: the two are equal.
+	Reached, Checkpoint int64
 }
 
 // What a VerifyError is about.
@@ -172,8 +178,10 @@ type Puller struct {
 	BufferSize, Buffers int
 	// CheckpointBytes and CheckpointInterval set how often a Resumable
 	// destination is checkpointed: every CheckpointBytes network bytes,
-	// and once a CheckpointInterval when fewer came. A crash loses at most
-	// that. Defaults 2 MiB and 1s.
+	// and once a CheckpointInterval when fewer came. The writes wait for
+	// a checkpoint that falls 4 × CheckpointBytes behind (a slow disk):
+	// a crash loses at most that of what was written. Defaults 2 MiB
+	// and 1s.
 	CheckpointBytes    int64
 	CheckpointInterval time.Duration
 }
@@ -283,6 +291,9 @@ func (p *Puller) Pull(ctx context.Context, src Source, dst Destination, progress
 		}
 		got, err := p.pass(ctx, rr, src, obj, dst, blob, plan)
 		res.NetworkBytes += rr.network
+		if plan != nil {
+			res.Reached, res.Checkpoint = plan.reached, plan.checkpointed
+		}
 		res.Resumes += rr.resumes
 		if errors.Is(err, errKept) {
 			// Damaged while the server was down: start again from byte 0,

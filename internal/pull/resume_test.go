@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -84,6 +85,13 @@ func (w *tapWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 // shutdown does and suspends the writer.
 func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, holdAt int64) {
 	t.Helper()
+	interruptedKeeping(t, dir, p, src, tap, holdAt, true)
+}
+
+// interruptedKeeping is interrupted; keeps says whether the bytes received
+// are good, and so checkpointed where the pull stopped.
+func interruptedKeeping(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, holdAt int64, keeps bool) {
+	t.Helper()
 	store, err := imagestore.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -98,8 +106,10 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 	ctx, cancel := context.WithCancel(context.Background())
 	var received atomic.Int64
 	done := make(chan error, 1)
+	var res Result
 	go func() {
-		_, err := p.Pull(ctx, src, w, func(n, _ int64) { received.Store(n) })
+		var err error
+		res, err = p.Pull(ctx, src, w, func(n, _ int64) { received.Store(n) })
 		done <- err
 	}()
 	select {
@@ -113,6 +123,11 @@ func interrupted(t *testing.T, dir string, p *Puller, src Source, tap *blobTap, 
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted pull: %v, want context.Canceled", err)
+	}
+	// A shutdown checkpoints the exact point it stopped at: every byte
+	// the registry sent, none downloaded again.
+	if keeps && (res.Reached != holdAt || res.Checkpoint != holdAt) {
+		t.Errorf("stopped with %d network bytes received, checkpoint at %d; the registry sent %d", res.Reached, res.Checkpoint, holdAt)
 	}
 	if err := w.Suspend(); err != nil {
 		t.Fatal(err)
@@ -519,7 +534,8 @@ func TestPullKeepsNothingOfBytesThatDoNotDecompress(t *testing.T) {
 	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
 	p.CheckpointInterval = 10 * time.Millisecond
 	dir := t.TempDir()
-	interrupted(t, dir, p, src, tap, src.ArchiveSize/2)
+	// The bytes received do not decompress: nothing of them is kept.
+	interruptedKeeping(t, dir, p, src, tap, src.ArchiveSize/2, false)
 
 	faults.Clear("dib/corrupt-then-stall")
 	store, res, first, _ := resumed(t, dir, p, src)
@@ -527,4 +543,94 @@ func TestPullKeepsNothingOfBytesThatDoNotDecompress(t *testing.T) {
 	if first != 0 || res.Kept != 0 || res.KeptDiscarded != "" {
 		t.Errorf("the pull after the restart started at %d, kept %d bytes, discarded %q: want nothing of the corrupted ones kept", first, res.Kept, res.KeptDiscarded)
 	}
+}
+
+// slowCheckpoints is a resumable writer whose checkpoints block while gate
+// is held, as on a disk so busy that a small write and a rename wait: it
+// records how far past the last checkpoint written the writes ever went.
+type slowCheckpoints struct {
+	*imagestore.Writer
+	gate    chan struct{} // a checkpoint waits until it is closed
+	mu      sync.Mutex
+	written int64
+	last    int64 // the last checkpoint written
+	ahead   int64 // the most written past last, ever
+	calls   int
+	held    chan struct{} // closed when a checkpoint waits at the gate
+}
+
+func (s *slowCheckpoints) Write(p []byte) (int, error) {
+	n, err := s.Writer.Write(p)
+	s.mu.Lock()
+	s.written += int64(n)
+	s.ahead = max(s.ahead, s.written-s.last)
+	s.mu.Unlock()
+	return n, err
+}
+
+func (s *slowCheckpoints) Checkpoint(source string, offset int64, sum string) error {
+	s.mu.Lock()
+	s.calls++
+	wait := s.calls == 2
+	s.mu.Unlock()
+	if wait {
+		close(s.held)
+		<-s.gate
+	}
+	if err := s.Writer.Checkpoint(source, offset, sum); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.last = offset
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *slowCheckpoints) Written() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written
+}
+
+// TestPullWaitsForASlowCheckpoint: while a checkpoint takes long (a busy
+// disk), the download writes at most aheadCheckpoints × CheckpointBytes
+// past the last one, so that a SIGKILL never loses more than that of what
+// was written; it goes on at once when the checkpoint is written.
+func TestPullWaitsForASlowCheckpoint(t *testing.T) {
+	reg := newRegistry(t, devregistry.Options{})
+	content := devregistry.DiskContent(16<<20, 12)
+	src, _ := publish(t, reg, "dib/slow-checkpoint", content, false, nil)
+	p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
+	p.CheckpointBytes = 256 << 10
+	bound := aheadCheckpoints * p.CheckpointBytes
+	store := openStore(t)
+	w, err := store.Resume(src.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := &slowCheckpoints{Writer: w, gate: make(chan struct{}), held: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Pull(context.Background(), src, dst, nil)
+		done <- err
+	}()
+	<-dst.held
+	// The writes catch up with the bound, and stop there until the
+	// checkpoint is written.
+	testenv.Eventually(t, "the writes reach the bound", 30*time.Second, func() (bool, string) {
+		dst.mu.Lock()
+		defer dst.mu.Unlock()
+		return dst.written-dst.last > bound-p.CheckpointBytes, fmt.Sprintf("written %d, last checkpoint %d", dst.written, dst.last)
+	})
+	close(dst.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if dst.ahead > bound {
+		t.Errorf("written %d bytes past the last checkpoint while it was slow, want at most %d", dst.ahead, bound)
+	}
+	if err := w.Commit(imagestore.Entry{Filename: "slow.raw"}); err != nil {
+		t.Fatal(err)
+	}
+	assertStored(t, store, content)
 }

@@ -299,12 +299,7 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 // watchConfigMap starts an informer on the watched ConfigMap alone, which
 // signals events, and returns its store once it is synced.
 func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events chan<- struct{}) (cache.Store, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(in.Client, 10*time.Minute,
-		informers.WithNamespace(key.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", key.Name).String()
-		}))
-	informer := factory.Core().V1().ConfigMaps().Informer()
+	factory, informer := configMapInformer(in.Client, key, 10*time.Minute)
 	notify := func(any) {
 		select {
 		case events <- struct{}{}:
@@ -323,6 +318,18 @@ func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events 
 		return nil, fmt.Errorf("watching ConfigMap %s: cache did not sync", key)
 	}
 	return informer.GetStore(), nil
+}
+
+// configMapInformer is an informer on one ConfigMap, by name: a list and a
+// watch with a metadata.name field selector, which RBAC's resourceNames
+// admit.
+func configMapInformer(client kubernetes.Interface, key kube.ObjectKey, resync time.Duration) (informers.SharedInformerFactory, cache.SharedIndexInformer) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithNamespace(key.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", key.Name).String()
+		}))
+	return factory, factory.Core().V1().ConfigMaps().Informer()
 }
 
 // readFleetNeeds returns the fleet's needs, nil when they are not an

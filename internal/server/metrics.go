@@ -45,7 +45,7 @@ func NewMetrics() *Metrics {
 			Name: "osimages_verification_failures_total", Help: "Downloads refused because a digest or size did not match.",
 		}),
 		peerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "osimages_peer_fill_failures_total", Help: "Fills from a peer replica that failed (reason failed) or brought bytes that did not verify (reason bad-bytes), by peer; the image was then filled from elsewhere.",
+			Name: "osimages_peer_fill_failures_total", Help: "Fills from a peer replica that failed (reason failed), sent below --min-rate (reason slow) or brought bytes that did not verify (reason bad-bytes), by peer; the image was then filled from elsewhere.",
 		}, []string{"peer", "reason"}),
 		scrubBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_scrub_read_bytes_total", Help: "Bytes of stored images re-read and re-hashed by the scrub.",

@@ -7,10 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -85,7 +88,35 @@ func (p ConfigMapPublisher) Publish(ctx context.Context, out osimage.ServedOutpu
 		ObjectMeta: metav1.ObjectMeta{Name: p.Key.Name, Namespace: p.Key.Namespace},
 		Data:       data,
 	})
+	if apierrors.IsForbidden(err) {
+		if cm, gerr := kube.GetConfigMap(ctx, p.Client, p.Key); gerr == nil && cm == nil {
+			return fmt.Errorf("%w: the ConfigMap does not exist (deleted?) and this server may not create it: the chart creates it and grants no create, which RBAC cannot bind to one name; helm upgrade creates it again, empty, and the server fills it at once (or set outputConfigMap.create: false to let the server create it)", err)
+		}
+	}
 	return err
+}
+
+// WatchOutput implements OutputWatcher with an informer on the ConfigMap:
+// a deletion or an edit by hand is seen at once, and the informer's resync
+// tells again what its cache holds every minute.
+func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data map[string]string, exists bool)) error {
+	factory, informer := configMapInformer(p.Client, p.Key, time.Minute)
+	tell := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			observed(cm.Data, true)
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    tell,
+		UpdateFunc: func(_, obj any) { tell(obj) },
+		DeleteFunc: func(any) { observed(nil, false) },
+	}); err != nil {
+		return fmt.Errorf("watching ConfigMap %s: %w", p.Key, err)
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	return nil
 }
 
 // Published implements PublishedReader: the set in the ConfigMap, empty

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -67,7 +68,10 @@ func (s *Server) publishLoop(ctx context.Context) {
 		for sum, e := range served.Set {
 			s.lastAvailable[sum] = e.Available
 		}
-		same := s.published.Set != nil && served.Equal(s.published)
+		same := !s.republish && s.published.Set != nil && served.Equal(s.published)
+		if ready && !same {
+			s.publishing, s.republish = served, false
+		}
 		s.mu.Unlock()
 		if !ready || same {
 			continue
@@ -82,6 +86,39 @@ func (s *Server) publishLoop(ctx context.Context) {
 		s.mu.Unlock()
 		s.log.Info("served set published", "images", len(served.Set), "available", countAvailable(served.Set))
 	}
+}
+
+// outputObserved is told what the output holds (OutputWatcher): when it
+// no longer holds what this server gave the Publisher last (a ConfigMap
+// deleted, or edited by hand), that is published again. Keys the server
+// does not write are left to whoever wrote them.
+func (s *Server) outputObserved(data map[string]string, exists bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.publishesLocked() || s.publishing.Set == nil || s.republish {
+		return
+	}
+	want, err := s.publishing.ConfigMapData("the served set")
+	if err != nil {
+		return // refused by the Publisher too: nothing was written
+	}
+	var drifted []string
+	for k, v := range want {
+		if got, ok := data[k]; !ok || got != v {
+			drifted = append(drifted, k)
+		}
+	}
+	if len(drifted) == 0 {
+		return
+	}
+	slices.Sort(drifted)
+	if !exists {
+		s.log.Warn("the published served set was deleted; publishing it again")
+	} else {
+		s.log.Warn("the published served set was changed by another writer; publishing it again", "keys", drifted)
+	}
+	s.republish = true
+	s.signal(s.changed)
 }
 
 func countAvailable(s osimage.ServedSet) int {

@@ -60,6 +60,9 @@ func (s *Server) next() (string, bool) {
 		return "", false
 	}
 	best.phase = PhaseDownloading
+	// Where this attempt fills from is chosen by fill; the source of an
+	// earlier one would tell peers it keeps no layer (replicas.go).
+	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
 	best.lastByte = time.Now()
 	best.reason = ""
@@ -202,6 +205,8 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	if err != nil {
 		if keepPartial(ctx, err) {
 			_ = dst.Suspend()
+			s.log.Info("partial download kept for the next attempt", "sha256", w.SHA256, "key", w.Key,
+				"receivedBytes", res.Reached, "checkpointBytes", res.Checkpoint)
 		} else {
 			_ = dst.Abort()
 		}

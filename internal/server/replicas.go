@@ -433,27 +433,44 @@ func (s *Server) setSource(sum, source string) {
 
 // pullFromPeer streams w from a peer's peer listener, verified as a
 // registry pull is (sha256, md5, size), resumed with ranges. No progress
-// for PeerTimeout ends it.
+// for PeerTimeout ends it, and so does a rate below MinRate over a
+// StallTimeout window from the first byte, whether or not an image waits
+// for a slot: a peer that trickles would hold the fill for ever, and the
+// registry, or another peer, is there to take over.
 func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var mu sync.Mutex
 	last, lastAt := int64(-1), time.Now()
-	watch := time.NewTicker(max(s.cfg.PeerTimeout/4, 10*time.Millisecond))
+	window := s.cfg.StallTimeout
+	watch := time.NewTicker(min(max(s.cfg.PeerTimeout/4, 10*time.Millisecond), rateTick(window)))
 	defer watch.Stop()
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
+		var rate *rateWindow
 		for {
 			select {
 			case <-done:
 				return
 			case <-watch.C:
+				now := time.Now()
 				mu.Lock()
-				idle := time.Since(lastAt)
+				idle, received := now.Sub(lastAt), last
 				mu.Unlock()
 				if idle > s.cfg.PeerTimeout {
 					cancel(fmt.Errorf("peer %s sent no byte for %s", p.ID, s.cfg.PeerTimeout))
+					return
+				}
+				if received < 0 {
+					continue // no byte yet: PeerTimeout's to judge
+				}
+				if rate == nil {
+					rate = newRateWindow(window, now, received)
+					continue
+				}
+				if slow, got, over := rate.below(now, received, s.cfg.MinRate); slow {
+					cancel(&peerSlowError{peer: p.ID, received: got, window: over, minRate: s.cfg.MinRate})
 					return
 				}
 			}
@@ -511,12 +528,28 @@ func (s *Server) peerCommitted(ctx context.Context, p peers.Peer, sum string) bo
 	return err == nil && st.Images[sum].Verified()
 }
 
+// peerSlowError ends a fill from a peer that sends below MinRate.
+type peerSlowError struct {
+	peer     string
+	received int64
+	window   time.Duration
+	minRate  int64
+}
+
+func (e *peerSlowError) Error() string {
+	return fmt.Sprintf("peer %s sent %s in the last %s, below --min-rate %s/s", e.peer, bytesIEC(e.received), e.window.Round(time.Millisecond), bytesIEC(e.minRate))
+}
+
 // reportPeer logs, counts and reports a peer that failed to fill an
 // image, and skips it for that image.
 func (s *Server) reportPeer(w selection.Wanted, p peers.Peer, err error) {
 	reason := "failed"
-	if isVerifyError(err) {
+	var slow *peerSlowError
+	switch {
+	case isVerifyError(err):
 		reason = "bad-bytes"
+	case errors.As(err, &slow):
+		reason = "slow"
 	}
 	s.mu.Lock()
 	if img, ok := s.images[w.SHA256]; ok {
@@ -564,7 +597,9 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 	}
 	sum := string(req.SHA256)
 	// Wait for the download to start, or to be verified: a follower asks
-	// as soon as it knows this replica pulls the image.
+	// as soon as it knows this replica pulls the image, which may be
+	// before this replica has read the selection that names it (replicas
+	// read it each at its own pace).
 	deadline := time.Now().Add(s.cfg.PeerTimeout)
 	for {
 		s.mu.Lock()
@@ -584,9 +619,6 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 		switch {
-		case !known:
-			http.NotFound(w, r)
-			return
 		case stored:
 			s.serveStored(w, r, sum)
 			return
@@ -595,6 +627,10 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if time.Now().After(deadline) {
+			if !known {
+				http.Error(w, "this replica does not serve that image", http.StatusNotFound)
+				return
+			}
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "this replica is not pulling the image from the registry", http.StatusServiceUnavailable)
 			return
@@ -677,49 +713,87 @@ func (s *Server) peerStatuses() []ReplicaState {
 // the image sum while it pulls it from the registry.
 func peerBlobPath(sum string) string { return "/peer/blobs/" + sum }
 
+// peerBlobAnswer is what the peer listener says of the compressed layer
+// of an image.
+type peerBlobAnswer int
+
+const (
+	// blobKept: the layer is kept, to stream.
+	blobKept peerBlobAnswer = iota
+	// blobNone: there is none and will be none (the image is verified,
+	// filled from a peer, or its layer is not offered): copy the image.
+	blobNone
+	// blobNotYet: this replica has not started keeping it (it has not
+	// read the selection yet, or not claimed the image, or is committing
+	// it) within PeerTimeout.
+	blobNotYet
+)
+
 // peerBlob waits (up to PeerTimeout) for the registry pull of sum to say
-// whether it keeps its blob: the writer that keeps it, or nil when there is
-// none to stream (the image is verified, not pulled here, or its layer is
-// not compressed) and the image is to be copied instead.
-func (s *Server) peerBlob(r *http.Request, sum string) (*imagestore.Writer, imagestore.Blob, bool) {
+// whether it keeps its blob: the writer that keeps it, or why there is
+// none to stream. A replica that claimed the image but has not started
+// keeping its layer is waited for, never taken for one that has none.
+func (s *Server) peerBlob(r *http.Request, sum string) (*imagestore.Writer, imagestore.Blob, peerBlobAnswer) {
 	deadline := time.Now().Add(s.cfg.PeerTimeout)
 	for {
 		s.mu.Lock()
 		img, known := s.images[sum]
 		var writer *imagestore.Writer
-		var started, none bool
+		var started, none, committing bool
 		if known {
+			busy := img.phase == PhaseDownloading || img.phase == PhaseVerifying
 			// A verified image is copied whole; a replica that fills from
-			// a peer keeps no blob.
-			none = img.stored || strings.HasPrefix(img.source, sourcePeer)
-		}
-		if known && !img.stored && img.source == SourceRegistry &&
-			(img.phase == PhaseDownloading || img.phase == PhaseVerifying) {
-			writer, started = img.writer, img.received > 0
+			// a peer keeps no blob. A source left from an earlier attempt
+			// says nothing: the image may be claimed again.
+			none = img.stored || busy && strings.HasPrefix(img.source, sourcePeer)
+			if !img.stored && img.source == SourceRegistry && busy {
+				writer, started = img.writer, img.received > 0
+				committing = img.phase == PhaseVerifying
+			}
 		}
 		s.mu.Unlock()
-		if writer != nil {
+		switch {
+		case writer != nil:
 			// The blob is kept before the first network byte: once bytes
-			// came without one, there will be none.
+			// came without one, there will be none; but a commit ends it
+			// before the image is stored, and is waited for.
 			if b, ok := writer.Blob(); ok {
 				// Of unknown length (an HTTP source without
 				// archive-size), it is not offered: copy the image.
-				return writer, b, b.Size > 0
+				if b.Size > 0 {
+					return writer, b, blobKept
+				}
+				return nil, imagestore.Blob{}, blobNone
 			}
-			if started {
-				return nil, imagestore.Blob{}, false
+			if started && !committing {
+				return nil, imagestore.Blob{}, blobNone
 			}
-		} else if none || time.Now().After(deadline) {
-			// An image not known yet may be selected here in a moment:
-			// replicas read the selection each at its own pace.
-			return nil, imagestore.Blob{}, false
+		case none:
+			return nil, imagestore.Blob{}, blobNone
+		}
+		if time.Now().After(deadline) {
+			// An image not known yet may be selected here in a moment, a
+			// queued one claimed: neither is a peer without the image.
+			return nil, imagestore.Blob{}, blobNotYet
 		}
 		select {
 		case <-r.Context().Done():
-			return nil, imagestore.Blob{}, false
+			return nil, imagestore.Blob{}, blobNotYet
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// answerNoBlob answers a request for a layer that is not streamed: 404
+// when there is none to wait for, 503 with Retry-After when there is none
+// yet.
+func answerNoBlob(w http.ResponseWriter, answer peerBlobAnswer) {
+	if answer == blobNotYet {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "this replica has not started keeping the compressed layer of this image yet", http.StatusServiceUnavailable)
+		return
+	}
+	http.Error(w, "no compressed layer of this image is kept here: copy the image", http.StatusNotFound)
 }
 
 // peerBlobDescriptor is the blob kept by a peer, as JSON.
@@ -734,9 +808,9 @@ func (s *Server) servePeerBlobDescriptor(w http.ResponseWriter, r *http.Request)
 		http.NotFound(w, r)
 		return
 	}
-	_, b, ok := s.peerBlob(r, sum)
-	if !ok {
-		http.Error(w, "no compressed layer of this image is kept here: copy the image", http.StatusNotFound)
+	_, b, answer := s.peerBlob(r, sum)
+	if answer != blobKept {
+		answerNoBlob(w, answer)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -749,9 +823,9 @@ func (s *Server) servePeerBlob(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	writer, b, ok := s.peerBlob(r, sum)
-	if !ok {
-		http.Error(w, "no compressed layer of this image is kept here: copy the image", http.StatusNotFound)
+	writer, b, answer := s.peerBlob(r, sum)
+	if answer != blobKept {
+		answerNoBlob(w, answer)
 		return
 	}
 	if b.Digest != "" {
@@ -776,6 +850,8 @@ func (s *Server) peerBlobDescriptor(ctx context.Context, p peers.Peer, sum strin
 	case http.StatusOK:
 	case http.StatusNotFound:
 		return peerBlobDescriptor{}, false, nil
+	case http.StatusServiceUnavailable:
+		return peerBlobDescriptor{}, false, fmt.Errorf("asking peer %s for the compressed layer: it has not started keeping it within --peer-timeout (%s)", p.ID, s.cfg.PeerTimeout)
 	default:
 		return peerBlobDescriptor{}, false, fmt.Errorf("asking peer %s for the compressed layer: %s", p.ID, resp.Status)
 	}

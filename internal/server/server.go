@@ -70,6 +70,15 @@ type Publisher interface {
 	Publish(ctx context.Context, out osimage.ServedOutput) error
 }
 
+// OutputWatcher is a Publisher whose output others can change: a ConfigMap
+// deleted or edited by hand. WatchOutput tells observed what the output
+// holds (exists false: it is gone) whenever that changes, until ctx ends;
+// the server publishes again what it published last when the output no
+// longer holds it.
+type OutputWatcher interface {
+	WatchOutput(ctx context.Context, observed func(data map[string]string, exists bool)) error
+}
+
 // Config is what a Server needs.
 type Config struct {
 	Store Store
@@ -212,6 +221,10 @@ type Server struct {
 	kick      chan struct{}
 	changed   chan struct{}
 	published osimage.ServedOutput
+	// publishing is what was last given to the Publisher, and republish
+	// says that the output no longer holds it (publish.go).
+	publishing osimage.ServedOutput
+	republish  bool
 	// gcLastPass is when the last complete collection began (gc.go).
 	gcLastPass time.Time
 	// inputs is what is known of the inputs (guard.go).
@@ -371,6 +384,13 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { s.worker(ctx) })
 	}
 	wg.Go(func() { s.publishLoop(ctx) })
+	if w, ok := s.cfg.Publisher.(OutputWatcher); ok {
+		wg.Go(func() {
+			if err := w.WatchOutput(ctx, s.outputObserved); err != nil && ctx.Err() == nil {
+				s.log.Error("the published output cannot be watched: deleted or edited by hand, it is published again only at the next change", "error", err)
+			}
+		})
+	}
 	wg.Go(func() { s.gcLoop(ctx) })
 	if s.cfg.Replicas != nil {
 		wg.Go(func() { s.pollPeers(ctx, nil) })

@@ -36,6 +36,44 @@ type sample struct {
 	received int64
 }
 
+// rateWindow measures what a download received over its last window,
+// never over less: a download is not judged on a slow start.
+type rateWindow struct {
+	window  time.Duration
+	samples []sample
+}
+
+func newRateWindow(window time.Duration, now time.Time, received int64) *rateWindow {
+	return &rateWindow{window: window, samples: []sample{{now, received}}}
+}
+
+// restart measures from (now, received) on.
+func (w *rateWindow) restart(now time.Time, received int64) {
+	w.samples = []sample{{now, received}}
+}
+
+// below records that received bytes had come by now, and says whether
+// fewer than minRate bytes per second came over the last window (a whole
+// window at least): slow, with the bytes and the time measured. A minRate
+// of 0 is never below.
+func (w *rateWindow) below(now time.Time, received, minRate int64) (slow bool, got int64, over time.Duration) {
+	w.samples = append(w.samples, sample{now, received})
+	// Keep one sample at least a window old: the rate is measured over a
+	// whole window, never over a shorter start.
+	for len(w.samples) > 1 && now.Sub(w.samples[1].at) >= w.window {
+		w.samples = w.samples[1:]
+	}
+	base := w.samples[0]
+	got, over = received-base.received, now.Sub(base.at)
+	slow = minRate > 0 && over >= w.window && float64(got) < float64(minRate)*over.Seconds()
+	return slow, got, over
+}
+
+// rateTick is how often a rate over window is sampled.
+func rateTick(window time.Duration) time.Duration {
+	return min(max(window/10, 10*time.Millisecond), time.Second)
+}
+
 // watch guards the download of sum until the returned stop is called: it
 // cancels it with a *stallError when no byte came for StallTimeout, and
 // with a *gaveWayError when fewer than MinRate × StallTimeout bytes came in
@@ -47,10 +85,9 @@ func (s *Server) watch(ctx context.Context, sum string, cancel context.CancelCau
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		tick := time.NewTicker(min(max(window/10, 10*time.Millisecond), time.Second))
+		tick := time.NewTicker(rateTick(window))
 		defer tick.Stop()
-		started := time.Now()
-		samples := []sample{{started, 0}}
+		rate := newRateWindow(window, time.Now(), 0)
 		for {
 			select {
 			case <-done:
@@ -77,19 +114,11 @@ func (s *Server) watch(ctx context.Context, sum string, cancel context.CancelCau
 			if checking {
 				// Reading back kept bytes, from the disk: the rate is
 				// measured from the first network byte.
-				samples = []sample{{now, received}}
+				rate.restart(now, received)
 				continue
 			}
-			samples = append(samples, sample{now, received})
-			// Keep one sample at least a window old: the rate is measured
-			// over a whole window, never over a shorter start.
-			for len(samples) > 1 && now.Sub(samples[1].at) >= window {
-				samples = samples[1:]
-			}
-			base := samples[0]
-			elapsed := now.Sub(base.at)
-			if waiting && elapsed >= window && float64(received-base.received) < float64(s.cfg.MinRate)*elapsed.Seconds() {
-				cancel(&gaveWayError{received: received - base.received, window: elapsed, minRate: s.cfg.MinRate})
+			if slow, got, over := rate.below(now, received, s.cfg.MinRate); waiting && slow {
+				cancel(&gaveWayError{received: got, window: over, minRate: s.cfg.MinRate})
 				return
 			}
 		}

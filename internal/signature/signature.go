@@ -65,11 +65,13 @@ const (
 )
 
 // Bounds on what is read from a registry for one verification: cosign
-// payloads are a few hundred bytes, and an artifact has a few signatures.
+// payloads are a few hundred bytes, and a signature manifest has one layer.
+// The referrers listed are bounded by oci.MaxReferrers, and every signature
+// among them is tried: a re-signed artifact keeps its old signatures, by
+// keys since rotated, and the valid one may come last.
 const (
 	maxPayloadBytes = 64 << 10
 	maxLayers       = 32
-	maxReferrers    = 16
 )
 
 // PublicKey is a cosign public key (PEM, as cosign_publickey holds it),
@@ -122,6 +124,10 @@ const (
 	ErrOtherKey    Reason = "signed by another key"
 	ErrOtherDigest Reason = "the signed payload names another manifest digest"
 	ErrMalformed   Reason = "malformed signature"
+	// ErrTooManyReferrers: none of the signatures read verifies, and the
+	// manifest has more referrers than oci.MaxReferrers, so some were not
+	// read.
+	ErrTooManyReferrers Reason = "too many referrers"
 )
 
 func (r Reason) Error() string { return string(r) }
@@ -192,25 +198,29 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 	// registries hold .sig tags, and a registry without the referrers API
 	// costs one more request for every image.
 	all, err := v.Client.Referrers(ctx, ref, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d}, "")
-	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
+	cut := errors.Is(err, oci.ErrTooManyReferrers)
+	if err != nil && !cut && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
 		return fmt.Errorf("listing the referrers of %s@%s: %w", ref.Repository, d, err)
 	}
 	// Both formats count: cosign's simple-signing referrers and Sigstore
 	// bundles (cosign v3's default), with attestations left out.
-	var refs []ocispec.Descriptor
 	for _, desc := range all {
-		if len(refs) < maxReferrers && (desc.ArtifactType == ReferrerArtifactType || isSignatureBundle(desc)) {
-			refs = append(refs, desc)
+		if desc.ArtifactType != ReferrerArtifactType && !isSignatureBundle(desc) {
+			continue
 		}
-	}
-	for _, desc := range refs {
 		byDigest := ref
 		byDigest.Reference = desc.Digest.String()
+		where := "referrer " + desc.Digest.String()
 		m, err := v.Client.FetchManifest(ctx, "oci://"+byDigest.String())
+		if errors.Is(err, errdef.ErrNotFound) || isNotFound(err) {
+			// Listed but gone: the referrers tag schema keeps a deleted
+			// signature listed. The next one may be valid.
+			checked = append(checked, verdict{where: where, reason: ErrMalformed, detail: "listed among the referrers, but the registry has no such manifest"})
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("fetching the signature referrer %s of %s: %w", desc.Digest, uri, err)
 		}
-		where := "referrer " + desc.Digest.String()
 		if desc.ArtifactType == ReferrerArtifactType {
 			vs, ok := v.checkManifest(ctx, ref, m, d, key)
 			if ok {
@@ -226,6 +236,13 @@ func (v Verifier) Verify(ctx context.Context, uri string, d digest.Digest, key *
 		checked = append(checked, verdictsIn(where+" (Sigstore bundle)", m, BundleMediaTypePrefix+"*", vs)...)
 	}
 
+	if cut {
+		found := fmt.Sprintf("found no signature among the first %d", oci.MaxReferrers)
+		if len(checked) > 0 {
+			found = fmt.Sprintf("none of the %d signatures it read verifies with the key %s (%s)", len(checked), key.Fingerprint(), describeVerdicts(checked))
+		}
+		return refuse(ErrTooManyReferrers, "%v; osimages %s; delete stale signatures and attestations of the artifact (their referrer manifests) so that it has at most %d referrers", err, found, oci.MaxReferrers)
+	}
 	if len(checked) == 0 {
 		return refuse(ErrNoSignature, "no tag %s in %s/%s and no cosign signature (simple-signing or Sigstore bundle) among its referrers; sign the artifact with `cosign sign --key`", sigTag, ref.Host(), ref.Repository)
 	}

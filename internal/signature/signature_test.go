@@ -27,7 +27,18 @@ type fixture struct {
 
 func newFixture(t *testing.T) fixture {
 	t.Helper()
-	reg := testenv.Registry(t, devregistry.Options{})
+	return newFixtureWith(t, nil)
+}
+
+// newFixtureWith is newFixture on a registry that serves the referrers API
+// (api), or only the referrers tag schema (nil), as distribution does.
+func newFixtureWith(t *testing.T, api *devregistry.ReferrersAPI) fixture {
+	t.Helper()
+	opts := devregistry.Options{}
+	if api != nil {
+		opts.Middleware = api.Middleware
+	}
+	reg := testenv.Registry(t, opts)
 	client, err := oci.NewClient(oci.Options{Insecure: true})
 	if err != nil {
 		t.Fatal(err)
