@@ -39,6 +39,14 @@ app.kubernetes.io/component: {{ .component }}
 {{ default .Release.Namespace .Values.outputConfigMap.namespace }}
 {{- end -}}
 
+{{- /* "true" when the server may create its output ConfigMap, bound to that
+one name by the create guard (a ValidatingAdmissionPolicy, delete-guard.yaml):
+RBAC cannot restrict create to a name. It then restores its output deleted by
+hand within seconds. */}}
+{{- define "osimages.serverCreateGuard" -}}
+{{- if and .Values.server.enabled .Values.outputConfigMap.create .Values.deleteGuard.enabled (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end -}}
+
 {{- define "osimages.infoNamespace" -}}
 {{ default .Release.Namespace .Values.osImagesInfoConfigMap.namespace }}
 {{- end -}}
