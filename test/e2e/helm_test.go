@@ -244,8 +244,12 @@ func (v values) render() map[string]any {
 		},
 		"networkPolicy": map[string]any{"egressPorts": []any{443, 5000, 6443}},
 		"catalogJob":    map[string]any{"enabled": true, "values": cat},
-		"controller":    map[string]any{"replicas": 2},
-		"fleetNeeds":    map[string]any{"enabled": v.fleetNeeds},
+		// The management cluster's registries with their cosign key, as
+		// sylva-units gives them: the server checks the signature of every
+		// image before its first byte.
+		"cluster":    map[string]any{"os_images_oci_registries": v.reg.serverRegistries()},
+		"controller": map[string]any{"replicas": 2},
+		"fleetNeeds": map[string]any{"enabled": v.fleetNeeds},
 	}
 	if v.proxy != "" {
 		vals["proxies"] = map[string]any{

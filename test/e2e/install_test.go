@@ -68,6 +68,12 @@ func (s *suite) install(t *testing.T) {
 		got := servedIn(t, releaseNS, servedCM)
 		return got[a.sha256].Available, fmt.Sprint(got)
 	})
+	// The server checked the cosign signature before the first byte: the
+	// management registries with their key reached it.
+	server := pods(t, releaseNS, serverSelector)[0]
+	if log := podLog(t, releaseNS, server.Name, "server"); !strings.Contains(log, "cosign signatures are checked before the download") || !strings.Contains(log, s.reg.host) {
+		t.Errorf("%s does not check the cosign signatures of the registry %s:\n%s", server.Name, s.reg.host, log)
+	}
 	sent, reqs := s.reg.sent(t, imgA)
 	t.Logf("the registry sent %d bytes of the %d-byte layer of %s: %s", sent, a.layerSize, imgA, remotes(reqs, podIPs(t)))
 	if sent < a.layerSize {

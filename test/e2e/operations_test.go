@@ -374,10 +374,16 @@ func (s *suite) uninstall(t *testing.T) {
 			t.Errorf("ConfigMap %s/%s after uninstall: %v (the README says it stays)", want.ns, want.name, err)
 		}
 	}
+	for _, lease := range []string{"osimages-server-publisher", leaseName} {
+		if _, err := env.kube.CoordinationV1().Leases(releaseNS).Get(ctx(), lease, metav1.GetOptions{}); err != nil {
+			t.Errorf("Lease %s after uninstall: %v (the README says it stays)", lease, err)
+		}
+	}
 	// The served set stays readable by its consumers.
 	if got := servedIn(t, releaseNS, servedCM); !got[s.reg.images[imgA].sha256].Available {
 		t.Errorf("the kept output after uninstall: %v", got)
 	}
+	t.Logf("uninstall left what the chart README lists: the 3 PVCs, the kept ConfigMaps, the Leases, the fleet's needs, the workload namespaces' copies, statuses and catalogs")
 	// And the Service no longer answers.
 	client := &http.Client{Timeout: 5 * time.Second}
 	if resp, err := client.Get(s.url + "/healthz"); err == nil {

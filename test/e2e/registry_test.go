@@ -168,6 +168,19 @@ func (r *registry) catalogValues() map[string]any {
 	}
 }
 
+// serverRegistries are the management values' os_images_oci_registries,
+// resolved, for the image server.
+func (r *registry) serverRegistries() map[string]any {
+	return map[string]any{
+		"sylva": map[string]any{
+			"url":              "oci://" + r.host + "/sylva-projects/sylva-elements/diskimage-builder",
+			"tag":              dibVersion,
+			"cosign_publickey": r.signer.PublicKeyPEM,
+			"enabled":          true,
+		},
+	}
+}
+
 // workloadCatalogValues are the catalog values a workload cluster's
 // namespace holds for the controller (its sylva-units values): the same
 // registry, which speaks plain HTTP. The chart adds oci_registry_insecure
