@@ -198,10 +198,6 @@ type values struct {
 	// proxy, when set, is the proxies value (nothing listens there: every
 	// address the components reach is in no_proxy).
 	proxy string
-	// catalogKeys are the images the catalog resolves (default: all).
-	catalogKeys []string
-	// fleetNeeds serves what the workload clusters need.
-	fleetNeeds bool
 	// extraCatalog adds a hand-declared image to the catalog values.
 	extraCatalog bool
 }
@@ -212,13 +208,6 @@ func (v values) render() map[string]any {
 		selectors["e2e-"+key] = map[string]any{"_os_images_key_": key}
 	}
 	cat := v.reg.catalogValues()
-	if v.catalogKeys != nil {
-		images := map[string]any{}
-		for _, k := range v.catalogKeys {
-			images[k] = map[string]any{"os_images_oci_registry": "sylva"}
-		}
-		cat["sylva_diskimagebuilder_images"] = images
-	}
 	if v.extraCatalog {
 		cat["os_images"] = map[string]any{extraKey: map[string]any{
 			"uri":          "https://files.example.org/e2e.qcow2",
@@ -249,7 +238,6 @@ func (v values) render() map[string]any {
 		// image before its first byte.
 		"cluster":    map[string]any{"os_images_oci_registries": v.reg.serverRegistries()},
 		"controller": map[string]any{"replicas": 2},
-		"fleetNeeds": map[string]any{"enabled": v.fleetNeeds},
 	}
 	if v.proxy != "" {
 		vals["proxies"] = map[string]any{

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -294,5 +293,3 @@ print(json.dumps({'size': info['size'], 'checksum': checksum, 'verified': s.tran
 	}
 	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified sha256:%s", got.Size, got.Checksum)
 }
-
-var _ = time.Second
