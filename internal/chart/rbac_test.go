@@ -681,8 +681,13 @@ func outOfScope(t *testing.T, cfg *rest.Config, ns, otherConfigMap string, mayCr
 	ctx := context.Background()
 	cs := kubernetes.NewForConfigOrDie(cfg)
 	if !mayCreateConfigMaps {
-		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
-		wantForbidden(t, "create of a ConfigMap", err)
+		// Refused by RBAC, or, for the server, by the create guard: the
+		// apiserver takes a new admission policy in a moment after it is
+		// created, so a create may slip through just after an install.
+		testenv.Eventually(t, "the create of a ConfigMap is refused", 30*time.Second, func() (bool, string) {
+			_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "planted-"}}, metav1.CreateOptions{})
+			return apierrors.IsForbidden(err), fmt.Sprint(err)
+		})
 	}
 	_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, otherConfigMap, types.MergePatchType, []byte(`{"data":{"a":"changed"}}`), metav1.PatchOptions{})
 	wantForbidden(t, "patch of another ConfigMap", err)
