@@ -95,8 +95,8 @@ type fleetEnv struct {
 	reg       *devregistry.Registry
 	gate      *gate
 	published map[string]devregistry.Published // "name:tag"
-	serve     *daemon
-	ctrl      *daemon
+	serve     *serveProcess
+	ctrl      *serveProcess
 	// metricsAddr is the controller's metrics endpoint.
 	metricsAddr string
 	mgmtFile    string
@@ -679,9 +679,9 @@ func TestFleetEndToEnd(t *testing.T) {
 }
 
 // startDaemon starts a long-running osimages command.
-func startDaemon(t *testing.T, args ...string) *daemon {
+func startDaemon(t *testing.T, args ...string) *serveProcess {
 	t.Helper()
-	d := &daemon{stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	d := &serveProcess{stderr: &bytes.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(binary, args...)
 	d.cmd.Stderr = d.stderr
 	d.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())

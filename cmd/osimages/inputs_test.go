@@ -57,7 +57,7 @@ func get(url string) (int, string) {
 // line holds every string of match, or -1.
 // waitCollectedAfter waits for a garbage-collection pass of d that began
 // after at, so that "nothing was deleted" is a proof and not a hope.
-func waitCollectedAfter(t *testing.T, d *daemon, at time.Time) {
+func waitCollectedAfter(t *testing.T, d *serveProcess, at time.Time) {
 	t.Helper()
 	want := float64(at.UnixNano()) / 1e9
 	testenv.Eventually(t, "a garbage-collection pass past the grace period", 30*time.Second, func() (bool, string) {

@@ -5,14 +5,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
 func newServeCommand() *cobra.Command {
-	o := serve.Options{}
+	o := daemon.Options{}
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR (--os-images FILE | --os-images-configmap NS/NAME) -f mgmt-values.yaml (--output-file FILE | --output-configmap NS/NAME)",
 		Short: "Pull, verify, store and serve the management cluster's OS images over HTTP, and publish what is served",
@@ -36,7 +36,7 @@ page and osimages_inputs_refused say so. At start there are none: serve
 exits 2 with the reason. /, /healthz, /readyz and /metrics are served on the
 same address.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return serve.Run(cmd.Context(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return daemon.Run(cmd.Context(), o) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Data, "data", "", "data directory holding the stored images")
@@ -63,9 +63,9 @@ same address.`,
 	f.BoolVar(&o.KeepReferenced, "keep-referenced", true, "never delete, and keep serving, a deselected image that a Metal3MachineTemplate or Metal3Machine still references (needs list/watch on them cluster-wide)")
 	f.StringVar(&o.ReplicaID, "replica-id", "", "this replica's ID among the --peers-service endpoints, as their targetRef names it (default: $POD_NAME, else the hostname)")
 	f.StringVar(&o.PeersService, "peers-service", "", "headless Service whose ready EndpointSlice endpoints are the other replicas: images are filled from peers first, one replica per image pulls from the registry, and the holder of --publisher-lease publishes (empty: one replica)")
-	f.StringVar(&o.PeerListen, "peer-listen", serve.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
+	f.StringVar(&o.PeerListen, "peer-listen", daemon.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
 	f.DurationVar(&o.PeerTimeout, "peer-timeout", server.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
-	f.StringVar(&o.PublisherLease, "publisher-lease", serve.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
+	f.StringVar(&o.PublisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
 	addFleetNeedsFlags(f, &o.FleetNeeds.FleetOptions, "also serve")
 	f.StringVar(&o.FleetNeeds.ConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+fleet.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
 	addRegistryFlags(f, &o.Registry)

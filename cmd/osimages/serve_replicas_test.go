@@ -40,7 +40,7 @@ const peersService = "osimages-peers"
 
 type replica struct {
 	id       string
-	d        *daemon
+	d        *serveProcess
 	httpAddr string
 	peerAddr string
 	// advertised is the peer address the EndpointSlice names (a proxy in

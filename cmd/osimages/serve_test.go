@@ -26,8 +26,8 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-// daemon is an `osimages serve` process.
-type daemon struct {
+// serveProcess is an `osimages serve` process.
+type serveProcess struct {
 	cmd    *exec.Cmd
 	addr   string
 	stderr *bytes.Buffer
@@ -44,14 +44,14 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startServe(t *testing.T, addr string, args ...string) *daemon {
+func startServe(t *testing.T, addr string, args ...string) *serveProcess {
 	t.Helper()
 	d := startDaemon(t, append([]string{"serve", "--listen", addr, "--poll", "100ms", "--free-space-margin", "1Mi"}, args...)...)
 	d.addr = addr
 	return d
 }
 
-func (d *daemon) kill(sig syscall.Signal) {
+func (d *serveProcess) kill(sig syscall.Signal) {
 	select {
 	case <-d.done:
 		return
@@ -66,7 +66,7 @@ func (d *daemon) kill(sig syscall.Signal) {
 	}
 }
 
-func (d *daemon) url(path string) string { return "http://" + d.addr + path }
+func (d *serveProcess) url(path string) string { return "http://" + d.addr + path }
 
 func servedFile(path string) func() osimage.ServedSet {
 	return func() osimage.ServedSet {

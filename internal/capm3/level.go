@@ -164,7 +164,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 
 // checkServed enforces contract §8: (B) only ever makes rendering fail.
 func (r *renderer) checkServed(sha, key, path string) error {
-	if err := r.served.Check(sha, key); err != nil {
+	if err := r.served.Require(sha, key); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

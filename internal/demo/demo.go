@@ -29,12 +29,12 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
+	imageserver "github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/exitcode"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	imageserver "github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"

@@ -72,7 +72,7 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		default:
 			img.State = StateServed
 		}
-		if err := served.Set.Check(img.SHA256, img.ImageKey); err != nil {
+		if err := served.Set.Require(img.SHA256, img.ImageKey); err != nil {
 			img.Message = err.Error()
 		}
 		// The image server was asked to serve it for this namespace

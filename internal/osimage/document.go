@@ -86,7 +86,7 @@ type ServedSet map[string]ServedImage
 // Check says whether s serves the image of sha256 sha (key in (A)) and
 // has it available, with the error texts of contract §9 that rendering
 // fails with; the fleet check reports them too.
-func (s ServedSet) Check(sha, key string) error {
+func (s ServedSet) Require(sha, key string) error {
 	entry, ok := s[sha]
 	if !ok {
 		return fmt.Errorf("image %s/%s is currently not served by mgmt cluster os-image-server", sha, key)

@@ -5,14 +5,14 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // planFleetNeeds is what serve --serve-fleet-needs would add to the
 // proposed set, and refuse.
 type planFleetNeeds struct {
-	added   map[string]selection.Wanted
+	added   map[string]servedset.Wanted
 	refused osimage.RefusedNeeds
 }
 
@@ -21,7 +21,7 @@ type planFleetNeeds struct {
 // policy of o.FleetNeeds as serve does, and adds what it admits to
 // proposed. Clusters given as files carry no catalog: their needs have no
 // record, and are refused as such.
-func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[string]selection.Wanted, proposed osimage.ServedOutput) planFleetNeeds {
+func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[string]servedset.Wanted, proposed osimage.ServedOutput) planFleetNeeds {
 	if !o.FleetNeeds.Serve {
 		return planFleetNeeds{}
 	}
@@ -31,8 +31,8 @@ func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted ma
 		report := fleet.Check(in.Namespace, "", needs, osimage.ServedOutput{}, false, nil)
 		all = append(all, fleet.NamespaceNeeds{Report: report, Catalog: in.Catalog})
 	}
-	served, refused := selection.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
-	added := map[string]selection.Wanted{}
+	served, refused := servedset.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
+	added := map[string]servedset.Wanted{}
 	for sha, w := range served {
 		if w.IsNeed() {
 			added[sha] = w

@@ -24,7 +24,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -49,7 +49,7 @@ type Options struct {
 	// FleetNeeds, when Serve, adds to the proposed set what the fleet
 	// needs within that policy, as serve --serve-fleet-needs would
 	// (fleetneeds.go).
-	FleetNeeds selection.FleetOptions
+	FleetNeeds servedset.FleetOptions
 }
 
 // Run prints on stdout, for each workload cluster, what the proposed
@@ -59,7 +59,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if (o.Served == "") != (len(o.Clusters) == 0) {
 		return exitcode.InputError(errors.New("give --served and --cluster together (all inputs from files), or neither (read them from the cluster)"))
 	}
-	if err := o.FleetNeeds.Check(); err != nil {
+	if err := o.FleetNeeds.Validate(); err != nil {
 		return exitcode.InputError(err)
 	}
 	if o.Timeout <= 0 {
@@ -80,7 +80,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	wanted, selErr := selection.Select(mgmt, proposedCatalog)
+	wanted, selErr := servedset.Select(mgmt, proposedCatalog)
 	if selErr != nil {
 		fmt.Fprintf(stderr, "warning: the proposed values select with problems (the image server would serve the rest):\n%v\n", selErr)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // The fleet's needs (--serve-fleet-needs): the images the server serves
@@ -101,7 +101,7 @@ func (c fleetNeedsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // StoredSizes are the images stored, sha256 -> bytes: what the fleet's
-// needs may keep (selection.FleetNeeds admits them first) and what takes
+// needs may keep (servedset.FleetNeeds admits them first) and what takes
 // room already.
 func (s *Server) StoredSizes() map[string]int64 {
 	s.mu.Lock()
@@ -174,7 +174,7 @@ func recordID(key string, img osimage.Image) string {
 // first of its records that has not failed in this round of attempts.
 // Once every record failed (and the backoff passed), a new round starts
 // from the first.
-func (img *image) attempt() selection.Wanted {
+func (img *image) attempt() servedset.Wanted {
 	w := img.Wanted
 	if len(w.Records) == 0 {
 		return w
@@ -194,7 +194,7 @@ func (img *image) attempt() selection.Wanted {
 // failed with err, and says whether another record is left to try in
 // this round: then img is queued again at once, not failed, for a record
 // that names a wrong tag must not hold back a good one.
-func (s *Server) nextRecordLocked(img *image, w selection.Wanted, err error) bool {
+func (s *Server) nextRecordLocked(img *image, w servedset.Wanted, err error) bool {
 	if len(img.Records) < 2 {
 		return false
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -117,7 +117,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 }
 
 // asNeed makes w a fleet need of namespaces, served from records.
-func asNeed(w selection.Wanted, records []selection.Record, namespaces ...string) selection.Wanted {
+func asNeed(w servedset.Wanted, records []servedset.Record, namespaces ...string) servedset.Wanted {
 	w.Records = records
 	w.Key, w.Image = records[0].Key, records[0].Image
 	w.ForNamespaces = namespaces
@@ -140,7 +140,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	bad := good.Image.Clone()
 	bad["uri"], bad["filename"] = "oci://example/ubuntu:does-not-exist", "evil.raw"
 	src.failURI["oci://example/ubuntu:does-not-exist"] = errors.New("manifest unknown: tag does-not-exist")
-	need := asNeed(good, []selection.Record{
+	need := asNeed(good, []servedset.Record{
 		{Key: "aaa", Image: bad, Namespaces: []string{"evil"}},
 		{Key: "ubuntu", Image: good.Image, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
@@ -166,7 +166,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	other["uri"] = "oci://example/other:1"
 	src2.failURI[img.Image.Get("uri")] = errors.New("unauthorized: the victim's registry wants credentials")
 	src2.failURI["oci://example/other:1"] = errors.New("manifest unknown: tag 1")
-	need = asNeed(img, []selection.Record{
+	need = asNeed(img, []servedset.Record{
 		{Key: "aaa", Image: other, Namespaces: []string{"evil"}},
 		{Key: "img", Image: img.Image, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
@@ -191,10 +191,10 @@ func TestTheManagementSelectionComesBeforeTheFleetsNeeds(t *testing.T) {
 	src := newFakeSource()
 	mgmt := src.add("zzz-mgmt", []byte(strings.Repeat("m", 60)), false)
 	tenant := src.add("aaa-tenant", []byte(strings.Repeat("t", 60)), false)
-	for _, w := range []selection.Wanted{mgmt, tenant} {
+	for _, w := range []servedset.Wanted{mgmt, tenant} {
 		w.Image["archive-size"] = "1"
 	}
-	need := asNeed(tenant, []selection.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need, mgmt)
 	h.waitPhase(mgmt.SHA256, PhaseReady)
@@ -214,10 +214,10 @@ func TestANeedGivesWayToAManagementImageWaitingForSpace(t *testing.T) {
 	src := newFakeSource()
 	tenant := src.add("tenant", []byte(strings.Repeat("t", 60)), true)
 	mgmt := src.add("mgmt", []byte(strings.Repeat("m", 60)), false)
-	for _, w := range []selection.Wanted{mgmt, tenant} {
+	for _, w := range []servedset.Wanted{mgmt, tenant} {
 		w.Image["archive-size"] = "1"
 	}
-	need := asNeed(tenant, []selection.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need)
 	h.waitPhase(need.SHA256, PhaseDownloading)
@@ -263,11 +263,11 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 	}
 
 	// A served set that leaves no room: published without them.
-	wanted := map[string]selection.Wanted{}
+	wanted := map[string]servedset.Wanted{}
 	for i := range 2200 {
 		sha := fmt.Sprintf("%064x", 10000+i)
 		name := fmt.Sprintf("%05d-%s.raw", i, strings.Repeat("x", 240))
-		wanted[sha] = selection.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha, "filename": name}}
+		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha, "filename": name}}
 	}
 	s.SetDesired(wanted, nil)
 	s.mu.Lock()

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // inputsGuard is what the server knows of its inputs: when the inputs in
@@ -73,7 +73,7 @@ func (s *Server) InputsStatus() InputsStatus {
 // first set is in force, what is served is what the publisher published
 // last (a restart on broken inputs is refused too), or, when that cannot be
 // read, what the store holds.
-func (s *Server) Admit(ctx context.Context, wanted map[string]selection.Wanted) error {
+func (s *Server) Admit(ctx context.Context, wanted map[string]servedset.Wanted) error {
 	// The largest the output can be: every entry still "available: false".
 	out := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}}
 	for sum, w := range wanted {

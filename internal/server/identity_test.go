@@ -14,7 +14,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -75,8 +75,8 @@ func TestIdentityAgreesAcrossCatalogServerRender(t *testing.T) {
 				Served: osimage.ServedSet{tt.sha: {Available: true, ImageKey: "img"}}})
 			renderOK := renderErr == nil
 
-			mgmt := values.Values{selection.AdditionalSelectorsKey: map[string]any{"it": map[string]any{"_os_images_key_": "img"}}}
-			wanted, selErr := selection.Select(mgmt, cat)
+			mgmt := values.Values{servedset.AdditionalSelectorsKey: map[string]any{"it": map[string]any{"_os_images_key_": "img"}}}
+			wanted, selErr := servedset.Select(mgmt, cat)
 			serverOK := selErr == nil && len(wanted) == 1
 
 			if catalogOK != tt.ok || renderOK != tt.ok || serverOK != tt.ok {

@@ -22,7 +22,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -134,7 +134,7 @@ func (in Inputs) Load(ctx context.Context) (Loaded, []byte, error) {
 	if err != nil {
 		return Loaded{}, nil, err
 	}
-	if errs := selection.ValuesNearMisses(vals); len(errs) > 0 {
+	if errs := servedset.ValuesNearMisses(vals); len(errs) > 0 {
 		return Loaded{}, nil, &RefusedError{Reason: RefusalNearMiss, Err: fmt.Errorf("values %s: %w", strings.Join(in.ValueFiles, ", "), errors.Join(errs...))}
 	}
 	l := Loaded{Catalog: cat, Values: vals}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -87,7 +87,7 @@ func newTestStore(t *testing.T) *imagestore.Store {
 	return store
 }
 
-func catalogDoc(t *testing.T, ws ...selection.Wanted) string {
+func catalogDoc(t *testing.T, ws ...servedset.Wanted) string {
 	t.Helper()
 	cat := osimage.Catalog{}
 	for _, w := range ws {
@@ -121,7 +121,7 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 	watchErr := make(chan error, 1)
 	go func() {
 		watchErr <- in.Watch(ctx, nil, func(l Loaded) error {
-			wanted, _ := selection.Select(l.Values, l.Catalog)
+			wanted, _ := servedset.Select(l.Values, l.Catalog)
 			if err := h.srv.Admit(ctx, wanted); err != nil {
 				return err
 			}
@@ -242,10 +242,10 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 // TestAdmitRefusesASetTooLargeForAConfigMap names the size and the count.
 func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	srv := New(Config{Store: newTestStore(t), Pull: newFakeSource().pull})
-	wanted := map[string]selection.Wanted{}
+	wanted := map[string]servedset.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
-		wanted[sum] = selection.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
+		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
 	var r *RefusedError

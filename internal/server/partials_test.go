@@ -11,7 +11,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -90,7 +90,7 @@ func TestCheckingKeptBytesIsNotAStall(t *testing.T) {
 			src := newFakeSource()
 			img := src.add("kept", []byte("an image continued from a partial download"), false)
 			other := src.add("waiting", []byte("an image waiting for the slot"), false)
-			pullKept := func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+			pullKept := func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 				if w.SHA256 != img.SHA256 {
 					return src.pull(ctx, w, dst, progress)
 				}

@@ -1,7 +1,7 @@
 package server
 
 import (
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"html"
 	"net/http"
 	"os"
@@ -110,7 +110,7 @@ func TestChecksumFilesAreCacheable(t *testing.T) {
 // path segment in the status page's link, and the link leads to the image.
 func TestStatusPageLinksEscapeFilenames(t *testing.T) {
 	src := newFakeSource()
-	var ws []selection.Wanted
+	var ws []servedset.Wanted
 	for i, name := range []string{"a#1.raw", "b?x=1.raw", "c%41.raw", "d e+(1).raw"} {
 		w := src.add("img"+strconv.Itoa(i), []byte("bytes of "+name), false)
 		w.Image["filename"] = name

@@ -16,7 +16,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -109,7 +109,7 @@ func (r *Registries) Apply(vals values.Values) error {
 // (signature.Policy.KeysFor). While policy reports an error, OCI images are
 // not pulled at all. A nil policy checks no signature.
 func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error)) PullFunc {
-	return func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+	return func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 		src := PullSource(w)
 		if policy != nil {
 			check, err := signatureCheck(w, policy)
@@ -124,7 +124,7 @@ func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error
 
 // signatureCheck is the check of w's manifest that the management values
 // ask for, nil when no key applies to it.
-func signatureCheck(w selection.Wanted, policy func() (signature.Policy, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
+func signatureCheck(w servedset.Wanted, policy func() (signature.Policy, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
 	uri := w.Image.Get(osimage.FieldURI)
 	if !strings.HasPrefix(uri, "oci://") {
 		return nil, nil
@@ -141,12 +141,12 @@ func signatureCheck(w selection.Wanted, policy func() (signature.Policy, error))
 		return nil, nil
 	}
 	return func(ctx context.Context, client *oci.Client, d digest.Digest) error {
-		return keys.Check(ctx, signature.Verifier{Client: client}, uri, d, " of the management values; nothing was downloaded")
+		return keys.Verify(ctx, signature.Verifier{Client: client}, uri, d, " of the management values; nothing was downloaded")
 	}, nil
 }
 
 // PullSource is what the puller needs to know of w.
-func PullSource(w selection.Wanted) pull.Source {
+func PullSource(w servedset.Wanted) pull.Source {
 	return pull.Source{
 		URI:            w.Image.Get(osimage.FieldURI),
 		SHA256:         w.SHA256,

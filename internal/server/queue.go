@@ -9,7 +9,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
 
@@ -163,7 +163,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 // content, or deselected, leaves nothing behind; one cut short otherwise
 // (a shutdown, a network failure, a stall) keeps its partial file for the
 // next attempt. pulled is called once the network part is over.
-func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
+func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
 	dst, err := s.cfg.Store.Resume(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
@@ -225,7 +225,7 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 // downloaded-bytes metric. The first report is where the download starts:
 // bytes kept by an earlier attempt were not downloaded now, and until a
 // report says otherwise they are read back and checked.
-func (s *Server) progressOf(w selection.Wanted) func(received, total int64) {
+func (s *Server) progressOf(w servedset.Wanted) func(received, total int64) {
 	last, started, checking := int64(0), false, false
 	return func(received, total int64) {
 		if !started {

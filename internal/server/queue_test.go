@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // An image deselected after a worker claimed it, but before its download
@@ -27,12 +27,12 @@ func TestDeselectedBetweenClaimAndDownload(t *testing.T) {
 	srv := New(Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: t.TempDir() + "/served.yaml"},
 		Concurrency: 1, GCGrace: time.Hour, FreeSpaceMargin: 1, Metrics: NewMetrics()})
 
-	srv.SetDesired(map[string]selection.Wanted{a.SHA256: a}, nil)
+	srv.SetDesired(map[string]servedset.Wanted{a.SHA256: a}, nil)
 	sum, ok := srv.next()
 	if !ok || sum != a.SHA256 {
 		t.Fatalf("next claimed %q, %v", sum, ok)
 	}
-	srv.SetDesired(map[string]selection.Wanted{}, nil)
+	srv.SetDesired(map[string]servedset.Wanted{}, nil)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

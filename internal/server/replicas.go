@@ -19,7 +19,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/peers"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // Replicas: several servers behind one Service fill from each other. Each
@@ -383,7 +383,7 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 }
 
 // fill pulls w into dst from a peer or the registry, and says which.
-func (s *Server) fill(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, string, error) {
+func (s *Server) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, string, error) {
 	if s.cfg.Replicas == nil {
 		res, err := s.cfg.Pull(ctx, w, dst, progress)
 		return res, SourceRegistry, err
@@ -437,7 +437,7 @@ func (s *Server) setSource(sum, source string) {
 // StallTimeout window from the first byte, whether or not an image waits
 // for a slot: a peer that trickles would hold the fill for ever, and the
 // registry, or another peer, is there to take over.
-func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var mu sync.Mutex
@@ -542,7 +542,7 @@ func (e *peerSlowError) Error() string {
 
 // reportPeer logs, counts and reports a peer that failed to fill an
 // image, and skips it for that image.
-func (s *Server) reportPeer(w selection.Wanted, p peers.Peer, err error) {
+func (s *Server) reportPeer(w servedset.Wanted, p peers.Peer, err error) {
 	reason := "failed"
 	var slow *peerSlowError
 	switch {

@@ -24,7 +24,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -110,7 +110,7 @@ func TestShutdownEndsDownloads(t *testing.T) {
 	if n := src.pulls.Load(); n != 2 {
 		t.Errorf("%d pulls: a cancelled download was claimed again", n)
 	}
-	for _, w := range []selection.Wanted{a, b} {
+	for _, w := range []servedset.Wanted{a, b} {
 		if st := h.status(w.SHA256); st.Phase != PhaseQueued || h.attempts(w.SHA256) != 0 {
 			t.Errorf("%s: phase %s, %d attempts; want queued with the cancelled attempt not counted", w.Key, st.Phase, h.attempts(w.SHA256))
 		}
@@ -125,7 +125,7 @@ func TestShutdownEndsDownloads(t *testing.T) {
 		t.Errorf("files left in tmp/: %v", left)
 	}
 	// Kept for the next start, which continues what was checkpointed.
-	for _, w := range []selection.Wanted{a, b} {
+	for _, w := range []servedset.Wanted{a, b} {
 		if _, err := os.Stat(filepath.Join(dir, "partial", w.SHA256)); err != nil {
 			t.Errorf("%s: the partial download is not kept for the next start: %v", w.Key, err)
 		}
@@ -160,7 +160,7 @@ func emptyDockerConfig(t *testing.T) string {
 }
 
 // publish pushes img under dib/<key>:1.0 and returns its record.
-func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImage) selection.Wanted {
+func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImage) servedset.Wanted {
 	t.Helper()
 	img.Repository, img.Tag = "dib/"+key, "1.0"
 	p, err := s.reg.Publish(context.Background(), img)
@@ -169,7 +169,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	}
 	fields := p.Fields.Clone()
 	fields[osimage.FieldURI] = "oci://" + p.Ref
-	return selection.Wanted{SHA256: fields.Get(osimage.FieldSHA256), Key: key, Image: fields, SelectedBy: []string{"test"}}
+	return servedset.Wanted{SHA256: fields.Get(osimage.FieldSHA256), Key: key, Image: fields, SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
@@ -265,7 +265,7 @@ func TestHostileSourcesNeverStarveTheQueue(t *testing.T) {
 // before a byte is pulled.
 func TestSizeRules(t *testing.T) {
 	src := newFakeSource()
-	var bad []selection.Wanted
+	var bad []servedset.Wanted
 	for i, tc := range []struct{ field, value, want string }{
 		{"size", "lots", `os_images.bad-0.size "lots" is not a decimal integer`},
 		{"size", "2.097152e6", `os_images.bad-1.size "2.097152e6" is not a decimal integer`},

@@ -13,7 +13,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // Phase is where an image stands.
@@ -50,7 +50,7 @@ type Store interface {
 // reports the verified md5 and size of the file written, and what was kept
 // from an earlier pull into dst (a Writer from Store.Resume). progress gets
 // the network bytes received and the total expected (0 when unknown).
-type PullFunc func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error)
+type PullFunc func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error)
 
 // References tells which objects still reference an image. A deselected
 // image that is referenced is kept on disk and served, however long ago it
@@ -166,7 +166,7 @@ const (
 
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
-	selection.Wanted
+	servedset.Wanted
 	phase           Phase
 	received, total int64
 	// lastByte is when the download in progress last received a byte (or
@@ -310,7 +310,7 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted:       selection.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
+			Wanted:       servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
 			phase:        PhaseReady,
 			stored:       true,
 			entry:        e,
@@ -329,7 +329,7 @@ func New(cfg Config) *Server {
 // stop being served (a download of theirs is cancelled; their file is
 // collected after the grace period). selectErr is what selection could not
 // do, shown on the status page.
-func (s *Server) SetDesired(wanted map[string]selection.Wanted, selectErr error) {
+func (s *Server) SetDesired(wanted map[string]servedset.Wanted, selectErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()

@@ -20,7 +20,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -41,8 +41,8 @@ func newFakeSource() *fakeSource {
 	return &fakeSource{content: map[string][]byte{}, gates: map[string]chan struct{}{}, fail: map[string]error{}, failURI: map[string]error{}}
 }
 
-// add registers an image and returns its selection.Wanted record.
-func (f *fakeSource) add(key string, content []byte, gated bool) selection.Wanted {
+// add registers an image and returns its servedset.Wanted record.
+func (f *fakeSource) add(key string, content []byte, gated bool) servedset.Wanted {
 	s := sha256.Sum256(content)
 	m := md5.Sum(content)
 	sum := hex.EncodeToString(s[:])
@@ -52,7 +52,7 @@ func (f *fakeSource) add(key string, content []byte, gated bool) selection.Wante
 	if gated {
 		f.gates[sum] = make(chan struct{})
 	}
-	return selection.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: osimage.Image{
+	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: osimage.Image{
 		"sha256": sum, "md5": hex.EncodeToString(m[:]), "filename": key + ".raw",
 		"size": fmt.Sprint(len(content)), "archive-size": fmt.Sprint(len(content)), "uri": "oci://example/" + key + ":1",
 	}}
@@ -60,7 +60,7 @@ func (f *fakeSource) add(key string, content []byte, gated bool) selection.Wante
 
 func (f *fakeSource) release(sum string) { close(f.gates[sum]) }
 
-func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+func (f *fakeSource) pull(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	f.pulls.Add(1)
 	f.mu.Lock()
 	content, gate, failure := f.content[w.SHA256], f.gates[w.SHA256], f.fail[w.SHA256]
@@ -155,8 +155,8 @@ func (h *harness) stop() {
 	h.cancel = nil
 }
 
-func (h *harness) want(ws ...selection.Wanted) {
-	m := map[string]selection.Wanted{}
+func (h *harness) want(ws ...servedset.Wanted) {
+	m := map[string]servedset.Wanted{}
 	for _, w := range ws {
 		m[w.SHA256] = w
 	}
@@ -233,7 +233,7 @@ func (h *harness) waitUnpublished(sum string) {
 	h.waitOutput("dropped "+sum[:12], func(s osimage.ServedSet) bool { _, ok := s[sum]; return !ok })
 }
 
-func imageURL(w selection.Wanted) string { return "/images/" + w.SHA256 + "/" + w.Filename() }
+func imageURL(w servedset.Wanted) string { return "/images/" + w.SHA256 + "/" + w.Filename() }
 
 func TestServeLifecycle(t *testing.T) {
 	src := newFakeSource()

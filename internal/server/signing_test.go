@@ -16,7 +16,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/testenv"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -75,7 +75,7 @@ func newSignedSetup(t *testing.T) signedSetup {
 
 // publish pushes an image under dib/<key>:1.0 and returns its record as the
 // catalog would write it (fields, uri, registry key, manifest digest).
-func (s signedSetup) publish(t *testing.T, key string, seed uint64) (selection.Wanted, devregistry.Published) {
+func (s signedSetup) publish(t *testing.T, key string, seed uint64) (servedset.Wanted, devregistry.Published) {
 	t.Helper()
 	p, err := s.reg.Publish(context.Background(), devregistry.DiskImage{
 		Repository: "dib/" + key, Tag: "1.0", Gzip: true, Content: devregistry.DiskContent(256<<10, seed),
@@ -87,7 +87,7 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (selection.W
 	img[osimage.FieldURI] = "oci://" + p.Ref
 	img[osimage.FieldRegistryKey] = "sylva"
 	img[osimage.FieldManifestDigest] = p.ManifestDigest.String()
-	return selection.Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: key, Image: img, SelectedBy: []string{"test"}}, p
+	return servedset.Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: key, Image: img, SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -152,7 +152,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		w    selection.Wanted
+		w    servedset.Wanted
 		p    devregistry.Published
 		want string
 	}{

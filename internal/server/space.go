@@ -5,7 +5,7 @@ import (
 	"math"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // Disk space: what each download may take, reserved before it starts, so
@@ -15,7 +15,7 @@ import (
 // declared size, or MaxImageSize when it declares none) and what its
 // download reserves on disk (that bound plus archive-size). Malformed sizes
 // and a size above MaxImageSize are refused.
-func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
+func (s *Server) bounds(w servedset.Wanted) (bound, need int64, err error) {
 	size, err := w.Image.Size(osimage.FieldSize)
 	if err != nil {
 		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
@@ -36,7 +36,7 @@ func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
 }
 
 // declaresSize says whether w gives the size of its file (0 means unknown).
-func declaresSize(w selection.Wanted) bool {
+func declaresSize(w servedset.Wanted) bool {
 	n, err := w.Image.Size(osimage.FieldSize)
 	return err == nil && n > 0
 }
@@ -62,7 +62,7 @@ func addSizes(a, b int64) int64 {
 // bound shrinks to the space there is, so that it is tried (and fails only
 // if it really is larger) instead of being refused outright. It returns the
 // bound reserved.
-func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64) (int64, error) {
+func (s *Server) reserveSpace(sum string, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))

@@ -1,4 +1,4 @@
-package selection
+package servedset
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ const (
 // Check refuses flags that are wrong, naming them, and sets Policy. A
 // wrong value is refused without --serve-fleet-needs too: it is as wrong
 // the day the switch is turned on.
-func (f *FleetOptions) Check() error {
+func (f *FleetOptions) Validate() error {
 	var errs []error
 	if f.MaxImages < 0 {
 		errs = append(errs, fmt.Errorf("--fleet-needs-max-images-per-namespace %d is negative: give 0 for no bound", f.MaxImages))

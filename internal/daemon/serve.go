@@ -1,9 +1,9 @@
-// Package serve runs the image server of the management cluster as the
+// Package daemon runs the image server of the management cluster as the
 // `osimages serve` command does: it opens the store, watches the inputs,
 // applies their selection and registry settings to a server.Server,
 // publishes what is served, guards referenced images, and serves HTTP
 // until its context ends. The demo runs it too.
-package serve
+package daemon
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
@@ -167,7 +167,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, exitcode.InputError(err)
 	}
-	if err := o.FleetNeeds.Check(); err != nil {
+	if err := o.FleetNeeds.Validate(); err != nil {
 		return nil, exitcode.InputError(err)
 	}
 	log := o.Logger
@@ -347,7 +347,7 @@ const MinScrubInterval = time.Minute
 // selection (Server.Admit): then nothing changes, registry settings
 // included.
 func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
-	mgmt, selErr := selection.Select(in.Values, in.Catalog)
+	mgmt, selErr := servedset.Select(in.Values, in.Catalog)
 	wanted, refused := d.addFleetNeeds(in, mgmt)
 	if err := d.srv.Admit(ctx, wanted); err != nil {
 		// The fleet's needs never keep the management selection from

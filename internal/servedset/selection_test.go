@@ -1,4 +1,4 @@
-package selection
+package servedset
 
 import (
 	"crypto/sha256"

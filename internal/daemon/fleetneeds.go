@@ -1,4 +1,4 @@
-package serve
+package daemon
 
 import (
 	"errors"
@@ -7,13 +7,13 @@ import (
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
 // FleetNeedsOptions are those of --serve-fleet-needs.
 type FleetNeedsOptions struct {
-	selection.FleetOptions
+	servedset.FleetOptions
 	// ConfigMap is NS/NAME of the fleet's needs; "" is
 	// fleet.FleetNeedsConfigMapName in the namespace of the server's
 	// other ConfigMaps.
@@ -55,7 +55,7 @@ func (d *Daemon) fleetNeedsFromCluster() error {
 // document that cannot be used leaves the needs last used in force: a
 // broken or foreign document never stops the management inputs, nor
 // takes an image away from a cluster.
-func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]selection.Wanted) (map[string]selection.Wanted, osimage.RefusedNeeds) {
+func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]servedset.Wanted) (map[string]servedset.Wanted, osimage.RefusedNeeds) {
 	if !d.opts.FleetNeeds.Serve {
 		return wanted, nil
 	}
@@ -73,12 +73,12 @@ func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]selection.Wan
 	d.lastNeeds = needs
 	policy := d.opts.FleetNeeds.Policy
 	policy.Storage, policy.MaxImageSize = d.limits.MaxStorage, d.limits.MaxImageSize
-	return selection.FleetNeeds(in.Values, *needs, wanted, d.srv.StoredSizes(), policy)
+	return servedset.FleetNeeds(in.Values, *needs, wanted, d.srv.StoredSizes(), policy)
 }
 
 // needsLeftOut adds to refused a refusal, for each namespace a need of
 // wanted is served for, of every need left out of mgmt for why.
-func needsLeftOut(wanted, mgmt map[string]selection.Wanted, refused osimage.RefusedNeeds, why error) osimage.RefusedNeeds {
+func needsLeftOut(wanted, mgmt map[string]servedset.Wanted, refused osimage.RefusedNeeds, why error) osimage.RefusedNeeds {
 	seen := map[string]bool{}
 	for sha, w := range wanted {
 		if _, ok := mgmt[sha]; ok {

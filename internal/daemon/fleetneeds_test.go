@@ -1,4 +1,4 @@
-package serve
+package daemon
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -34,7 +34,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 	}
 	srv := server.New(server.Config{Store: store})
 	d := &Daemon{log: log, srv: srv, regs: server.NewRegistries(clients, time.Minute, log),
-		opts: Options{FleetNeeds: FleetNeedsOptions{FleetOptions: selection.FleetOptions{Serve: true}}}}
+		opts: Options{FleetNeeds: FleetNeedsOptions{FleetOptions: servedset.FleetOptions{Serve: true}}}}
 
 	long := func(i int, what string) string {
 		return fmt.Sprintf("%s-%05d-%s.raw", what, i, strings.Repeat("x", 230))
@@ -55,7 +55,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 	}
 	mgmt := values.Values{
 		"os_images_oci_registries":       map[string]any{"r": map[string]any{"url": "oci://registry.example.org/dib"}},
-		selection.AdditionalSelectorsKey: map[string]any{"all": map[string]any{"os": "mgmt"}},
+		servedset.AdditionalSelectorsKey: map[string]any{"all": map[string]any{"os": "mgmt"}},
 	}
 	if err := d.apply(context.Background(), server.Loaded{Catalog: cat, Values: mgmt, Needs: &needs}); err != nil {
 		t.Fatalf("the management selection is refused because of the fleet's needs: %v", err)

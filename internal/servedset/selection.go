@@ -1,9 +1,9 @@
-// Package selection computes the served set: the images of the management
+// Package servedset computes the served set: the images of the management
 // cluster's catalog that its own levels designate (finalized as render
 // finalizes them) or that one of its additional selectors matches, each
 // with every filename its sha256 is known by. The image server serves that
 // set; plan and the demo compute it the same way.
-package selection
+package servedset
 
 import (
 	"errors"
