@@ -6,7 +6,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sylva-projects/osimages/internal/controller"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -52,7 +51,7 @@ Exit codes: 0 stopped by a signal, 1 the controller failed, 2 wrong flags.`,
 	f.StringVar(&o.PropagateConfig, "config", "", "propagation rules file (default: Sylva's one rule)")
 	f.BoolVar(&o.Adopt, "adopt", false, "propagation: take over copies that osimages did not create (such as Kyverno's)")
 	f.StringVar(&o.ServedCopy, "served-copy", controller.DefaultServedCopy, "check: name of the copy of the served set in each workload-cluster namespace")
-	f.StringVar(&o.FleetNeeds, "fleet-needs", "sylva-system/"+fleet.FleetNeedsConfigMapName, "check: NAMESPACE/NAME of the ConfigMap where the images the workload clusters need are published, for serve --serve-fleet-needs (\"\": not published)")
+	f.StringVar(&o.FleetNeeds, "fleet-needs", "sylva-system/"+osimage.FleetNeedsConfigMapName, "check: NAMESPACE/NAME of the ConfigMap where the images the workload clusters need are published, for serve --serve-fleet-needs (\"\": not published)")
 	f.StringVar(&o.NamespaceSelector, "check-namespace-selector", controller.WorkloadClusterLabel, "check: label selector of the workload-cluster namespaces")
 	f.StringVar(&o.LeaderElectionID, "leader-election-id", controller.DefaultLeaderElectionID, "name of the leader-election Lease")
 	f.DurationVar(&o.Resync, "resync", 10*time.Minute, "look at every object at least this often, events or not")

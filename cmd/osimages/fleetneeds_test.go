@@ -69,7 +69,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		}})
 		e := newFleetWith(t, "fleet-needs", 700, nil, fleetArgs{
 			serve: []string{"--serve-fleet-needs", "--fleet-needs-max-images-per-namespace", "1"},
-			ctrl:  []string{"--fleet-needs", "fleet-needs-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl:  []string{"--fleet-needs", "fleet-needs-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		ctx := context.Background()
 
@@ -214,7 +214,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 	t.Run("tenants against each other", func(t *testing.T) {
 		e := newFleetWith(t, "fleet-tenants", 900, nil, fleetArgs{
 			serve: []string{"--serve-fleet-needs"},
-			ctrl:  []string{"--fleet-needs", "fleet-tenants-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl:  []string{"--fleet-needs", "fleet-tenants-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		victim, evil := "fleet-tenants-wc4", "fleet-tenants-aaa"
 		old := e.published[img132+":0.7.6"]
@@ -253,18 +253,18 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		if r := e.render(victim, values); r.code != 0 {
 			t.Fatalf("render --apply of the victim: exit %d\n%s", r.code, r.stderr)
 		}
-		cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), fleet.FleetNeedsConfigMapName, metav1.GetOptions{})
+		cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), osimage.FleetNeedsConfigMapName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if needs := cm.Data[fleet.FleetNeedsKey]; !strings.Contains(needs, "evil.raw") || strings.Contains(needs, "a long description") {
+		if needs := cm.Data[osimage.FleetNeedsKey]; !strings.Contains(needs, "evil.raw") || strings.Contains(needs, "a long description") {
 			t.Error("a field the server never reads is copied into the fleet's needs")
 		}
 	})
 
 	t.Run("off: today's clear not-served status, nothing downloaded", func(t *testing.T) {
 		e := newFleetWith(t, "fleet-needs-off", 800, nil, fleetArgs{
-			ctrl: []string{"--fleet-needs", "fleet-needs-off-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl: []string{"--fleet-needs", "fleet-needs-off-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		wc4 := "fleet-needs-off-wc4"
 		old := e.published[img132+":0.7.6"]
@@ -282,11 +282,11 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		// The controller publishes the need all the same; the server,
 		// without the option, does not read it.
 		testenv.Eventually(t, "the need is published", 30*time.Second, func() (bool, string) {
-			cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), fleet.FleetNeedsConfigMapName, metav1.GetOptions{})
+			cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), osimage.FleetNeedsConfigMapName, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
-			return strings.Contains(cm.Data[fleet.FleetNeedsKey], oldSHA), cm.Data[fleet.FleetNeedsKey]
+			return strings.Contains(cm.Data[osimage.FleetNeedsKey], oldSHA), cm.Data[osimage.FleetNeedsKey]
 		})
 		if r := e.render(wc4, values); r.code != 1 || !strings.Contains(r.stderr, "is currently not served") {
 			t.Fatalf("render wc4: want exit 1, not served; got %d\n%s", r.code, r.stderr)

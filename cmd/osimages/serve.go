@@ -6,7 +6,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sylva-projects/osimages/internal/daemon"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/server"
 )
@@ -67,7 +66,7 @@ same address.`,
 	f.DurationVar(&o.PeerTimeout, "peer-timeout", server.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
 	f.StringVar(&o.PublisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
 	addFleetNeedsFlags(f, &o.FleetNeeds.FleetOptions, "also serve")
-	f.StringVar(&o.FleetNeeds.ConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+fleet.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
+	f.StringVar(&o.FleetNeeds.ConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+osimage.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
 	addRegistryFlags(f, &o.Registry)
 	_ = cmd.MarkFlagRequired("data")
 	_ = cmd.MarkFlagRequired("values")

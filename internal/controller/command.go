@@ -14,9 +14,9 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/exitcode"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -149,7 +149,7 @@ func (o CommandOptions) options() (Options, error) {
 		if o.FleetNeeds != "" {
 			key, err := kube.ParseObjectKey(o.FleetNeeds)
 			if err != nil {
-				return Options{}, fmt.Errorf("--fleet-needs %w, such as sylva-system/%s, or \"\" not to publish the fleet's needs", err, fleet.FleetNeedsConfigMapName)
+				return Options{}, fmt.Errorf("--fleet-needs %w, such as sylva-system/%s, or \"\" not to publish the fleet's needs", err, osimage.FleetNeedsConfigMapName)
 			}
 			opts.Check.FleetNeeds = types.NamespacedName{Namespace: key.Namespace, Name: key.Name}
 		}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
@@ -15,7 +14,7 @@ import (
 type FleetNeedsOptions struct {
 	servedset.FleetOptions
 	// ConfigMap is NS/NAME of the fleet's needs; "" is
-	// fleet.FleetNeedsConfigMapName in the namespace of the server's
+	// osimage.FleetNeedsConfigMapName in the namespace of the server's
 	// other ConfigMaps.
 	ConfigMap string
 }
@@ -38,7 +37,7 @@ func (d *Daemon) fleetNeedsFromCluster() error {
 		if ns == "" {
 			return errors.New("--serve-fleet-needs: give --fleet-needs-configmap NS/NAME (no --os-images-configmap or --output-configmap names the server's namespace)")
 		}
-		name = ns + "/" + fleet.FleetNeedsConfigMapName
+		name = ns + "/" + osimage.FleetNeedsConfigMapName
 	}
 	key, err := kube.ParseObjectKey(name)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -45,13 +44,13 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 		cat[fmt.Sprintf("mgmt-%05d", i)] = osimage.Image{osimage.FieldSHA256: fmt.Sprintf("%064x", i+1), osimage.FieldFilename: long(i, "mgmt"),
 			osimage.FieldURI: uri, "os": "mgmt"}
 	}
-	var needs fleet.FleetNeeds
+	var needs osimage.FleetNeeds
 	for i := range 1000 {
 		sha := fmt.Sprintf("%064x", 100000+i)
 		ns := fmt.Sprintf("wc-%04d", i)
 		rec := osimage.Image{osimage.FieldSHA256: sha, osimage.FieldFilename: long(i, "need"), osimage.FieldURI: uri, osimage.FieldSize: "1"}
-		needs.Images = append(needs.Images, fleet.FleetNeed{SHA256: sha, Namespaces: []string{ns},
-			Sources: []fleet.NeedSource{{Key: "k", Image: rec, Namespaces: []string{ns}}}})
+		needs.Images = append(needs.Images, osimage.FleetNeed{SHA256: sha, Namespaces: []string{ns},
+			Sources: []osimage.NeedSource{{Key: "k", Image: rec, Namespaces: []string{ns}}}})
 	}
 	mgmt := values.Values{
 		"os_images_oci_registries":       map[string]any{"r": map[string]any{"url": "oci://registry.example.org/dib"}},

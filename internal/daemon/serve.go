@@ -24,11 +24,11 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/exitcode"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 )
@@ -141,7 +141,7 @@ type Daemon struct {
 	// limits are the server's bounds, which the fleet's needs share.
 	limits server.Config
 	// lastNeeds are the fleet's needs last used (fleetneeds.go).
-	lastNeeds *fleet.FleetNeeds
+	lastNeeds *osimage.FleetNeeds
 }
 
 // Open checks o and builds the server: the store is opened and the address

@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -61,47 +60,15 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, _ := Aggregate([]NamespaceNeeds{wc1, wc2, wc3}).Data("x")
-	if data[FleetNeedsKey] != again[FleetNeedsKey] {
-		t.Errorf("the document depends on the order of the namespaces:\n%s\n%s", data[FleetNeedsKey], again[FleetNeedsKey])
+	if data[osimage.FleetNeedsKey] != again[osimage.FleetNeedsKey] {
+		t.Errorf("the document depends on the order of the namespaces:\n%s\n%s", data[osimage.FleetNeedsKey], again[osimage.FleetNeedsKey])
 	}
-	back, dropped, err := ParseFleetNeeds(data[FleetNeedsKey])
+	back, dropped, err := osimage.ParseFleetNeeds(data[osimage.FleetNeedsKey])
 	if err != nil || len(dropped) != 0 || len(back.Images) != 2 || back.Images[0].Sources[1].Key != "ubuntu-old" {
 		t.Fatalf("read back: %+v %v %v", back, dropped, err)
 	}
-	if _, _, err := ParseFleetNeeds("imagez: []\n"); err == nil {
+	if _, _, err := osimage.ParseFleetNeeds("imagez: []\n"); err == nil {
 		t.Error("an unknown field is accepted")
-	}
-}
-
-// A need whose sha256 is malformed is dropped alone, named, and the
-// others are read: one tenant's bad entry never costs the others their
-// needs (issue 23, item 4).
-func TestParseFleetNeedsDropsAMalformedNeedAlone(t *testing.T) {
-	good := strings.Repeat("a", 64)
-	doc := "images:\n- sha256: " + strings.ToUpper(good) + "\n  namespaces: [evil]\n- sha256: " + good + "\n  namespaces: [wc1]\n"
-	f, dropped, err := ParseFleetNeeds(doc)
-	if err != nil {
-		t.Fatalf("the whole document is refused for one need: %v", err)
-	}
-	if len(f.Images) != 1 || f.Images[0].SHA256 != good {
-		t.Errorf("needs kept: %+v", f.Images)
-	}
-	if len(dropped) != 1 || !strings.Contains(dropped[0].Error(), "evil") || !strings.Contains(dropped[0].Error(), "lowercase") {
-		t.Errorf("dropped: %v", dropped)
-	}
-}
-
-func TestFleetNeedsTooLarge(t *testing.T) {
-	var f FleetNeeds
-	for i := range 3000 {
-		sha := strings.Repeat("0", 60) + strings.Repeat("f", 4)
-		sha = sha[:60] + string(rune('a'+i%6)) + sha[61:]
-		f.Images = append(f.Images, FleetNeed{SHA256: sha, Namespaces: []string{strings.Repeat("n", 300)}})
-	}
-	_, err := f.Data("ConfigMap sylva-system/osimages-fleet-needs")
-	var size *osimage.SizeError
-	if !errors.As(err, &size) || !strings.Contains(err.Error(), "osimages-fleet-needs") {
-		t.Fatalf("want a size error naming the ConfigMap, got %v", err)
 	}
 }
 
@@ -120,7 +87,7 @@ func TestAggregateCopiesOnlyTheFieldsTheServerReads(t *testing.T) {
 	}
 	img := got.Images[0].Sources[0].Image
 	for f := range img {
-		if !slices.Contains(NeedFields, f) {
+		if !slices.Contains(osimage.NeedFields, f) {
 			t.Errorf("field %s is copied", f)
 		}
 	}
@@ -179,14 +146,14 @@ func TestAggregateRefusesANamespaceOverItsShareAlone(t *testing.T) {
 	if r.Namespace != greedy.Report.Namespace || r.SHA256 != "" || r.Reason != osimage.RefusedDocumentShare || !strings.Contains(r.Message, "fair share") {
 		t.Errorf("refusal: %+v", r)
 	}
-	back, _, err := ParseFleetNeeds(data[FleetNeedsKey])
+	back, _, err := osimage.ParseFleetNeeds(data[osimage.FleetNeedsKey])
 	if err != nil || len(back.Refused) != 1 || len(back.Images) != 150 {
 		t.Fatalf("read back: %d images, %+v, %v", len(back.Images), back.Refused, err)
 	}
 
 	// Without it, the same namespaces give the same needs.
 	alone := Aggregate(fair)
-	if !slices.EqualFunc(alone.Images, got.Images, func(a, b FleetNeed) bool { return a.SHA256 == b.SHA256 }) {
+	if !slices.EqualFunc(alone.Images, got.Images, func(a, b osimage.FleetNeed) bool { return a.SHA256 == b.SHA256 }) {
 		t.Error("the namespace over its share changed what the others publish")
 	}
 
@@ -213,10 +180,10 @@ func TestAggregateRefusesANamespaceOverItsShareAlone(t *testing.T) {
 	}
 }
 
-// A record still over MaxNeedRecordBytes once cut down is left out and
+// A record still over osimage.MaxNeedRecordBytes once cut down is left out and
 // refused for its namespace; the need stays (without that source).
 func TestAggregateRefusesARecordOverTheBound(t *testing.T) {
-	nn := fleetOf("wc", 1, 1, MaxNeedRecordBytes+100)[0]
+	nn := fleetOf("wc", 1, 1, osimage.MaxNeedRecordBytes+100)[0]
 	got := Aggregate([]NamespaceNeeds{nn})
 	if len(got.Images) != 1 || len(got.Images[0].Sources) != 0 {
 		t.Fatalf("needs: %+v", got.Images)

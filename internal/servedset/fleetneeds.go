@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/catalog"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -62,7 +61,7 @@ type FleetPolicy struct {
 // and those of the policy, per needing namespace, each with its own
 // reason. stored is what the server stores now, sha256 -> bytes. The same
 // inputs always give the same result.
-func FleetNeeds(mgmt values.Values, needs fleet.FleetNeeds, selected map[string]Wanted, stored map[string]int64, p FleetPolicy) (map[string]Wanted, osimage.RefusedNeeds) {
+func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[string]Wanted, stored map[string]int64, p FleetPolicy) (map[string]Wanted, osimage.RefusedNeeds) {
 	if p.MaxImageSize <= 0 {
 		p.MaxImageSize = DefaultMaxImageSize
 	}
@@ -150,10 +149,10 @@ const DefaultMaxImageSize = 64 << 30
 
 // candidate is a need whose records the policy admits.
 type candidate struct {
-	need fleet.FleetNeed
+	need osimage.FleetNeed
 	// records are the admitted ones; own is the index in records of each
 	// namespace's own record.
-	records []fleet.NeedSource
+	records []osimage.NeedSource
 	own     map[string]int
 	// stored: the server holds it already; cost is what it takes on disk.
 	stored bool
@@ -167,7 +166,7 @@ type candidate struct {
 // admitRecords keeps the records of need that the policy admits, or, when
 // it admits none, returns each needing namespace's reason: its own
 // record's refusal, else the first one's.
-func admitRecords(need fleet.FleetNeed, hosts, prefixes []string) (*candidate, map[string][2]string) {
+func admitRecords(need osimage.FleetNeed, hosts, prefixes []string) (*candidate, map[string][2]string) {
 	c := &candidate{need: need, own: map[string]int{}}
 	var first [2]string
 	ownReason := map[string][2]string{}
@@ -208,7 +207,7 @@ func admitRecords(need fleet.FleetNeed, hosts, prefixes []string) (*candidate, m
 // admitted record declares): its record's size, or maxImage when it
 // declares none.
 func (c *candidate) charge(ns string, maxImage int64) int64 {
-	sizeOf := func(src fleet.NeedSource) int64 {
+	sizeOf := func(src osimage.NeedSource) int64 {
 		if n, err := src.Image.Size(osimage.FieldSize); err == nil && n > 0 {
 			return n
 		}
@@ -228,7 +227,7 @@ func (c *candidate) charge(ns string, maxImage int64) int64 {
 // order they are tried (those of the namespaces it is served for first,
 // the most shared first), and every filename those namespaces use.
 func (c *candidate) wanted() Wanted {
-	admitted := func(src fleet.NeedSource) int {
+	admitted := func(src osimage.NeedSource) int {
 		n := 0
 		for _, ns := range src.Namespaces {
 			if slices.Contains(c.admitted, ns) {
@@ -238,7 +237,7 @@ func (c *candidate) wanted() Wanted {
 		return n
 	}
 	records := slices.Clone(c.records)
-	slices.SortStableFunc(records, func(a, b fleet.NeedSource) int { return admitted(b) - admitted(a) })
+	slices.SortStableFunc(records, func(a, b osimage.NeedSource) int { return admitted(b) - admitted(a) })
 	w := Wanted{SHA256: c.need.SHA256, ForNamespaces: slices.Sorted(slices.Values(c.admitted)),
 		SelectedBy: []string{"fleet needs of " + strings.Join(slices.Sorted(slices.Values(c.admitted)), ", ")}}
 	for _, src := range records {
@@ -257,7 +256,7 @@ func (c *candidate) wanted() Wanted {
 
 // namesOf returns the filenames namespace ns uses for need: those its URLs
 // ask for, and its own record's.
-func namesOf(need fleet.FleetNeed, ns string) []string {
+func namesOf(need osimage.FleetNeed, ns string) []string {
 	var names []string
 	for _, name := range need.Filenames[ns] {
 		if osimage.ValidateFilename(name) == nil {
@@ -366,7 +365,7 @@ func (a *admission) decide(c *candidate, ns string) {
 }
 
 // admitSource says why the policy refuses src, "" when it admits it.
-func admitSource(sha string, src fleet.NeedSource, hosts, prefixes []string) (string, string) {
+func admitSource(sha string, src osimage.NeedSource, hosts, prefixes []string) (string, string) {
 	img := src.Image
 	if got, err := img.SHA256(); err != nil || string(got) != sha {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s does not pin sha256 %s", src.Key, sha)

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -23,13 +22,13 @@ func needsOf(served map[string]Wanted) map[string]Wanted {
 	return out
 }
 
-func need(s, uri string, size string, namespaces ...string) fleet.FleetNeed {
+func need(s, uri string, size string, namespaces ...string) osimage.FleetNeed {
 	img := osimage.Image{osimage.FieldSHA256: s, osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
 	if size != "" {
 		img[osimage.FieldSize] = size
 	}
-	return fleet.FleetNeed{SHA256: s, Namespaces: namespaces,
-		Sources: []fleet.NeedSource{{Key: "k-" + s[:1], Image: img, Namespaces: namespaces}}}
+	return osimage.FleetNeed{SHA256: s, Namespaces: namespaces,
+		Sources: []osimage.NeedSource{{Key: "k-" + s[:1], Image: img, Namespaces: namespaces}}}
 }
 
 var fleetMgmtValues = values.Values{"os_images_oci_registries": map[string]any{
@@ -38,7 +37,7 @@ var fleetMgmtValues = values.Values{"os_images_oci_registries": map[string]any{
 }}
 
 func TestFleetNeedsPolicy(t *testing.T) {
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{
 		need(sha('a'), "oci://registry.example.org/other/path:1.0", "10", "wc1"),
 		need(sha('b'), "oci://evil.example.org/sylva/x:1.0", "10", "wc1"),
 		need(sha('c'), "oci://off.example.org/x/y:1", "10", "wc1"),
@@ -76,7 +75,7 @@ func TestFleetNeedsPolicy(t *testing.T) {
 
 func TestFleetNeedsQuotas(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{
 		need(sha('c'), uri, "10", "wc1"),
 		need(sha('a'), uri, "10", "wc1", "wc2"),
 		need(sha('b'), uri, "10", "wc1"),
@@ -106,7 +105,7 @@ func TestFleetNeedsQuotas(t *testing.T) {
 // admitted first, whatever its sha256.
 func TestFleetNeedsKeepWhatIsServed(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{need(sha('b'), uri, "10", "wc1"), need(sha('a'), uri, "10", "wc1")}}
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{need(sha('b'), uri, "10", "wc1"), need(sha('a'), uri, "10", "wc1")}}
 	stored := map[string]int64{sha('b'): 10}
 	added, refused := FleetNeeds(fleetMgmtValues, needs, nil, stored, FleetPolicy{MaxImages: 1})
 	if _, ok := added[sha('b')]; !ok || len(added) != 1 || len(refused) != 1 || refused[0].SHA256 != sha('a') {
@@ -115,12 +114,12 @@ func TestFleetNeedsKeepWhatIsServed(t *testing.T) {
 }
 
 // record is a needing namespace's record of sha s.
-func record(key, s, uri, filename, size string, namespaces ...string) fleet.NeedSource {
+func record(key, s, uri, filename, size string, namespaces ...string) osimage.NeedSource {
 	img := osimage.Image{osimage.FieldSHA256: s, osimage.FieldURI: uri, osimage.FieldFilename: filename}
 	if size != "" {
 		img[osimage.FieldSize] = size
 	}
-	return fleet.NeedSource{Key: key, Image: img, Namespaces: namespaces}
+	return osimage.NeedSource{Key: key, Image: img, Namespaces: namespaces}
 }
 
 // A tenant that gives the victim's sha256 another filename, under a key
@@ -131,8 +130,8 @@ func record(key, s, uri, filename, size string, namespaces ...string) fleet.Need
 func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 	victim := record("ubuntu", sha('a'), "oci://registry.example.org/sylva/ubuntu:1", "good.raw", "10", "victim")
 	evil := record("aaa", sha('a'), "oci://registry.example.org/sylva/ubuntu:does-not-exist", "evil.raw", "10", "evil")
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{{
-		SHA256: sha('a'), Sources: []fleet.NeedSource{evil, victim}, Namespaces: []string{"evil", "victim"},
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{{
+		SHA256: sha('a'), Sources: []osimage.NeedSource{evil, victim}, Namespaces: []string{"evil", "victim"},
 		Filenames: map[string][]string{"victim": {"good.raw", "older.raw"}, "evil": {"evil.raw"}},
 	}}}
 	served, refused := FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{})
@@ -173,7 +172,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 	// A record the policy refuses is not kept, and its reason goes to its
 	// own namespace only.
 	evil.Image[osimage.FieldURI] = "oci://evil.example.org/x:1"
-	needs.Images[0].Sources = []fleet.NeedSource{evil, victim}
+	needs.Images[0].Sources = []osimage.NeedSource{evil, victim}
 	served, refused = FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{})
 	if w := served[sha('a')]; len(w.Records) != 1 || w.Key != "ubuntu" {
 		t.Errorf("records: %+v", w.Records)
@@ -181,7 +180,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 	if len(refused) != 0 {
 		t.Errorf("the image is served for both: nothing to refuse, got %+v", refused)
 	}
-	needs.Images[0].Sources = []fleet.NeedSource{evil}
+	needs.Images[0].Sources = []osimage.NeedSource{evil}
 	needs.Images[0].Namespaces = []string{"evil"}
 	_, refused = FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{})
 	if len(refused) != 1 || refused[0].Namespace != "evil" || refused[0].Reason != osimage.RefusedRegistry {
@@ -197,18 +196,18 @@ func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
 	mgmtImg := osimage.Image{osimage.FieldSHA256: sha('m'), osimage.FieldSize: "600", osimage.FieldArchiveSize: "100", osimage.FieldFilename: "m.raw", osimage.FieldURI: uri}
 	mgmt := map[string]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg}}
-	var images []fleet.FleetNeed
+	var images []osimage.FleetNeed
 	// greedy needs 4 images of 100 bytes under keys that sort first; fair
 	// needs 2.
 	for _, c := range []byte("abcd") {
-		images = append(images, fleet.FleetNeed{SHA256: sha(c), Namespaces: []string{"greedy"},
-			Sources: []fleet.NeedSource{record("aaa-"+string(c), sha(c), uri, "g.raw", "100", "greedy")}})
+		images = append(images, osimage.FleetNeed{SHA256: sha(c), Namespaces: []string{"greedy"},
+			Sources: []osimage.NeedSource{record("aaa-"+string(c), sha(c), uri, "g.raw", "100", "greedy")}})
 	}
 	for _, c := range []byte("ef") {
-		images = append(images, fleet.FleetNeed{SHA256: sha(c), Namespaces: []string{"fair"},
-			Sources: []fleet.NeedSource{record("k-"+string(c), sha(c), uri, "f.raw", "100", "fair")}})
+		images = append(images, osimage.FleetNeed{SHA256: sha(c), Namespaces: []string{"fair"},
+			Sources: []osimage.NeedSource{record("k-"+string(c), sha(c), uri, "f.raw", "100", "fair")}})
 	}
-	needs := fleet.FleetNeeds{Images: images}
+	needs := osimage.FleetNeeds{Images: images}
 	// 1000 bytes: 700 for the management image, 300 for the needs.
 	served, refused := FleetNeeds(fleetMgmtValues, needs, mgmt, nil, FleetPolicy{Storage: 1000})
 	if _, ok := served[sha('m')]; !ok {
@@ -251,9 +250,9 @@ func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 // namespace's byte quota, not as 0 (issue 23, item 12).
 func TestFleetNeedsChargeASizelessRecordTheMaxImageSize(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{
-		{SHA256: sha('a'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("a", sha('a'), uri, "a.raw", "", "wc1")}},
-		{SHA256: sha('b'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("b", sha('b'), uri, "b.raw", "", "wc1")}},
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{
+		{SHA256: sha('a'), Namespaces: []string{"wc1"}, Sources: []osimage.NeedSource{record("a", sha('a'), uri, "a.raw", "", "wc1")}},
+		{SHA256: sha('b'), Namespaces: []string{"wc1"}, Sources: []osimage.NeedSource{record("b", sha('b'), uri, "b.raw", "", "wc1")}},
 	}}
 	served, refused := FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{MaxBytes: 100 << 30, MaxImageSize: 64 << 30})
 	if n := len(needsOf(served)); n != 1 {

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -43,7 +42,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := kube.ObjectKey{Namespace: ns, Name: fleet.FleetNeedsConfigMapName}
+	key := kube.ObjectKey{Namespace: ns, Name: osimage.FleetNeedsConfigMapName}
 	var mu sync.Mutex
 	var loaded []Loaded
 	var refusals []error
@@ -77,8 +76,8 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 		return n == 1 && l.Needs != nil && len(l.Needs.Images) == 0, ""
 	})
 	sha := strings.Repeat("a", 64)
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: map[string]string{fleet.FleetNeedsLabel: ""}},
-		Data: map[string]string{fleet.FleetNeedsKey: "images:\n- sha256: " + sha + "\n  namespaces: [wc1]\n"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: map[string]string{osimage.FleetNeedsLabel: ""}},
+		Data: map[string]string{osimage.FleetNeedsKey: "images:\n- sha256: " + sha + "\n  namespaces: [wc1]\n"}}
 	if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,13 +87,13 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 	})
 	update := func(labels map[string]string, doc string) {
 		t.Helper()
-		cm.Labels, cm.Data[fleet.FleetNeedsKey] = labels, doc
+		cm.Labels, cm.Data[osimage.FleetNeedsKey] = labels, doc
 		var err error
 		if cm, err = k.Client.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ours := map[string]string{fleet.FleetNeedsLabel: ""}
+	ours := map[string]string{osimage.FleetNeedsLabel: ""}
 	update(ours, "images:\n- sha256: "+strings.ToUpper(sha)+"\n  namespaces: [evil]\n- sha256: "+sha+"\n  namespaces: [wc1]\n")
 	testenv.Eventually(t, "a malformed need is dropped alone", 10*time.Second, func() (bool, string) {
 		l, n, _ := last()
@@ -108,7 +107,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 	update(nil, "images:\n- sha256: "+sha+"\n  namespaces: [wc1]\n")
 	testenv.Eventually(t, "a document without osimages' label is not used", 10*time.Second, func() (bool, string) {
 		l, n, r := last()
-		return n == 5 && r == 0 && l.Needs == nil && l.NeedsError != nil && strings.Contains(l.NeedsError.Error(), fleet.FleetNeedsLabel), fmt.Sprintf("%+v", l)
+		return n == 5 && r == 0 && l.Needs == nil && l.NeedsError != nil && strings.Contains(l.NeedsError.Error(), osimage.FleetNeedsLabel), fmt.Sprintf("%+v", l)
 	})
 	cancel()
 	if err := <-done; err != nil {

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
@@ -65,7 +64,7 @@ type Loaded struct {
 	// Needs are the fleet's needs, nil without FleetNeedsConfigMap, or
 	// when NeedsError says why the document cannot be used: the caller
 	// keeps the last needs it used, and management inputs still apply.
-	Needs      *fleet.FleetNeeds
+	Needs      *osimage.FleetNeeds
 	NeedsError error
 	// NeedsDropped are the entries of the document left out (a malformed
 	// sha256): the others are in Needs.
@@ -335,11 +334,11 @@ func configMapInformer(client kubernetes.Interface, key kube.ObjectKey, resync t
 // readFleetNeeds returns the fleet's needs, nil when they are not an
 // input. A ConfigMap that does not exist yet, or has no needs.yaml, is no
 // need: the controller may not run, or not have checked yet. One that does
-// not parse, or that osimages did not write (without fleet.FleetNeedsLabel),
+// not parse, or that osimages did not write (without osimage.FleetNeedsLabel),
 // is an error: the caller keeps the needs it had, and the management
 // inputs are read and applied all the same, for a tenant must never stop
 // them. Entries that cannot be used are dropped alone.
-func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, []error, error) {
+func (in Inputs) readFleetNeeds(ctx context.Context) (*osimage.FleetNeeds, []error, error) {
 	if in.FleetNeedsConfigMap == nil {
 		return nil, nil, nil
 	}
@@ -359,14 +358,14 @@ func (in Inputs) readFleetNeeds(ctx context.Context) (*fleet.FleetNeeds, []error
 			return nil, nil, err
 		}
 	}
-	needs := &fleet.FleetNeeds{}
-	if cm == nil || cm.Data[fleet.FleetNeedsKey] == "" {
+	needs := &osimage.FleetNeeds{}
+	if cm == nil || cm.Data[osimage.FleetNeedsKey] == "" {
 		return needs, nil, nil
 	}
-	if _, ours := cm.Labels[fleet.FleetNeedsLabel]; !ours {
-		return nil, nil, fmt.Errorf("ConfigMap %s has no label %s: osimages' controller did not write it, so its needs are not served; delete it and let the controller (--fleet-needs) write its own", key, fleet.FleetNeedsLabel)
+	if _, ours := cm.Labels[osimage.FleetNeedsLabel]; !ours {
+		return nil, nil, fmt.Errorf("ConfigMap %s has no label %s: osimages' controller did not write it, so its needs are not served; delete it and let the controller (--fleet-needs) write its own", key, osimage.FleetNeedsLabel)
 	}
-	parsed, dropped, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
+	parsed, dropped, err := osimage.ParseFleetNeeds(cm.Data[osimage.FleetNeedsKey])
 	if err != nil {
 		return nil, nil, fmt.Errorf("ConfigMap %s: %w", key, err)
 	}
