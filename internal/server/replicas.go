@@ -537,7 +537,7 @@ type peerSlowError struct {
 }
 
 func (e *peerSlowError) Error() string {
-	return fmt.Sprintf("peer %s sent %s in the last %s, below --min-rate %s/s", e.peer, bytesIEC(e.received), e.window.Round(time.Millisecond), bytesIEC(e.minRate))
+	return fmt.Sprintf("peer %s sent %s in the last %s, below --min-rate %s/s", e.peer, osimage.FormatBytes(e.received), e.window.Round(time.Millisecond), osimage.FormatBytes(e.minRate))
 }
 
 // reportPeer logs, counts and reports a peer that failed to fill an

@@ -26,7 +26,7 @@ func (s *Server) bounds(w servedset.Wanted) (bound, need int64, err error) {
 	}
 	if size > s.cfg.MaxImageSize {
 		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
-			w.Key, bytesIEC(size), size, bytesIEC(s.cfg.MaxImageSize))
+			w.Key, osimage.FormatBytes(size), size, osimage.FormatBytes(s.cfg.MaxImageSize))
 	}
 	bound = size
 	if bound == 0 {
@@ -65,7 +65,7 @@ func addSizes(a, b int64) int64 {
 func (s *Server) reserveSpace(sum string, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
-		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
+		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", osimage.FormatBytes(bound))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -105,11 +105,11 @@ func (s *Server) reserveSpace(sum string, w servedset.Wanted, bound, need int64)
 		if room -= archive; room < bound {
 			if reserved > 0 {
 				return wait(fmt.Sprintf("waiting for disk space: the image declares no size, so it may take all the space that is free (up to --max-image-size %s) once the downloads in progress, which reserved %s, end",
-					bytesIEC(bound), bytesIEC(reserved)))
+					osimage.FormatBytes(bound), osimage.FormatBytes(reserved)))
 			}
 			if room > 0 {
 				bound, need = room, room+archive
-				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", bytesIEC(bound))
+				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", osimage.FormatBytes(bound))
 			}
 		}
 	}
@@ -117,20 +117,20 @@ func (s *Server) reserveSpace(sum string, w servedset.Wanted, bound, need int64)
 		used := s.cfg.Store.Used()
 		if addSizes(used, need) > s.cfg.MaxStorage {
 			return 0, fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
-				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
+				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(s.cfg.MaxStorage))
 		}
 		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
 			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
-				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
+				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(reserved), osimage.FormatBytes(s.cfg.MaxStorage)))
 		}
 	}
 	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
 		return 0, fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
-			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
+			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free))
 	}
 	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
 		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
-			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
+			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free), osimage.FormatBytes(reserved)))
 	}
 	s.images[sum].reservedForSpace = need
 	return bound, nil
@@ -195,17 +195,4 @@ func (s *Server) releaseSpace(sum string) {
 		other.waitingForSpace = false
 	}
 	s.signal(s.kick)
-}
-
-func bytesIEC(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

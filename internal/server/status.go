@@ -16,7 +16,7 @@ import (
 var statusHTML string
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
-	"bytes": bytesIEC,
+	"bytes": osimage.FormatBytes,
 	"percent": func(received, total int64) string {
 		if total <= 0 {
 			return ""

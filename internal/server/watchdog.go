@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // errDeselected ends the download of an image that is no longer selected.
@@ -27,7 +29,7 @@ type gaveWayError struct {
 
 func (e *gaveWayError) Error() string {
 	return fmt.Sprintf("gave way to the queue: %s in the last %s, below --min-rate %s/s; it is tried again after the images waiting",
-		bytesIEC(e.received), e.window.Round(time.Millisecond), bytesIEC(e.minRate))
+		osimage.FormatBytes(e.received), e.window.Round(time.Millisecond), osimage.FormatBytes(e.minRate))
 }
 
 // sample is the network bytes a download had received at a time.
