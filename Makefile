@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale clean
+.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -28,6 +28,19 @@ demo:
 
 test:
 	hack/test.sh
+
+# The chart and the image on a real one-node Kubernetes cluster, in a
+# network namespace of its own (root). E2E_ARGS: -run REGEXP, -keep.
+e2e:
+	hack/e2e.sh $(E2E_ARGS)
+
+# The same cluster, left running for kubectl (hack/e2e-cluster.sh kubectl ...).
+e2e-up:
+	hack/e2e.sh -run '^$$' -keep
+
+e2e-down:
+	hack/e2e-cluster.sh down
+	hack/e2e-cluster.sh check-clean
 
 # docs/cli.md is generated from the cobra commands (cmd/osimages/docs_test.go);
 # make test fails when it is stale.

@@ -77,13 +77,16 @@ var variants = []struct {
 			if r.Find("Ingress", "osimages-server") != nil {
 				t.Error("an Ingress by default")
 			}
-			// One replica: no peers, no publisher election, and no RBAC
-			// for them.
-			if args := strings.Join(stringsOf(c["args"]), " "); strings.Contains(args, "--peers-service") || strings.Contains(args, "--replica-id") {
-				t.Errorf("one replica runs with peer flags: %s", args)
+			// One replica is a set of one: the same pod and RBAC as three
+			// (TestServerPodSameForEveryReplicaCount), no budget.
+			if args := strings.Join(stringsOf(c["args"]), " "); !strings.Contains(args, "--peers-service") || !strings.Contains(args, "--replica-id") {
+				t.Errorf("one replica runs without the peer flags: %s", args)
 			}
-			if r.Find("Role", "osimages-server-peers") != nil || r.Find("PodDisruptionBudget", "osimages-server") != nil {
-				t.Error("one server replica gets the peers' Role or a PodDisruptionBudget")
+			if r.Find("Role", "osimages-server-peers") == nil {
+				t.Error("one server replica has no peers' Role")
+			}
+			if r.Find("PodDisruptionBudget", "osimages-server") != nil {
+				t.Error("one server replica gets a PodDisruptionBudget")
 			}
 			// Deletes only of the propagated copies, by name, and the
 			// ownership check of the delete guard beside it.

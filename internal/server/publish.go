@@ -62,7 +62,7 @@ func (s *Server) publishLoop(ctx context.Context) {
 		case <-retry.C:
 		}
 		s.mu.Lock()
-		ready := s.ready && s.publishesLocked()
+		ready := s.ready && s.publishesLocked() && s.someReplicaReadyLocked()
 		served := s.outputLocked()
 		s.lastAvailable = map[string]bool{}
 		for sum, e := range served.Set {
@@ -119,6 +119,17 @@ func (s *Server) outputObserved(data map[string]string, exists bool) {
 	}
 	s.republish = true
 	s.signal(s.changed)
+}
+
+// someReplicaReadyLocked says whether any replica, this one or a peer, is
+// ready behind the Service. With none (every replica starting again, after
+// a node restarted), none can vouch for an image nor take one back:
+// availableLocked would say "not available" of every image, a flap that
+// fails every render until a replica is ready. What was published stays
+// until then. One server without replicas vouches for itself.
+func (s *Server) someReplicaReadyLocked() bool {
+	r := s.cfg.Replicas
+	return r == nil || r.SelfReady() || len(r.Ready()) > 0
 }
 
 func countAvailable(s osimage.ServedSet) int {

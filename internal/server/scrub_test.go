@@ -136,11 +136,15 @@ func TestDueScrubRunsAfterRestart(t *testing.T) {
 	h.stop()
 
 	// Down for two days: old was verified 8 days ago, recent 2 days ago.
-	h2 := start(t, dir, src, func(c *Config) {
+	// The server starts eight days later: a clock advanced after the start
+	// would race the scrub loop's first look.
+	eightDaysLater := func(c *Config) {
+		now := c.Now
+		c.Now = func() time.Time { return now().Add(8 * day) }
 		c.ScrubInterval = 7 * day
 		c.ScrubRate = 1 << 30
-	})
-	h2.clock.advance(8 * day)
+	}
+	h2 := start(t, dir, src, eightDaysLater)
 	var st ScrubStatus
 	testenv.Eventually(t, "the due scrub to run and the scrub to be up to date", 20*time.Second, func() (bool, string) {
 		st = h2.srv.ScrubStatus()
@@ -159,11 +163,7 @@ func TestDueScrubRunsAfterRestart(t *testing.T) {
 	h2.stop()
 
 	// The scrub is recorded: the next restart does not do it again.
-	h3 := start(t, dir, src, func(c *Config) {
-		c.ScrubInterval = 7 * day
-		c.ScrubRate = 1 << 30
-	})
-	h3.clock.advance(8 * day)
+	h3 := start(t, dir, src, eightDaysLater)
 	testenv.Eventually(t, "the scrub to be up to date", 20*time.Second, func() (bool, string) {
 		st = h3.srv.ScrubStatus()
 		return !st.UpToDate.IsZero(), fmt.Sprintf("%+v", st)

@@ -1,0 +1,13 @@
+// Command etcd is the upstream etcd server, built from the Go module proxy
+// for the one-node cluster of the end-to-end tests (hack/e2e.sh).
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}
