@@ -1,7 +1,6 @@
 package server
 
 import (
-	"github.com/sylva-projects/osimages/internal/servedset"
 	"html"
 	"net/http"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // TestWaitingForCatalogIsAPhase: before any catalog, the server is up and
