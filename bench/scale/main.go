@@ -190,6 +190,10 @@ func run(ctx context.Context, o options) error {
 	defer reg.Close()
 	blobSize, _ := strconv.ParseInt(pub.Fields.Get(osimage.FieldArchiveSize), 10, 64)
 	sha := pub.Fields.Get(osimage.FieldSHA256)
+	sha256, err := osimage.ParseSHA256(sha)
+	if err != nil {
+		return err
+	}
 	fmt.Printf("  image: sha256 %s, layer %s (gzip), published in %.1f s\n", sha[:16], human(blobSize), time.Since(start).Seconds())
 
 	proxy, err := startCountingProxy(fmt.Sprintf("127.0.0.1:%d", registryPort), reg.Host)
@@ -223,7 +227,7 @@ func run(ctx context.Context, o options) error {
 	if err := os.WriteFile(values, []byte("name: mgmt\noci_registry_insecure: true\nos_image_server_additional_selectors:\n  all: {_os_images_key_: "+imageKey+"}\n"), 0o600); err != nil {
 		return err
 	}
-	img := image{sha: sha, filename: pub.Fields.Get(osimage.FieldFilename), size: o.size}
+	img := image{sha: sha, sha256: sha256, filename: pub.Fields.Get(osimage.FieldFilename), size: o.size}
 
 	var results []result
 	for _, n := range o.counts {
@@ -244,6 +248,7 @@ func run(ctx context.Context, o options) error {
 
 type image struct {
 	sha, filename string
+	sha256        osimage.SHA256
 	size          int64
 }
 
@@ -664,7 +669,7 @@ func measure(ctx context.Context, o options, k *testenv.Kube, dir, values, info 
 		if res.selectToAvail == 0 {
 			cm, err := k.Client.CoreV1().ConfigMaps(namespace).Get(ctx, osimage.ServedConfigMapName, metav1.GetOptions{})
 			if err == nil {
-				if served, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey])); err == nil && served[img.sha].Available {
+				if served, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey])); err == nil && served[img.sha256].Available {
 					res.selectToAvail = time.Since(t0)
 				}
 			}

@@ -55,6 +55,7 @@ import (
 	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 const (
@@ -160,12 +161,12 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, daemon.MinScrubInterval)
 		}
 	}
-	urlPath := "/images/" + img.sha256 + "/" + filename
+	urlPath := osimage.ImagePath(img.sha256, filename)
 
 	// The nginx folder holds a hard link to the stored file: the same inode,
 	// so the same bytes from the same page cache for both servers.
 	www := filepath.Join(dir, "www")
-	linkDir := filepath.Join(www, "images", img.sha256)
+	linkDir := filepath.Join(www, "images", img.sha256.String())
 	if err := os.MkdirAll(linkDir, 0o755); err != nil {
 		return err
 	}
@@ -196,7 +197,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		if sum != img.sha256 {
+		if sum != img.sha256.String() {
 			return fmt.Errorf("%s served content of sha256 %s, want %s", s.name, sum, img.sha256)
 		}
 	}
@@ -307,8 +308,9 @@ func human(n int64) string {
 
 // image is the benchmark image, committed in an image store.
 type image struct {
-	dataDir, path, sha256, md5 string
-	size                       int64
+	dataDir, path, md5 string
+	sha256             osimage.SHA256
+	size               int64
 }
 
 // content writes the image to w: 1 MiB chunks, one in four random and the
@@ -343,7 +345,11 @@ func storeImage(dataDir string, size int64, filename string, seed uint64) (image
 	if err := content(parallelHash{sha, md}, size, seed); err != nil {
 		return image{}, err
 	}
-	img := image{dataDir: dataDir, sha256: hex.EncodeToString(sha.Sum(nil)), md5: hex.EncodeToString(md.Sum(nil)), size: size}
+	sum, err := osimage.ParseSHA256(hex.EncodeToString(sha.Sum(nil)))
+	if err != nil {
+		return image{}, err
+	}
+	img := image{dataDir: dataDir, sha256: sum, md5: hex.EncodeToString(md.Sum(nil)), size: size}
 	store, err := imagestore.Open(dataDir)
 	if err != nil {
 		return image{}, err
@@ -363,7 +369,7 @@ func storeImage(dataDir string, size int64, filename string, seed uint64) (image
 	if err := w.Commit(imagestore.Entry{SHA256: img.sha256, MD5: img.md5, Filename: filename, Size: size, VerifiedAt: verified}); err != nil {
 		return image{}, err
 	}
-	img.path = filepath.Join(dataDir, "images", img.sha256, filename)
+	img.path = filepath.Join(dataDir, "images", img.sha256.String(), filename)
 	if fi, err := os.Stat(img.path); err != nil || fi.Size() != size {
 		return image{}, fmt.Errorf("the committed image is not at %s with %d bytes: %v", img.path, size, err)
 	}

@@ -67,7 +67,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 	}
 	testenv.Eventually(t, "the needs of needs-a and needs-b published", 30*time.Second, func() (bool, string) {
 		f, doc := published()
-		if len(f.Images) != 1 || f.Images[0].SHA256 != sum("u1") || strings.Join(f.Images[0].Namespaces, ",") != "needs-a,needs-b" || len(f.Images[0].Sources) != 2 {
+		if len(f.Images) != 1 || f.Images[0].SHA256.String() != sum("u1") || strings.Join(f.Images[0].Namespaces, ",") != "needs-a,needs-b" || len(f.Images[0].Sources) != 2 {
 			return false, doc
 		}
 		a, b := f.Images[0].Sources[0], f.Images[0].Sources[1]
@@ -84,7 +84,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 		}
 		byNS := map[string]string{}
 		for _, img := range f.Images {
-			byNS[strings.Join(img.Namespaces, ",")] = img.SHA256
+			byNS[strings.Join(img.Namespaces, ",")] = img.SHA256.String()
 		}
 		return byNS["needs-a"] == sum("u1") && byNS["needs-b"] == sum("u2"), doc
 	})
@@ -100,7 +100,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 	}
 	testenv.Eventually(t, "needs-b left out", 30*time.Second, func() (bool, string) {
 		f, doc := published()
-		return len(f.Images) == 1 && f.Images[0].SHA256 == sum("u1"), doc
+		return len(f.Images) == 1 && f.Images[0].SHA256.String() == sum("u1"), doc
 	})
 }
 

@@ -54,7 +54,7 @@ func (d *Daemon) fleetNeedsFromCluster() error {
 // document that cannot be used leaves the needs last used in force: a
 // broken or foreign document never stops the management inputs, nor
 // takes an image away from a cluster.
-func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]servedset.Wanted) (map[string]servedset.Wanted, osimage.RefusedNeeds) {
+func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[osimage.SHA256]servedset.Wanted) (map[osimage.SHA256]servedset.Wanted, osimage.RefusedNeeds) {
 	if !d.opts.FleetNeeds.Serve {
 		return wanted, nil
 	}
@@ -77,7 +77,7 @@ func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[string]servedset.Wan
 
 // needsLeftOut adds to refused a refusal, for each namespace a need of
 // wanted is served for, of every need left out of mgmt for why.
-func needsLeftOut(wanted, mgmt map[string]servedset.Wanted, refused osimage.RefusedNeeds, why error) osimage.RefusedNeeds {
+func needsLeftOut(wanted, mgmt map[osimage.SHA256]servedset.Wanted, refused osimage.RefusedNeeds, why error) osimage.RefusedNeeds {
 	seen := map[string]bool{}
 	for sha, w := range wanted {
 		if _, ok := mgmt[sha]; ok {

@@ -49,7 +49,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 		sha := fmt.Sprintf("%064x", 100000+i)
 		ns := fmt.Sprintf("wc-%04d", i)
 		rec := osimage.Image{osimage.FieldSHA256: sha, osimage.FieldFilename: long(i, "need"), osimage.FieldURI: uri, osimage.FieldSize: "1"}
-		needs.Images = append(needs.Images, osimage.FleetNeed{SHA256: sha, Namespaces: []string{ns},
+		needs.Images = append(needs.Images, osimage.FleetNeed{SHA256: osimage.SHA256(sha), Namespaces: []string{ns},
 			Sources: []osimage.NeedSource{{Key: "k", Image: rec, Namespaces: []string{ns}}}})
 	}
 	mgmt := values.Values{
@@ -63,7 +63,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 		t.Errorf("%d images served, want the 1500 of the management selection", n)
 	}
 	refused := srv.RefusedNeeds()
-	if r, ok := refused.For("wc-0007", fmt.Sprintf("%064x", 100007)); !ok || r.Reason != osimage.RefusedStorage || !strings.Contains(r.Message, "management selection is served alone") {
+	if r, ok := refused.For("wc-0007", osimage.SHA256(fmt.Sprintf("%064x", 100007))); !ok || r.Reason != osimage.RefusedStorage || !strings.Contains(r.Message, "management selection is served alone") {
 		t.Errorf("wc-0007's refusal: %+v", r)
 	}
 }

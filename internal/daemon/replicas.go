@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/peers"
 	"github.com/sylva-projects/osimages/internal/server"
 )
@@ -104,7 +105,7 @@ func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
 
 // reportPeer records a Warning event on this replica's Pod about a peer
 // that failed to fill an image.
-func (r *replicas) reportPeer(peer, sha256, reason string) {
+func (r *replicas) reportPeer(peer string, sha256 osimage.SHA256, reason string) {
 	if r.recorder == nil {
 		return
 	}

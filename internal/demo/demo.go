@@ -186,7 +186,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	defer stop()
 	served := srv.Served()
 	for sum, e := range served {
-		fmt.Fprintf(log, "demo: serving %s: curl -O %s%s\n", e.ImageKey, base, osimage.ImagePath(osimage.SHA256(sum), resolved[e.ImageKey].Get(osimage.FieldFilename)))
+		fmt.Fprintf(log, "demo: serving %s: curl -O %s%s\n", e.ImageKey, base, osimage.ImagePath(sum, resolved[e.ImageKey].Get(osimage.FieldFilename)))
 	}
 	if err := checkDownload(ctx, base, resolved, served); err != nil {
 		return err
@@ -305,7 +305,7 @@ func serve(ctx context.Context, env *Environment, infoCM *corev1.ConfigMap, list
 // sha256 with the catalog's, as a client would.
 func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served osimage.ServedSet) error {
 	for sum, e := range served {
-		url := base + osimage.ImagePath(osimage.SHA256(sum), cat[e.ImageKey].Get(osimage.FieldFilename))
+		url := base + osimage.ImagePath(sum, cat[e.ImageKey].Get(osimage.FieldFilename))
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err
@@ -320,7 +320,7 @@ func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served
 		if err != nil || resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("demo: GET %s: %d %v", url, resp.StatusCode, err)
 		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		if got := hex.EncodeToString(h.Sum(nil)); got != sum.String() {
 			return fmt.Errorf("demo: GET %s returned sha256 %s", url, got)
 		}
 	}

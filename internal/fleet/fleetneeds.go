@@ -36,7 +36,7 @@ type contribution struct {
 
 // nsNeed is one image a namespace needs.
 type nsNeed struct {
-	sha       string
+	sha       osimage.SHA256
 	filenames []string
 	// key and record are its own catalog's record, cut down; doc is the
 	// record's YAML; ok is false when it has none.
@@ -71,9 +71,9 @@ func AggregateWithin(namespaces []NamespaceNeeds, budget int) osimage.FleetNeeds
 // contribute reads what one namespace needs, and what it costs.
 func contribute(n NamespaceNeeds) contribution {
 	c := contribution{ns: n.Report.Namespace}
-	seen := map[string]bool{}
+	seen := map[osimage.SHA256]bool{}
 	for _, img := range n.Report.Images {
-		if _, err := osimage.ParseSHA256(img.SHA256); err != nil || seen[img.SHA256] {
+		if seen[img.SHA256] {
 			continue
 		}
 		seen[img.SHA256] = true
@@ -151,7 +151,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.Fle
 		sources   []*source
 		filenames map[string][]string
 	}
-	bySHA := map[string]*gathered{}
+	bySHA := map[osimage.SHA256]*gathered{}
 	for _, c := range admitted {
 		for _, n := range c.needs {
 			need := bySHA[n.sha]
@@ -202,11 +202,11 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.Fle
 // that sha256.
 func recordOf(cat osimage.Catalog, img ImageStatus) (string, osimage.Image, bool) {
 	key := ""
-	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == img.SHA256 {
+	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == string(img.SHA256) {
 		key = img.ImageKey
 	} else {
 		for _, k := range cat.Keys() {
-			if cat[k].Get(osimage.FieldSHA256) == img.SHA256 {
+			if cat[k].Get(osimage.FieldSHA256) == string(img.SHA256) {
 				key = k
 				break
 			}

@@ -15,7 +15,7 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
 	}
 	wc1 := NamespaceNeeds{
-		Report: Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: a, ImageKey: "ubuntu"}, {SHA256: c, ImageKey: "gone"}}},
+		Report: Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu"}, {SHA256: osimage.SHA256(c), ImageKey: "gone"}}},
 		Catalog: osimage.Catalog{
 			"ubuntu": rec(a, "oci://r1/ubuntu:1"),
 			// A key that names other bytes than those needed is no
@@ -24,16 +24,16 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		},
 	}
 	wc2 := NamespaceNeeds{
-		Report:  Report{Namespace: "wc2", Images: []ImageStatus{{SHA256: a, ImageKey: "ubuntu-old"}}},
+		Report:  Report{Namespace: "wc2", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu-old"}}},
 		Catalog: osimage.Catalog{"ubuntu-old": rec(a, "oci://r2/ubuntu:1")},
 	}
 	wc3 := NamespaceNeeds{
 		// No key from the check: found by sha256.
-		Report:  Report{Namespace: "wc3", Images: []ImageStatus{{SHA256: a}}},
+		Report:  Report{Namespace: "wc3", Images: []ImageStatus{{SHA256: osimage.SHA256(a)}}},
 		Catalog: osimage.Catalog{"ubuntu": rec(a, "oci://r1/ubuntu:1")},
 	}
 	got := Aggregate([]NamespaceNeeds{wc3, wc2, wc1})
-	if len(got.Images) != 2 || got.Images[0].SHA256 != a || got.Images[1].SHA256 != c {
+	if len(got.Images) != 2 || got.Images[0].SHA256 != osimage.SHA256(a) || got.Images[1].SHA256 != osimage.SHA256(c) {
 		t.Fatalf("images: %+v", got.Images)
 	}
 	need := got.Images[0]
@@ -79,7 +79,7 @@ func TestAggregateCopiesOnlyTheFieldsTheServerReads(t *testing.T) {
 	rec := osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: "disk.qcow2",
 		osimage.FieldSize: "100", "description": strings.Repeat("a line\n", 100_000), "os": "ubuntu", "flags": map[string]any{"x": true}}
 	got := Aggregate([]NamespaceNeeds{{
-		Report:  Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: sha, ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
+		Report:  Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
 		Catalog: osimage.Catalog{"ubuntu": rec},
 	}})
 	if len(got.Images) != 1 || len(got.Images[0].Sources) != 1 {
@@ -110,7 +110,7 @@ func fleetOf(prefix string, n, images, uriBytes int) []NamespaceNeeds {
 			sha := fmt.Sprintf("%064x", i*1000+j+1)
 			key := fmt.Sprintf("img-%d", j)
 			uri := "oci://registry.example.org/" + strings.Repeat("p", max(uriBytes-30, 1)) + ":1"
-			nn.Report.Images = append(nn.Report.Images, ImageStatus{SHA256: sha, ImageKey: key, Filenames: []string{key + ".raw"}})
+			nn.Report.Images = append(nn.Report.Images, ImageStatus{SHA256: osimage.SHA256(sha), ImageKey: key, Filenames: []string{key + ".raw"}})
 			nn.Catalog[key] = osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: key + ".raw", osimage.FieldSize: "1000"}
 		}
 		out = append(out, nn)
@@ -194,19 +194,23 @@ func TestAggregateRefusesARecordOverTheBound(t *testing.T) {
 }
 
 // Each namespace's filenames are carried, and a malformed sha256 or
-// filename (a forged status) is left out (item 1, item 4).
+// filename (a forged status) is left out (item 1, item 4): the sha256 when
+// the status is read (ParseStatus), the filename when it is aggregated.
 func TestAggregateCarriesEachNamespacesFilenames(t *testing.T) {
 	sha := strings.Repeat("a", 64)
 	rec := func(name string) osimage.Image {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: name}
 	}
+	forged, err := ParseStatus("namespace: evil\nservedSet: copy\nservedSetFound: true\nimages:\n" +
+		"- {sha256: " + sha + ", imageKey: aaa, filenames: [evil.raw, ../x], state: served, neededBy: [x]}\n" +
+		"- {sha256: " + strings.ToUpper(sha) + ", imageKey: aaa, state: served, neededBy: [x]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := Aggregate([]NamespaceNeeds{
-		{Report: Report{Namespace: "victim", Images: []ImageStatus{{SHA256: sha, ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
+		{Report: Report{Namespace: "victim", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
 			Catalog: osimage.Catalog{"ubuntu": rec("good.raw")}},
-		{Report: Report{Namespace: "evil", Images: []ImageStatus{
-			{SHA256: sha, ImageKey: "aaa", Filenames: []string{"evil.raw", "../x"}},
-			{SHA256: strings.ToUpper(sha), ImageKey: "aaa"},
-		}}, Catalog: osimage.Catalog{"aaa": rec("evil.raw")}},
+		{Report: forged, Catalog: osimage.Catalog{"aaa": rec("evil.raw")}},
 	})
 	if len(got.Images) != 1 {
 		t.Fatalf("needs: %+v", got.Images)

@@ -17,6 +17,7 @@
 package imagestore
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +26,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -61,11 +61,11 @@ var ErrTampered = errors.New("the stored image was tampered with")
 
 // Entry is a committed, verified image.
 type Entry struct {
-	SHA256     string    `json:"sha256"`
-	MD5        string    `json:"md5,omitempty"`
-	Filename   string    `json:"filename"`
-	Size       int64     `json:"size"`
-	VerifiedAt time.Time `json:"verifiedAt"`
+	SHA256     osimage.SHA256 `json:"sha256"`
+	MD5        string         `json:"md5,omitempty"`
+	Filename   string         `json:"filename"`
+	Size       int64          `json:"size"`
+	VerifiedAt time.Time      `json:"verifiedAt"`
 	// ScrubbedAt is when a scrub last re-read the file and found it
 	// matching its sha256 (zero before the first).
 	ScrubbedAt time.Time `json:"scrubbedAt,omitzero"`
@@ -91,9 +91,9 @@ type Store struct {
 	log                       *slog.Logger
 
 	mu      sync.RWMutex
-	entries map[string]Entry
+	entries map[osimage.SHA256]Entry
 	// resuming holds the sha256s a Writer from Resume has open.
-	resuming map[string]bool
+	resuming map[osimage.SHA256]bool
 }
 
 // Open prepares dir (creating dir/images and dir/tmp), removes what an
@@ -122,8 +122,8 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		images:   filepath.Join(abs, imagesDir),
 		tmp:      filepath.Join(abs, tmpDir),
 		partial:  filepath.Join(abs, partialDir),
-		entries:  map[string]Entry{},
-		resuming: map[string]bool{},
+		entries:  map[osimage.SHA256]Entry{},
+		resuming: map[osimage.SHA256]bool{},
 		log:      slog.Default(),
 	}
 	for _, o := range opts {
@@ -232,13 +232,14 @@ func (s *Store) scan() error {
 		name := de.Name()
 		// Only names this package makes are touched; anything else an
 		// operator put there is neither listed nor removed.
-		if _, err := osimage.ParseSHA256(name); err != nil {
+		sha, err := osimage.ParseSHA256(name)
+		if err != nil {
 			continue
 		}
-		e, err := s.load(name, de)
+		e, err := s.load(sha, de)
 		var invalid *invalidEntry
 		if errors.As(err, &invalid) && invalid.setAside {
-			if err := s.setAside(name, invalid.reason); err != nil {
+			if err := s.setAside(sha, invalid.reason); err != nil {
 				return err
 			}
 			continue
@@ -259,7 +260,7 @@ func (s *Store) scan() error {
 			// rather than delete a good image.
 			return fmt.Errorf("image store: reading the entry %s: %w", filepath.Join(s.images, name), err)
 		}
-		s.entries[name] = e
+		s.entries[sha] = e
 	}
 	return nil
 }
@@ -281,11 +282,11 @@ func invalidf(format string, args ...any) error {
 
 // load reads and checks the entry in images/<sha>. What a Commit cannot have
 // made is an *invalidEntry; other errors are I/O errors.
-func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
+func (s *Store) load(sha osimage.SHA256, de fs.DirEntry) (Entry, error) {
 	if !de.IsDir() {
 		return Entry{}, invalidf("not a directory")
 	}
-	dir := filepath.Join(s.images, sha)
+	dir := filepath.Join(s.images, string(sha))
 	data, err := readRegular(filepath.Join(dir, MetadataName), maxMetadataBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -335,14 +336,14 @@ func badMetadata(dir, reason string) error {
 // setAside moves the entry images/<sha> into set-aside/, not served and
 // not deleted: its metadata cannot be trusted, but nothing says its bytes
 // are not the verified image. The image is downloaded again if selected.
-func (s *Store) setAside(sha, reason string) error {
-	src := filepath.Join(s.images, sha)
+func (s *Store) setAside(sha osimage.SHA256, reason string) error {
+	src := filepath.Join(s.images, string(sha))
 	aside := filepath.Join(s.dir, setAsideDir)
 	if err := makeOwnDir(aside); err != nil {
 		return fmt.Errorf("setting aside %s (%s): %w", src, reason, err)
 	}
 	// A name of its own: nothing set aside earlier is touched.
-	base := filepath.Join(aside, sha+"-"+time.Now().UTC().Format("20060102T150405Z"))
+	base := filepath.Join(aside, string(sha)+"-"+time.Now().UTC().Format("20060102T150405Z"))
 	dst := base
 	for i := 2; ; i++ {
 		if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
@@ -400,12 +401,12 @@ func (s *Store) List() []Entry {
 		out = append(out, e)
 	}
 	s.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.SHA256, b.SHA256) })
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.SHA256, b.SHA256) })
 	return out
 }
 
 // Get returns the committed entry of sha256.
-func (s *Store) Get(sha256 string) (Entry, bool) {
+func (s *Store) Get(sha256 osimage.SHA256) (Entry, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	e, ok := s.entries[sha256]
@@ -417,15 +418,12 @@ func (s *Store) Get(sha256 string) (Entry, bool) {
 // file found replaced (a symlink, another kind of file, another size) is
 // never opened: its entry is dropped and logged, and the error wraps
 // ErrTampered.
-func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
-		return nil, Entry{}, err
-	}
+func (s *Store) Open(sha256 osimage.SHA256) (*os.File, Entry, error) {
 	e, ok := s.Get(sha256)
 	if !ok {
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
 	}
-	dir := filepath.Join(s.images, sha256)
+	dir := filepath.Join(s.images, string(sha256))
 	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 		return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("%s is not a directory (%s)", dir, fi.Mode().Type()))
 	}
@@ -461,7 +459,7 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 // logs it.
 func (s *Store) dropTampered(e Entry, reason string) error {
 	s.log.Warn("stored image dropped: it was tampered with after it was verified; it will be downloaded again if selected",
-		"sha256", e.SHA256, "path", filepath.Join(s.images, e.SHA256), "reason", reason)
+		"sha256", e.SHA256, "path", filepath.Join(s.images, string(e.SHA256)), "reason", reason)
 	err := fmt.Errorf("image %s: %w: %s", e.SHA256, ErrTampered, reason)
 	if derr := s.Delete(e.SHA256); derr != nil && !errors.Is(derr, ErrNotFound) {
 		return fmt.Errorf("%w; removing it: %v", err, derr)
@@ -472,20 +470,17 @@ func (s *Store) dropTampered(e Entry, reason string) error {
 // Delete removes the committed entry of sha256. Readers that have the file
 // open keep reading it; its space is freed when the last one closes it. A
 // crash during Delete leaves the entry either served or gone.
-func (s *Store) Delete(sha256 string) error {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
-		return err
-	}
+func (s *Store) Delete(sha256 osimage.SHA256) error {
 	s.mu.Lock()
 	if _, ok := s.entries[sha256]; !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("deleting image %s: %w", sha256, ErrNotFound)
 	}
-	trash, err := os.MkdirTemp(s.tmp, "deleted-"+sha256+"-")
+	trash, err := os.MkdirTemp(s.tmp, "deleted-"+string(sha256)+"-")
 	if err == nil {
 		// Moving the directory out in one rename makes the removal atomic;
 		// the slow part (unlinking a large file) happens outside images/.
-		err = os.Rename(filepath.Join(s.images, sha256), filepath.Join(trash, sha256))
+		err = os.Rename(filepath.Join(s.images, string(sha256)), filepath.Join(trash, string(sha256)))
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -527,11 +522,11 @@ func (s *Store) Available() (uint64, error) {
 
 // Create starts writing the image of sha256 into a staging directory. The
 // caller must Commit or Abort the Writer.
-func (s *Store) Create(sha256 string) (*Writer, error) {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
+func (s *Store) Create(sha256 osimage.SHA256) (*Writer, error) {
+	if err := named(sha256); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(s.tmp, sha256+"-")
+	dir, err := os.MkdirTemp(s.tmp, string(sha256)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("image %s: creating a staging directory: %w", sha256, err)
 	}
@@ -552,7 +547,7 @@ func (s *Store) commit(staging string, e Entry) error {
 		os.RemoveAll(staging)
 		return nil
 	}
-	final := filepath.Join(s.images, e.SHA256)
+	final := filepath.Join(s.images, string(e.SHA256))
 	if err := os.Rename(staging, final); err != nil {
 		return fmt.Errorf("image %s: moving into %s: %w", e.SHA256, s.images, err)
 	}
@@ -595,4 +590,14 @@ func WithLogger(log *slog.Logger) Option {
 			s.log = log
 		}
 	}
+}
+
+// named refuses the zero SHA256: every sha256 the store is given was
+// parsed where it came in (osimage.ParseSHA256), but "" would name the
+// store's own directories (images/, partial/).
+func named(sha osimage.SHA256) error {
+	if sha == "" {
+		return errors.New("image store: no sha256 given")
+	}
+	return nil
 }

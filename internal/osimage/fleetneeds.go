@@ -33,7 +33,7 @@ type FleetNeeds struct {
 
 // FleetNeed is one needed image and where it comes from.
 type FleetNeed struct {
-	SHA256 string `json:"sha256"`
+	SHA256 SHA256 `json:"sha256"`
 	// Sources are the records of the needing namespaces' own catalogs,
 	// one per distinct record (two namespaces may name one sha256 under
 	// other keys, URIs or registries), each with the namespaces that give
@@ -91,21 +91,28 @@ func (f FleetNeeds) Data(what string) (map[string]string, error) {
 }
 
 // ParseFleetNeeds reads the document back, refusing unknown fields. A need
-// whose sha256 is malformed, or a refusal of a namespace that is not one,
-// is dropped and named in dropped: one bad entry never costs the others
-// their needs. Only a document that does not parse at all is an error.
+// or a refusal whose sha256 is malformed is dropped and named in dropped:
+// one bad entry never costs the others their needs. Only a document that
+// does not parse at all is an error.
 func ParseFleetNeeds(data string) (f FleetNeeds, dropped []error, err error) {
 	if err := yaml.UnmarshalStrict([]byte(data), &f); err != nil {
 		return FleetNeeds{}, nil, fmt.Errorf("%s: %w", FleetNeedsKey, err)
 	}
 	images := f.Images[:0]
 	for _, img := range f.Images {
-		if _, err := ParseSHA256(img.SHA256); err != nil {
+		sha, err := ParseSHA256(string(img.SHA256))
+		if err != nil {
 			dropped = append(dropped, fmt.Errorf("%s: a need of %s is dropped: %w", FleetNeedsKey, strings.Join(img.Namespaces, ", "), err))
 			continue
 		}
+		img.SHA256 = sha
 		images = append(images, img)
 	}
 	f.Images = images
+	var left []error
+	f.Refused, left = parseRefused(f.Refused)
+	for _, err := range left {
+		dropped = append(dropped, fmt.Errorf("%s: %w", FleetNeedsKey, err))
+	}
 	return f, dropped, nil
 }

@@ -16,7 +16,7 @@ func TestParseFleetNeedsDropsAMalformedNeedAlone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the whole document is refused for one need: %v", err)
 	}
-	if len(f.Images) != 1 || f.Images[0].SHA256 != good {
+	if len(f.Images) != 1 || f.Images[0].SHA256 != SHA256(good) {
 		t.Errorf("needs kept: %+v", f.Images)
 	}
 	if len(dropped) != 1 || !strings.Contains(dropped[0].Error(), "evil") || !strings.Contains(dropped[0].Error(), "lowercase") {
@@ -29,7 +29,7 @@ func TestFleetNeedsTooLarge(t *testing.T) {
 	for i := range 3000 {
 		sha := strings.Repeat("0", 60) + strings.Repeat("f", 4)
 		sha = sha[:60] + string(rune('a'+i%6)) + sha[61:]
-		f.Images = append(f.Images, FleetNeed{SHA256: sha, Namespaces: []string{strings.Repeat("n", 300)}})
+		f.Images = append(f.Images, FleetNeed{SHA256: SHA256(sha), Namespaces: []string{strings.Repeat("n", 300)}})
 	}
 	_, err := f.Data("ConfigMap sylva-system/osimages-fleet-needs")
 	var size *SizeError

@@ -209,14 +209,15 @@ func (i Image) Path() (string, error) {
 // reported.
 func (i Image) ServedAt(name string) (SHA256, string, error) {
 	var errs []error
-	sha, err := i.StringField(FieldSHA256)
+	var sha SHA256
+	raw, err := i.StringField(FieldSHA256)
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("%s: %w", name, err))
-	case sha == "":
+	case raw == "":
 		errs = append(errs, fmt.Errorf("%s has no sha256, so it cannot be served for capm3", name))
 	default:
-		if _, err := ParseSHA256(sha); err != nil {
+		if sha, err = ParseSHA256(raw); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
@@ -234,5 +235,5 @@ func (i Image) ServedAt(name string) (SHA256, string, error) {
 	if len(errs) > 0 {
 		return "", "", errors.Join(errs...)
 	}
-	return SHA256(sha), filename, nil
+	return sha, filename, nil
 }

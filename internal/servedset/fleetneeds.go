@@ -1,6 +1,7 @@
 package servedset
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"slices"
@@ -61,12 +62,12 @@ type FleetPolicy struct {
 // and those of the policy, per needing namespace, each with its own
 // reason. stored is what the server stores now, sha256 -> bytes. The same
 // inputs always give the same result.
-func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[string]Wanted, stored map[string]int64, p FleetPolicy) (map[string]Wanted, osimage.RefusedNeeds) {
+func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osimage.SHA256]Wanted, stored map[osimage.SHA256]int64, p FleetPolicy) (map[osimage.SHA256]Wanted, osimage.RefusedNeeds) {
 	if p.MaxImageSize <= 0 {
 		p.MaxImageSize = DefaultMaxImageSize
 	}
 	hosts, _ := catalog.RegistryHosts(mgmt)
-	out := make(map[string]Wanted, len(selected)+len(needs.Images))
+	out := make(map[osimage.SHA256]Wanted, len(selected)+len(needs.Images))
 	for sha, w := range selected {
 		w.Filenames = slices.Clone(w.Filenames)
 		out[sha] = w
@@ -77,7 +78,7 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[strin
 			refused = append(refused, r)
 		}
 	}
-	refuse := func(sha, ns, reason, msg string) {
+	refuse := func(sha osimage.SHA256, ns, reason, msg string) {
 		refused = append(refused, osimage.RefusedNeed{SHA256: sha, Namespace: ns, Reason: reason, Message: msg})
 	}
 
@@ -292,7 +293,7 @@ type admission struct {
 	count   map[string]int
 	bytes   map[string]int64
 	charged map[string]int64
-	refuse  func(sha, ns, reason, msg string)
+	refuse  func(sha osimage.SHA256, ns, reason, msg string)
 }
 
 // run decides the candidates whose stored flag is stored: each turn, the
@@ -309,7 +310,7 @@ func (a *admission) run(cands []*candidate, stored bool) {
 		}
 	}
 	for ns := range queues {
-		slices.SortFunc(queues[ns], func(x, y *candidate) int { return strings.Compare(x.need.SHA256, y.need.SHA256) })
+		slices.SortFunc(queues[ns], func(x, y *candidate) int { return cmp.Compare(x.need.SHA256, y.need.SHA256) })
 	}
 	for len(queues) > 0 {
 		ns := ""
@@ -365,9 +366,9 @@ func (a *admission) decide(c *candidate, ns string) {
 }
 
 // admitSource says why the policy refuses src, "" when it admits it.
-func admitSource(sha string, src osimage.NeedSource, hosts, prefixes []string) (string, string) {
+func admitSource(sha osimage.SHA256, src osimage.NeedSource, hosts, prefixes []string) (string, string) {
 	img := src.Image
-	if got, err := img.SHA256(); err != nil || string(got) != sha {
+	if got, err := img.SHA256(); err != nil || got != sha {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s does not pin sha256 %s", src.Key, sha)
 	}
 	if _, err := img.Filename(); err != nil {

@@ -9,11 +9,11 @@ import (
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
-func sha(c byte) string { return strings.Repeat(string(c), 64) }
+func sha(c byte) osimage.SHA256 { return osimage.SHA256(strings.Repeat(string(c), 64)) }
 
 // needsOf keeps the fleet's needs of a served set.
-func needsOf(served map[string]Wanted) map[string]Wanted {
-	out := map[string]Wanted{}
+func needsOf(served map[osimage.SHA256]Wanted) map[osimage.SHA256]Wanted {
+	out := map[osimage.SHA256]Wanted{}
 	for s, w := range served {
 		if w.IsNeed() {
 			out[s] = w
@@ -22,13 +22,13 @@ func needsOf(served map[string]Wanted) map[string]Wanted {
 	return out
 }
 
-func need(s, uri string, size string, namespaces ...string) osimage.FleetNeed {
-	img := osimage.Image{osimage.FieldSHA256: s, osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
+func need(s osimage.SHA256, uri string, size string, namespaces ...string) osimage.FleetNeed {
+	img := osimage.Image{osimage.FieldSHA256: string(s), osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
 	if size != "" {
 		img[osimage.FieldSize] = size
 	}
 	return osimage.FleetNeed{SHA256: s, Namespaces: namespaces,
-		Sources: []osimage.NeedSource{{Key: "k-" + s[:1], Image: img, Namespaces: namespaces}}}
+		Sources: []osimage.NeedSource{{Key: "k-" + string(s[:1]), Image: img, Namespaces: namespaces}}}
 }
 
 var fleetMgmtValues = values.Values{"os_images_oci_registries": map[string]any{
@@ -47,7 +47,7 @@ func TestFleetNeedsPolicy(t *testing.T) {
 		need(sha('0'), "oci://registry.example.org/already:1", "10", "wc1"),
 		{SHA256: sha('9'), Namespaces: []string{"wc3"}},
 	}}
-	selected := map[string]Wanted{sha('0'): {SHA256: sha('0'), Key: "mgmt"}}
+	selected := map[osimage.SHA256]Wanted{sha('0'): {SHA256: sha('0'), Key: "mgmt"}}
 	served, refused := FleetNeeds(fleetMgmtValues, needs, selected, nil, FleetPolicy{AllowPrefixes: []string{"https://files.example.org/dib/"}})
 	added := needsOf(served)
 	if len(added) != 2 || added[sha('a')].Key != "k-a" || added[sha('d')].Key != "k-d" {
@@ -56,7 +56,7 @@ func TestFleetNeedsPolicy(t *testing.T) {
 	if w := served[sha('0')]; w.Key != "mgmt" || w.IsNeed() {
 		t.Errorf("an image the management already selects is changed: %+v", w)
 	}
-	want := map[string]string{
+	want := map[osimage.SHA256]string{
 		sha('b'): "registry evil.example.org is not allowed by the management values",
 		sha('c'): "registry off.example.org is not allowed by the management values",
 		sha('e'): "is under no prefix allowed",
@@ -106,7 +106,7 @@ func TestFleetNeedsQuotas(t *testing.T) {
 func TestFleetNeedsKeepWhatIsServed(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
 	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{need(sha('b'), uri, "10", "wc1"), need(sha('a'), uri, "10", "wc1")}}
-	stored := map[string]int64{sha('b'): 10}
+	stored := map[osimage.SHA256]int64{sha('b'): 10}
 	added, refused := FleetNeeds(fleetMgmtValues, needs, nil, stored, FleetPolicy{MaxImages: 1})
 	if _, ok := added[sha('b')]; !ok || len(added) != 1 || len(refused) != 1 || refused[0].SHA256 != sha('a') {
 		t.Fatalf("added %v, refused %+v", added, refused)
@@ -114,8 +114,8 @@ func TestFleetNeedsKeepWhatIsServed(t *testing.T) {
 }
 
 // record is a needing namespace's record of sha s.
-func record(key, s, uri, filename, size string, namespaces ...string) osimage.NeedSource {
-	img := osimage.Image{osimage.FieldSHA256: s, osimage.FieldURI: uri, osimage.FieldFilename: filename}
+func record(key string, s osimage.SHA256, uri, filename, size string, namespaces ...string) osimage.NeedSource {
+	img := osimage.Image{osimage.FieldSHA256: string(s), osimage.FieldURI: uri, osimage.FieldFilename: filename}
 	if size != "" {
 		img[osimage.FieldSize] = size
 	}
@@ -155,7 +155,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 
 	// The management cluster selects the image: its record and key stay,
 	// the needing namespaces only add the names their URLs ask for.
-	mgmt := map[string]Wanted{sha('a'): {SHA256: sha('a'), Key: "mgmt-ubuntu", Filenames: []string{"mgmt.raw"},
+	mgmt := map[osimage.SHA256]Wanted{sha('a'): {SHA256: sha('a'), Key: "mgmt-ubuntu", Filenames: []string{"mgmt.raw"},
 		Image: osimage.Image{osimage.FieldSHA256: sha('a'), osimage.FieldFilename: "mgmt.raw", osimage.FieldURI: "oci://registry.example.org/sylva/ubuntu:1"}}}
 	served, _ = FleetNeeds(fleetMgmtValues, needs, mgmt, nil, FleetPolicy{})
 	w = served[sha('a')]
@@ -195,7 +195,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
 	mgmtImg := osimage.Image{osimage.FieldSHA256: sha('m'), osimage.FieldSize: "600", osimage.FieldArchiveSize: "100", osimage.FieldFilename: "m.raw", osimage.FieldURI: uri}
-	mgmt := map[string]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg}}
+	mgmt := map[osimage.SHA256]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg}}
 	var images []osimage.FleetNeed
 	// greedy needs 4 images of 100 bytes under keys that sort first; fair
 	// needs 2.
@@ -236,7 +236,7 @@ func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 
 	// An image stored already stays before a new one; images kept on disk
 	// for a grace period count as taken.
-	stored := map[string]int64{sha('d'): 100, sha('z'): 100}
+	stored := map[osimage.SHA256]int64{sha('d'): 100, sha('z'): 100}
 	served, _ = FleetNeeds(fleetMgmtValues, needs, mgmt, stored, FleetPolicy{Storage: 1000})
 	if _, ok := served[sha('d')]; !ok {
 		t.Error("a need stored already gave its room to a new one")

@@ -20,7 +20,7 @@ import (
 
 // Wanted is one image of the served set: one the server must serve.
 type Wanted struct {
-	SHA256 string
+	SHA256 osimage.SHA256
 	// Key is the image's key in the management cluster's os_images; when
 	// several keys name the same file, the first in sort order.
 	Key   string
@@ -89,7 +89,7 @@ const AdditionalSelectorsKey = "os_image_server_additional_selectors"
 // (no sha256 or filename) are faults too. Each image selected is served
 // under every filename that a key of cat gives its sha256, selected or not:
 // it is the same file.
-func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) {
+func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted, error) {
 	var errs []error
 	type match struct{ by string }
 	byKey := map[string][]string{}
@@ -142,7 +142,7 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 		}
 	}
 
-	out := map[string]Wanted{}
+	out := map[osimage.SHA256]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
 		sha, err := img.SHA256()
@@ -150,31 +150,30 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[string]Wanted, error) 
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256: %w", key, err))
 			continue
 		}
-		sum := string(sha)
 		if _, err := img.Filename(); err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: %w", key, err))
 			continue
 		}
-		if prev, ok := out[sum]; ok {
+		if prev, ok := out[sha]; ok {
 			prev.SelectedBy = append(prev.SelectedBy, byKey[key]...)
-			out[sum] = prev
+			out[sha] = prev
 			continue
 		}
-		out[sum] = Wanted{SHA256: sum, Key: key, Image: img, SelectedBy: byKey[key]}
+		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
 		sha, err := cat[key].SHA256()
 		if err != nil {
 			continue
 		}
-		w, ok := out[string(sha)]
+		w, ok := out[sha]
 		name, err := cat[key].Filename()
 		if !ok || err != nil || slices.Contains(w.Filenames, name) {
 			continue
 		}
 		w.Filenames = append(w.Filenames, name)
 		slices.Sort(w.Filenames)
-		out[string(sha)] = w
+		out[sha] = w
 	}
 	return out, errors.Join(errs...)
 }

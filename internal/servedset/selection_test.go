@@ -48,7 +48,7 @@ capm3:
 	return v
 }
 
-func keys(w map[string]Wanted) []string {
+func keys(w map[osimage.SHA256]Wanted) []string {
 	var out []string
 	for _, x := range w {
 		out = append(out, x.Key)
@@ -94,7 +94,7 @@ machine_deployments: {md0: {capm3: {}}}`, []string{"ubuntu-plain-132"}, "nothing
 				t.Errorf("selected %v, want %v", k, tc.want)
 			}
 			for sum, w := range got {
-				if w.SHA256 != sum || w.Image["sha256"] != sum || len(w.SelectedBy) == 0 {
+				if w.SHA256 != sum || w.Image.Get("sha256") != string(sum) || len(w.SelectedBy) == 0 {
 					t.Errorf("entry %s: %+v", sum, w)
 				}
 			}
@@ -109,7 +109,7 @@ os_image_server_additional_selectors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, ok := got[hexSum("ubuntu-plain-132")]
+	w, ok := got[osimage.SHA256(hexSum("ubuntu-plain-132"))]
 	if len(got) != 1 || !ok || w.Key != "alias-ubuntu-plain-132" || len(w.SelectedBy) != 2 {
 		t.Errorf("one file under two keys: %+v", got)
 	}
@@ -151,7 +151,7 @@ func TestSelectServesEveryFilenameOfTheSHA256(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := got[hexSum("ubuntu-plain-132")]
+	w := got[osimage.SHA256(hexSum("ubuntu-plain-132"))]
 	if want := []string{"renamed.raw", "third.raw", "ubuntu-plain-132.raw"}; strings.Join(w.Filenames, ",") != strings.Join(want, ",") {
 		t.Errorf("filenames %v, want %v", w.Filenames, want)
 	}

@@ -103,10 +103,10 @@ func (c fleetNeedsCollector) Collect(ch chan<- prometheus.Metric) {
 // StoredSizes are the images stored, sha256 -> bytes: what the fleet's
 // needs may keep (servedset.FleetNeeds admits them first) and what takes
 // room already.
-func (s *Server) StoredSizes() map[string]int64 {
+func (s *Server) StoredSizes() map[osimage.SHA256]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]int64{}
+	out := map[osimage.SHA256]int64{}
 	for sum, img := range s.images {
 		if img.stored {
 			out[sum] = img.entry.Size

@@ -83,7 +83,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 	}
 	testenv.Eventually(t, "the need reaches apply", 10*time.Second, func() (bool, string) {
 		l, n, _ := last()
-		return n == 2 && l.Needs != nil && len(l.Needs.Images) == 1 && l.Needs.Images[0].SHA256 == sha, ""
+		return n == 2 && l.Needs != nil && len(l.Needs.Images) == 1 && l.Needs.Images[0].SHA256.String() == sha, ""
 	})
 	update := func(labels map[string]string, doc string) {
 		t.Helper()
@@ -148,7 +148,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	h.want(need)
 	h.waitPhase(good.SHA256, PhaseReady)
 	for _, name := range []string{"ubuntu.raw", "evil.raw"} {
-		resp, body := h.get("/images/" + good.SHA256 + "/" + name)
+		resp, body := h.get(osimage.ImagePath(good.SHA256, name))
 		if resp.StatusCode != http.StatusOK || string(body) != strings.Repeat("u", 64) {
 			t.Errorf("%s: HTTP %d", name, resp.StatusCode)
 		}

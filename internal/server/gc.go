@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // Garbage collection: stored images deselected for longer than the grace
@@ -35,7 +37,7 @@ func (s *Server) CollectGarbage() {
 		return
 	}
 	now := s.cfg.Now()
-	var victims []string
+	var victims []osimage.SHA256
 	for sum, img := range s.images {
 		if !img.selected && img.stored && now.Sub(img.deselectedAt) >= s.cfg.GCGrace {
 			victims = append(victims, sum)
@@ -47,7 +49,7 @@ func (s *Server) CollectGarbage() {
 			s.log.Warn("garbage collection postponed: the Metal3 objects that may reference images are not all known yet", "candidates", len(victims))
 			return
 		}
-		victims = slices.DeleteFunc(victims, func(sum string) bool {
+		victims = slices.DeleteFunc(victims, func(sum osimage.SHA256) bool {
 			by := strings.Join(refs.ReferencedBy(sum), ", ")
 			s.mu.Lock()
 			img, ok := s.images[sum]
@@ -116,7 +118,7 @@ func (s *Server) LastCollection() time.Time {
 }
 
 // keptByLocked names what keeps a deselected, stored image.
-func (s *Server) keptByLocked(sum string, img *image) []string {
+func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
 	if img.selected || !img.stored || s.cfg.References == nil {
 		return nil
 	}

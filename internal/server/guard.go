@@ -73,7 +73,7 @@ func (s *Server) InputsStatus() InputsStatus {
 // first set is in force, what is served is what the publisher published
 // last (a restart on broken inputs is refused too), or, when that cannot be
 // read, what the store holds.
-func (s *Server) Admit(ctx context.Context, wanted map[string]servedset.Wanted) error {
+func (s *Server) Admit(ctx context.Context, wanted map[osimage.SHA256]servedset.Wanted) error {
 	// The largest the output can be: every entry still "available: false".
 	out := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}}
 	for sum, w := range wanted {

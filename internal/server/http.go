@@ -89,7 +89,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	sum, file := string(req.SHA256), req.Name()
+	sum, file := req.SHA256, req.Name()
 	info, ok := s.lookup(sum)
 	if !ok || !info.served {
 		http.NotFound(w, r)
@@ -105,7 +105,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	var checksum string
 	switch suffix {
 	case ".sha256sum":
-		checksum = sum
+		checksum = string(sum)
 	case ".md5sum":
 		checksum = info.md5
 	}
@@ -124,7 +124,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		// and conditional requests treat it as the image.
 		body := checksum + "  " + name + "\n"
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("ETag", `"`+sum+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
+		w.Header().Set("ETag", `"`+string(sum)+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
 		http.ServeContent(w, r, file, info.verifiedAt, strings.NewReader(body))
 		return
 	}
@@ -132,7 +132,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveStored sends the stored, verified file of sum.
-func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string) {
+func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
 	f, entry, err := s.cfg.Store.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it: download it again.
@@ -147,7 +147,7 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string)
 		return
 	}
 	defer f.Close()
-	w.Header().Set("ETag", `"`+sum+`"`)
+	w.Header().Set("ETag", `"`+string(sum)+`"`)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
 		// Go's ServeContent answers bytes=-0 with a 206 whose

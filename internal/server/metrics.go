@@ -115,7 +115,7 @@ func (m *Metrics) bind(s *Server) {
 			if len(st.KeptBy) > 0 {
 				// The first referrer names one culprit in the label; the
 				// value counts them all.
-				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), st.SHA256, st.Key, st.KeptBy[0])
+				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), string(st.SHA256), st.Key, st.KeptBy[0])
 			}
 		}
 		for k, n := range counts {

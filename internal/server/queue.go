@@ -39,7 +39,7 @@ func (s *Server) worker(ctx context.Context) {
 
 // next claims the image that needs a download now, in claim order
 // (claimsBefore): the management selection first, then the fleet's needs.
-func (s *Server) next() (string, bool) {
+func (s *Server) next() (osimage.SHA256, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.claimableLocked() {
@@ -72,7 +72,7 @@ func (s *Server) next() (string, bool) {
 	return best.SHA256, true
 }
 
-func (s *Server) download(ctx context.Context, sum string) {
+func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	img := s.images[sum]
 	w := img.attempt()
@@ -284,7 +284,7 @@ func isVerifyError(err error) bool {
 // forgetStored notes that the stored file of sum is gone (the store found
 // it tampered with and dropped it), for reason: a selected image is queued
 // again.
-func (s *Server) forgetStored(sum, reason string) {
+func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]

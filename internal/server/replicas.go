@@ -49,7 +49,7 @@ type Replicas interface {
 
 // PeerReporter reports a peer that failed or sent bad bytes, beside the
 // log line and the metric (a Kubernetes event, say).
-type PeerReporter func(peer, sha256, reason string)
+type PeerReporter func(peer string, sha256 osimage.SHA256, reason string)
 
 // The fill sources an image's state names.
 const (
@@ -66,7 +66,7 @@ const DefaultPeerTimeout = 30 * time.Second
 // (/peer/state) answers it.
 type ReplicaState struct {
 	Replica string                  `json:"replica"`
-	Images  map[string]ReplicaImage `json:"images"`
+	Images  map[osimage.SHA256]ReplicaImage `json:"images"`
 }
 
 // ReplicaImage is one image on one replica.
@@ -98,7 +98,7 @@ func (s *Server) replicaState() ReplicaState {
 }
 
 func (s *Server) replicaStateLocked() ReplicaState {
-	out := ReplicaState{Replica: s.cfg.Replicas.Self(), Images: map[string]ReplicaImage{}}
+	out := ReplicaState{Replica: s.cfg.Replicas.Self(), Images: map[osimage.SHA256]ReplicaImage{}}
 	for sum, img := range s.images {
 		ri := ReplicaImage{Phase: img.phase, Source: img.source, Received: img.received}
 		if img.stored {
@@ -188,6 +188,7 @@ func fetchState(ctx context.Context, client *http.Client, p peers.Peer) (Replica
 	if st.Replica != p.ID {
 		return ReplicaState{}, fmt.Errorf("%s/peer/state answers as replica %q, not %q", p.URL, st.Replica, p.ID)
 	}
+	st.Images = osimage.ParseKeys(st.Images)
 	return st, nil
 }
 
@@ -209,7 +210,7 @@ func peerTransport() *http.Transport {
 // once it holds every image its ready peers hold (ReplicaReady), and a
 // peer's state goes unread when it stops, before its endpoint goes; the
 // output would flap at each scale-down and each new replica.
-func (s *Server) availableLocked(sum string, img *image) bool {
+func (s *Server) availableLocked(sum osimage.SHA256, img *image) bool {
 	if s.cfg.Replicas == nil {
 		return img.phase == PhaseReady && img.stored
 	}
@@ -318,7 +319,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 		}
 		for _, p := range ready {
 			if v := s.peerViews[p.ID]; v.err == nil && v.state.Images[sum].Verified() {
-				missing = append(missing, sum)
+				missing = append(missing, string(sum))
 				break
 			}
 		}
@@ -333,7 +334,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 
 // chooseSource is where to fill an image from: a peer, or the registry
 // (nil).
-func (s *Server) chooseSource(sum string) *peers.Peer {
+func (s *Server) chooseSource(sum osimage.SHA256) *peers.Peer {
 	listed := s.cfg.Replicas.Listed()
 	self := s.cfg.Replicas.Self()
 	s.mu.Lock()
@@ -347,7 +348,7 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 		ids = append(ids, p.ID)
 	}
 	// A verified copy first: it costs the registry nothing.
-	for _, id := range peers.Rendezvous(sum, ids) {
+	for _, id := range peers.Rendezvous(string(sum), ids) {
 		if _, isBad := bad[id]; !isBad && views[id].err == nil && views[id].state.Images[sum].Verified() {
 			p := byID[id]
 			return &p
@@ -355,7 +356,7 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 	}
 	// Then a peer that pulls it from the registry already: it may have
 	// chosen itself before this replica was listed.
-	for _, id := range peers.Rendezvous(sum, ids) {
+	for _, id := range peers.Rendezvous(string(sum), ids) {
 		img := views[id].state.Images[sum]
 		if _, isBad := bad[id]; !isBad && views[id].err == nil && img.Source == SourceRegistry &&
 			(img.Phase == PhaseDownloading || img.Phase == PhaseVerifying) {
@@ -370,7 +371,7 @@ func (s *Server) chooseSource(sum string) *peers.Peer {
 	// moments would choose different pullers. A listed replica that is
 	// down fails at once (its port refuses) and is skipped.
 	ids = append(ids, self)
-	for _, id := range peers.Rendezvous(sum, ids) {
+	for _, id := range peers.Rendezvous(string(sum), ids) {
 		if id == self {
 			return nil
 		}
@@ -423,7 +424,7 @@ func (s *Server) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.W
 	}
 }
 
-func (s *Server) setSource(sum, source string) {
+func (s *Server) setSource(sum osimage.SHA256, source string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if img, ok := s.images[sum]; ok {
@@ -477,7 +478,7 @@ func (s *Server) pullFromPeer(ctx context.Context, p peers.Peer, w servedset.Wan
 		}
 	}()
 	src := pull.Source{
-		URI:    p.URL + osimage.ImagePath(osimage.SHA256(w.SHA256), w.Filename()),
+		URI:    p.URL + osimage.ImagePath(w.SHA256, w.Filename()),
 		SHA256: w.SHA256, MD5: w.Image.Get(osimage.FieldMD5), Size: w.Int64Field(osimage.FieldSize),
 	}
 	if w.Image.Get(osimage.FieldCompression) != "" {
@@ -520,7 +521,7 @@ var errPeerCommitted = errors.New("the peer committed the image and removed its 
 
 // peerCommitted says whether p keeps no compressed layer of sum any more
 // and holds the image verified.
-func (s *Server) peerCommitted(ctx context.Context, p peers.Peer, sum string) bool {
+func (s *Server) peerCommitted(ctx context.Context, p peers.Peer, sum osimage.SHA256) bool {
 	if _, kept, err := s.peerBlobDescriptor(ctx, p, sum); err != nil || kept {
 		return false
 	}
@@ -595,7 +596,7 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	sum := string(req.SHA256)
+	sum := req.SHA256
 	// Wait for the download to start, or to be verified: a follower asks
 	// as soon as it knows this replica pulls the image, which may be
 	// before this replica has read the selection that names it (replicas
@@ -711,7 +712,7 @@ func (s *Server) peerStatuses() []ReplicaState {
 
 // peerBlobPath is where the peer listener serves the compressed layer of
 // the image sum while it pulls it from the registry.
-func peerBlobPath(sum string) string { return "/peer/blobs/" + sum }
+func peerBlobPath(sum osimage.SHA256) string { return "/peer/blobs/" + string(sum) }
 
 // peerBlobAnswer is what the peer listener says of the compressed layer
 // of an image.
@@ -733,7 +734,7 @@ const (
 // whether it keeps its blob: the writer that keeps it, or why there is
 // none to stream. A replica that claimed the image but has not started
 // keeping its layer is waited for, never taken for one that has none.
-func (s *Server) peerBlob(r *http.Request, sum string) (*imagestore.Writer, imagestore.Blob, peerBlobAnswer) {
+func (s *Server) peerBlob(r *http.Request, sum osimage.SHA256) (*imagestore.Writer, imagestore.Blob, peerBlobAnswer) {
 	deadline := time.Now().Add(s.cfg.PeerTimeout)
 	for {
 		s.mu.Lock()
@@ -803,8 +804,8 @@ type peerBlobDescriptor struct {
 }
 
 func (s *Server) servePeerBlobDescriptor(w http.ResponseWriter, r *http.Request) {
-	sum := r.PathValue("sha256")
-	if _, err := osimage.ParseSHA256(sum); err != nil {
+	sum, err := osimage.ParseSHA256(r.PathValue("sha256"))
+	if err != nil {
 		http.NotFound(w, r)
 		return
 	}
@@ -818,8 +819,8 @@ func (s *Server) servePeerBlobDescriptor(w http.ResponseWriter, r *http.Request)
 }
 
 func (s *Server) servePeerBlob(w http.ResponseWriter, r *http.Request) {
-	sum := r.PathValue("sha256")
-	if _, err := osimage.ParseSHA256(sum); err != nil {
+	sum, err := osimage.ParseSHA256(r.PathValue("sha256"))
+	if err != nil {
 		http.NotFound(w, r)
 		return
 	}
@@ -836,7 +837,7 @@ func (s *Server) servePeerBlob(w http.ResponseWriter, r *http.Request) {
 
 // peerBlobDescriptor asks peer p for the compressed layer of sum it keeps
 // while it pulls it: kept is false when it keeps none (copy the image).
-func (s *Server) peerBlobDescriptor(ctx context.Context, p peers.Peer, sum string) (peerBlobDescriptor, bool, error) {
+func (s *Server) peerBlobDescriptor(ctx context.Context, p peers.Peer, sum osimage.SHA256) (peerBlobDescriptor, bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+peerBlobPath(sum)+"/descriptor", nil)
 	if err != nil {
 		return peerBlobDescriptor{}, false, err

@@ -31,19 +31,19 @@ const (
 // Store is the content-addressed storage the server fills and serves from.
 type Store interface {
 	List() []imagestore.Entry
-	Open(sha256 string) (*os.File, imagestore.Entry, error)
+	Open(sha256 osimage.SHA256) (*os.File, imagestore.Entry, error)
 	// Resume opens the partial download of sha256, kept from an earlier
 	// attempt or process, or starts one.
-	Resume(sha256 string) (*imagestore.Writer, error)
+	Resume(sha256 osimage.SHA256) (*imagestore.Writer, error)
 	// Partials lists the partial downloads kept; RemovePartial removes one.
 	Partials() ([]imagestore.Partial, error)
-	RemovePartial(sha256 string) error
-	Delete(sha256 string) error
+	RemovePartial(sha256 osimage.SHA256) error
+	Delete(sha256 osimage.SHA256) error
 	Available() (uint64, error)
 	Used() int64
 	// Scrub re-hashes a stored image (scrub.go); a mismatch drops it and
 	// wraps imagestore.ErrTampered.
-	Scrub(ctx context.Context, sha256 string, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
+	Scrub(ctx context.Context, sha256 osimage.SHA256, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
@@ -61,7 +61,7 @@ type References interface {
 	// collected before.
 	Synced() bool
 	// ReferencedBy names the objects that reference sha256, as KIND NS/NAME.
-	ReferencedBy(sha256 string) []string
+	ReferencedBy(sha256 osimage.SHA256) []string
 }
 
 // Publisher writes the served set, and the filenames of its images,
@@ -214,7 +214,7 @@ type Server struct {
 	log *slog.Logger
 
 	mu        sync.Mutex
-	images    map[string]*image
+	images    map[osimage.SHA256]*image
 	ready     bool   // the first desired set is known
 	waiting   string // before ready: why there is no catalog yet
 	selectErr error
@@ -236,7 +236,7 @@ type Server struct {
 	// and which images were available at the last count (leader or not).
 	peerViews     map[string]peerView
 	readySeen     map[string]time.Time
-	lastAvailable map[string]bool
+	lastAvailable map[osimage.SHA256]bool
 	peersKnown    bool
 	// listedIDs are the replicas listed at the last read, changed at
 	// listedChangedAt.
@@ -297,7 +297,7 @@ func New(cfg Config) *Server {
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		images:  map[string]*image{},
+		images:  map[osimage.SHA256]*image{},
 		kick:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
 		peerPuller: &pull.Puller{
@@ -329,7 +329,7 @@ func New(cfg Config) *Server {
 // stop being served (a download of theirs is cancelled; their file is
 // collected after the grace period). selectErr is what selection could not
 // do, shown on the status page.
-func (s *Server) SetDesired(wanted map[string]servedset.Wanted, selectErr error) {
+func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -402,13 +402,14 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Status is one image as the status page and the metrics show it.
 type Status struct {
-	SHA256, Key, Filename, URI string
-	Phase                      Phase
-	Selected                   bool
-	Received, Total, Size      int64
-	Reason                     string
-	NextTry                    time.Time
-	DeselectedAt               time.Time
+	SHA256                osimage.SHA256
+	Key, Filename, URI    string
+	Phase                 Phase
+	Selected              bool
+	Received, Total, Size int64
+	Reason                string
+	NextTry               time.Time
+	DeselectedAt          time.Time
 	// KeptBy names the objects that still reference a deselected image,
 	// which is therefore kept and served.
 	KeptBy []string
@@ -474,7 +475,7 @@ type lookup struct {
 	verifiedAt     time.Time
 }
 
-func (s *Server) lookup(sum string) (lookup, bool) {
+func (s *Server) lookup(sum osimage.SHA256) (lookup, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]

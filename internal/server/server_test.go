@@ -190,7 +190,7 @@ func (h *harness) do(method, path string, header ...string) (*http.Response, []b
 }
 
 // waitPhase waits until the image reaches phase.
-func (h *harness) waitPhase(sum string, phase Phase) {
+func (h *harness) waitPhase(sum osimage.SHA256, phase Phase) {
 	h.t.Helper()
 	testenv.Poll(h.t, fmt.Sprintf("image %s reaching %s", sum[:12], phase), 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		statuses, _ := h.srv.Statuses()

@@ -62,7 +62,7 @@ func addSizes(a, b int64) int64 {
 // bound shrinks to the space there is, so that it is tried (and fails only
 // if it really is larger) instead of being refused outright. It returns the
 // bound reserved.
-func (s *Server) reserveSpace(sum string, w servedset.Wanted, bound, need int64) (int64, error) {
+func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", osimage.FormatBytes(bound))
@@ -165,7 +165,7 @@ func (s *Server) yieldNeedsLocked(key string) {
 }
 
 // partialBytes is the disk space the kept partial download of sum takes.
-func (s *Server) partialBytes(sum string) int64 {
+func (s *Server) partialBytes(sum osimage.SHA256) int64 {
 	partials, _ := s.cfg.Store.Partials()
 	for _, p := range partials {
 		if p.SHA256 == sum {
@@ -183,7 +183,7 @@ func (e *spaceWait) Error() string { return e.msg }
 
 // releaseSpace gives back what the download of sum reserved; the images
 // waiting for space try again.
-func (s *Server) releaseSpace(sum string) {
+func (s *Server) releaseSpace(sum osimage.SHA256) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]

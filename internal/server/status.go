@@ -33,7 +33,7 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 
 	// The link is the URL render writes, the filename escaped.
-	"imagePath": func(sha, filename string) string { return osimage.ImagePath(osimage.SHA256(sha), filename) },
+	"imagePath": osimage.ImagePath,
 }).Parse(statusHTML))
 
 type statusView struct {

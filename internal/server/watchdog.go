@@ -81,7 +81,7 @@ func rateTick(window time.Duration) time.Duration {
 // with a *gaveWayError when fewer than MinRate × StallTimeout bytes came in
 // the last StallTimeout while an image that never gave way waits for a
 // slot. It measures on the monotonic clock, not Config.Now.
-func (s *Server) watch(ctx context.Context, sum string, cancel context.CancelCauseFunc) (stop func()) {
+func (s *Server) watch(ctx context.Context, sum osimage.SHA256, cancel context.CancelCauseFunc) (stop func()) {
 	window := s.cfg.StallTimeout
 	done := make(chan struct{})
 	exited := make(chan struct{})
@@ -145,7 +145,7 @@ func (s *Server) dueLocked(img *image, now time.Time) bool {
 
 // waitingLocked says whether an image other than sum, that never gave way,
 // waits for a download slot while every slot is taken.
-func (s *Server) waitingLocked(sum string) bool {
+func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 	now := s.cfg.Now()
 	busy, waiting := 0, false
 	for other, img := range s.images {
