@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/peers"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -99,7 +99,7 @@ func TestServeReplicasFillFromTheCompressedLayer(t *testing.T) {
 		t.Fatalf("the gz test image is %d bytes compressed for %d: the test needs a layer well smaller than the image", archive, size)
 	}
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(plainSum, ids)[0]
+	puller := replica.Rendezvous(plainSum, ids)[0]
 	rs := newReplicaSet(t, args...)
 	traffic := map[string]*peerTraffic{}
 	for _, id := range ids {
@@ -147,7 +147,7 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 	args, sums, _ := replicaImages(t, reg, 16<<20)
 	plainSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(plainSum, ids)[0]
+	puller := replica.Rendezvous(plainSum, ids)[0]
 	rs := newReplicaSet(t, args...)
 	bad := &peerTraffic{}
 	for _, id := range ids {
@@ -227,7 +227,7 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 	args, sums, blobBytes := replicaImages(t, reg, 16<<20)
 	gzSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(gzSum, ids)[0]
+	puller := replica.Rendezvous(gzSum, ids)[0]
 	rs := newReplicaSet(t, args...)
 	var cuts atomic.Int64
 	for _, id := range ids {
@@ -308,7 +308,7 @@ func TestServeReplicasWaitForAPeerThatHasNotReadTheSelection(t *testing.T) {
 	// The puller selects the plain image only, until its values change.
 	lateValues := writeFile(t, "late.yaml", mgmtServeValues+"oci_registry_insecure: true\n")
 	late, early := "r0", "r1"
-	if peers.Rendezvous(hardened, []string{late, early})[0] != late {
+	if replica.Rendezvous(hardened, []string{late, early})[0] != late {
 		late, early = early, late
 	}
 	rs := newReplicaSet(t, "--os-images", osImages, "--peer-timeout", "60s")

@@ -26,7 +26,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -38,7 +40,7 @@ import (
 
 const peersService = "osimages-peers"
 
-type replica struct {
+type replicaProcess struct {
 	id       string
 	d        *serveProcess
 	httpAddr string
@@ -55,7 +57,7 @@ type replicaSet struct {
 	ns       string
 	args     []string
 	mu       sync.Mutex
-	replicas map[string]*replica
+	replicas map[string]*replicaProcess
 }
 
 // blobCounter counts the blob bytes the registry sends, and can trickle
@@ -111,7 +113,7 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 	if _, err := k.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*replica{}}
+	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*replicaProcess{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -129,10 +131,10 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 }
 
 // start runs replica id; advertise, when set, wraps its peer address.
-func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replica {
+func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replicaProcess {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
-	r := &replica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
+	r := &replicaProcess{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
@@ -148,7 +150,7 @@ func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, e
 	return r
 }
 
-func (rs *replicaSet) get(id string) *replica {
+func (rs *replicaSet) get(id string) *replicaProcess {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.replicas[id]
@@ -156,7 +158,7 @@ func (rs *replicaSet) get(id string) *replica {
 
 func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Lock()
-	all := make([]*replica, 0, len(rs.replicas))
+	all := make([]*replicaProcess, 0, len(rs.replicas))
 	for _, r := range rs.replicas {
 		all = append(all, r)
 	}
@@ -182,7 +184,7 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 }
 
 // putSlice creates or updates r's EndpointSlice.
-func (rs *replicaSet) putSlice(ctx context.Context, r *replica, ready bool) {
+func (rs *replicaSet) putSlice(ctx context.Context, r *replicaProcess, ready bool) {
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	name := "osimages-" + r.id
 	_, httpPort := splitPort(rs.t, r.httpAddr)
@@ -242,21 +244,21 @@ func splitPort(t *testing.T, addr string) (string, int32) {
 }
 
 // state is a replica's /peer/state, nil when it does not answer.
-func (r *replica) state() *server.ReplicaState {
+func (r *replicaProcess) state() *replica.State {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + r.peerAddr + "/peer/state")
 	if err != nil {
 		return nil
 	}
 	defer resp.Body.Close()
-	var st server.ReplicaState
+	var st replica.State
 	if json.NewDecoder(resp.Body).Decode(&st) != nil {
 		return nil
 	}
 	return &st
 }
 
-func (r *replica) holds(sums ...string) bool {
+func (r *replicaProcess) holds(sums ...string) bool {
 	st := r.state()
 	if st == nil {
 		return false
@@ -550,7 +552,7 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 	}
 	st := good.state()
 	for _, s := range sums {
-		if st.Images[s].Source != server.SourceRegistry {
+		if st.Images[s].Source != fill.FromRegistry {
 			t.Errorf("image %s came from %q, want the registry after the peer's bad bytes", s, st.Images[s].Source)
 		}
 		if got, code := sha256Of(t, good.d.url("/images/"+s+"/"+imageFilename(t, good, s))); code != 200 || got != s {
@@ -612,7 +614,7 @@ func TestServeReplicasFallBackFromATricklingPeer(t *testing.T) {
 		t.Fatal("the trickling peer was never asked for an image: the test proves nothing")
 	}
 	for _, s := range sums {
-		if src := good.state().Images[s].Source; src != server.SourceRegistry {
+		if src := good.state().Images[s].Source; src != fill.FromRegistry {
 			t.Errorf("image %s came from %q, want the registry after the peer trickled", s[:12], src)
 		}
 	}
@@ -638,7 +640,7 @@ func (r *trickleReader) Read(p []byte) (int, error) {
 }
 
 // imageFilename is the filename a replica serves sum under.
-func imageFilename(t *testing.T, r *replica, sum string) string {
+func imageFilename(t *testing.T, r *replicaProcess, sum string) string {
 	resp, err := http.Get(r.d.url("/"))
 	if err != nil {
 		t.Fatal(err)
@@ -666,7 +668,7 @@ func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string
 		defer close(done)
 		for ctx.Err() == nil {
 			rs.mu.Lock()
-			all := make([]*replica, 0, len(rs.replicas))
+			all := make([]*replicaProcess, 0, len(rs.replicas))
 			for _, r := range rs.replicas {
 				all = append(all, r)
 			}
@@ -717,7 +719,7 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 	// streams it, and kill it.
 	var victim, target string
 	testenv.Eventually(t, "a registry pull followed by a peer", 60*time.Second, func() (bool, string) {
-		states := map[string]*server.ReplicaState{}
+		states := map[string]*replica.State{}
 		for _, id := range ids {
 			if states[id] = rs.get(id).state(); states[id] == nil {
 				return false, id + " does not answer yet"
@@ -725,7 +727,7 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 		}
 		for _, id := range ids {
 			for sum, img := range states[id].Images {
-				if img.Source != server.SourceRegistry || img.Phase != server.PhaseDownloading || img.Received == 0 {
+				if img.Source != fill.FromRegistry || img.Phase != server.PhaseDownloading || img.Received == 0 {
 					continue
 				}
 				for _, other := range ids {
@@ -763,7 +765,7 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 	}
 	took := false
 	for _, id := range rest {
-		if rs.get(id).state().Images[target].Source == server.SourceRegistry {
+		if rs.get(id).state().Images[target].Source == fill.FromRegistry {
 			took = true
 		}
 		if !strings.Contains(rs.get(id).d.stderr.String(), `"peer":"`+victim+`"`) {

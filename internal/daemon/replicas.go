@@ -9,20 +9,16 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/peers"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
@@ -30,15 +26,6 @@ import (
 const (
 	DefaultPeerListen     = ":8081"
 	DefaultPublisherLease = "osimages-server-publisher"
-)
-
-// The Lease's timing, as controller-runtime's defaults: a leader that
-// dies is replaced within LeaseDuration; one that stops on SIGTERM
-// releases the Lease at once.
-var (
-	leaseDuration = 15 * time.Second
-	renewDeadline = 10 * time.Second
-	retryPeriod   = 2 * time.Second
 )
 
 // replicas is what a server behind a headless Service runs besides the
@@ -49,7 +36,7 @@ type replicas struct {
 	client    kubernetes.Interface
 	namespace string
 	id, lease string
-	tracker   *peers.Tracker
+	tracker   *replica.Tracker
 	ln        net.Listener
 	srv       *server.Server
 	httpSrv   *http.Server
@@ -95,7 +82,7 @@ func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
 		lease = DefaultPublisherLease
 	}
 	r := &replicas{log: log, client: client, namespace: ns, id: id, lease: lease, ln: ln,
-		tracker: peers.NewTracker(client, ns, o.PeersService, id), pod: os.Getenv("POD_NAME")}
+		tracker: replica.NewTracker(client, ns, o.PeersService, id), pod: os.Getenv("POD_NAME")}
 	if r.pod != "" {
 		r.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 		r.recorder = kube.BoundedEvents(r.broadcaster.NewRecorder(scheme.Scheme, "osimages-server"))
@@ -150,30 +137,5 @@ func (r *replicas) run(ctx context.Context, g *errgroup.Group) {
 		// Peers following a download of this replica resume elsewhere.
 		return r.httpSrv.Close()
 	})
-	g.Go(func() error { return r.elect(ctx) })
-}
-
-// elect campaigns for the publisher's Lease until ctx ends, again after
-// each loss.
-func (r *replicas) elect(ctx context.Context) error {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: r.namespace, Name: r.lease},
-		Client:     r.client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: r.id},
-	}
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: lock, ReleaseOnCancel: true, Name: r.lease,
-			LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(context.Context) { r.srv.SetLeader(true) },
-				OnStoppedLeading: func() { r.srv.SetLeader(false) },
-			},
-		})
-		if err != nil {
-			return err
-		}
-		le.Run(ctx)
-	}
-	return nil
+	g.Go(func() error { return replica.Elect(ctx, r.client, r.namespace, r.lease, r.id, r.srv.SetLeader) })
 }

@@ -27,18 +27,26 @@ import (
 // while others wait; a peer's fills --peer-timeout and --min-rate always,
 // for the registry is there to take over.
 type Rule struct {
-	Stall     time.Duration
-	MinRate   int64
-	Contended func() bool
+	Stall   time.Duration
+	MinRate int64
+	// RateWindow is the window of the rate, Stall when 0.
+	RateWindow time.Duration
+	Contended  func() bool
+	// StallName and MinRateName name the settings in the errors, for the
+	// operator to know what to change ("--stall-timeout", "--min-rate").
+	StallName, MinRateName string
 	// Clock measures; nil is the real clock.
 	Clock clock.WithTicker
 }
 
 // StallError ends a fill that showed no sign of life for Timeout.
-type StallError struct{ Timeout time.Duration }
+type StallError struct {
+	Timeout time.Duration
+	Setting string
+}
 
 func (e *StallError) Error() string {
-	return fmt.Sprintf("stalled: no byte received for %s", e.Timeout)
+	return fmt.Sprintf("stalled: no byte received for %s%s", e.Timeout, named(e.Setting))
 }
 
 // SlowError ends a fill slower than the minimum rate.
@@ -46,10 +54,22 @@ type SlowError struct {
 	Received int64
 	Window   time.Duration
 	MinRate  int64
+	Setting  string
 }
 
 func (e *SlowError) Error() string {
-	return fmt.Sprintf("%s in the last %s, below --min-rate %s/s", osimage.FormatBytes(e.Received), e.Window.Round(time.Millisecond), osimage.FormatBytes(e.MinRate))
+	setting := e.Setting
+	if setting == "" {
+		setting = "the minimum rate"
+	}
+	return fmt.Sprintf("%s in the last %s, below %s %s/s", osimage.FormatBytes(e.Received), e.Window.Round(time.Millisecond), setting, osimage.FormatBytes(e.MinRate))
+}
+
+func named(setting string) string {
+	if setting == "" {
+		return ""
+	}
+	return " (" + setting + ")"
 }
 
 // Run runs fill under the rule, passing progress on. An error of a fill
@@ -113,8 +133,11 @@ type sample struct {
 // start watches until stop is called, and cancels ctx with the rule's
 // error when it applies.
 func (w *watch) start(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
-	window := w.rule.Stall
-	tick := w.clock.NewTicker(min(max(window/10, 10*time.Millisecond), time.Second))
+	stall, window := w.rule.Stall, w.rule.RateWindow
+	if window <= 0 {
+		window = stall
+	}
+	tick := w.clock.NewTicker(min(max(min(stall, window)/10, 10*time.Millisecond), time.Second))
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)
@@ -132,8 +155,8 @@ func (w *watch) start(ctx context.Context, cancel context.CancelCauseFunc) (stop
 			w.mu.Lock()
 			alive, received, growing := w.alive, w.received, w.growing
 			w.mu.Unlock()
-			if window > 0 && now.Sub(alive) >= window {
-				cancel(&StallError{Timeout: window})
+			if stall > 0 && now.Sub(alive) >= stall {
+				cancel(&StallError{Timeout: stall, Setting: w.rule.StallName})
 				return
 			}
 			if !growing || w.rule.MinRate <= 0 || window <= 0 {
@@ -155,7 +178,7 @@ func (w *watch) start(ctx context.Context, cancel context.CancelCauseFunc) (stop
 			elapsed := now.Sub(base.at)
 			if elapsed >= window && float64(received-base.received) < float64(w.rule.MinRate)*elapsed.Seconds() &&
 				(w.rule.Contended == nil || w.rule.Contended()) {
-				cancel(&SlowError{Received: received - base.received, Window: elapsed, MinRate: w.rule.MinRate})
+				cancel(&SlowError{Received: received - base.received, Window: elapsed, MinRate: w.rule.MinRate, Setting: w.rule.MinRateName})
 				return
 			}
 		}

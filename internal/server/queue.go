@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -64,7 +65,6 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	// earlier one would tell peers it keeps no layer (replicas.go).
 	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
-	best.lastByte = time.Now()
 	best.reason = ""
 	best.attempts++
 	// Another worker may be kicked for the rest of the queue.
@@ -95,9 +95,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	}
 	var entry imagestore.Entry
 	if err == nil {
-		stop := s.watch(dctx, sum, cancel)
-		entry, err = s.pullInto(dctx, w, bound, stop)
-		stop()
+		entry, err = s.pullInto(dctx, w, bound)
 	}
 	s.releaseSpace(sum)
 	cause := context.Cause(dctx)
@@ -129,17 +127,18 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		img.attempts--
 		img.reason = err.Error()
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
-	case errors.As(cause, new(*gaveWayError)), errors.As(cause, new(*yieldError)):
+	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
+		reason := cause.Error()
+		if slow := new(*fill.SlowError); errors.As(err, slow) {
+			reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
+		}
 		img.phase = PhaseQueued
 		img.attempts--
 		img.gaveWay = true
 		img.received = 0
-		img.reason = cause.Error()
-		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", cause.Error())
+		img.reason = reason
+		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", reason)
 	default:
-		if errors.As(cause, new(*stallError)) {
-			err = fmt.Errorf("%w; the attempt ended with: %v", cause, err)
-		}
 		if s.nextRecordLocked(img, w, err) {
 			break
 		}
@@ -162,8 +161,8 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 // kept there, and commits it once verified. A download refused for its
 // content, or deselected, leaves nothing behind; one cut short otherwise
 // (a shutdown, a network failure, a stall) keeps its partial file for the
-// next attempt. pulled is called once the network part is over.
-func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
+// next attempt.
+func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) (imagestore.Entry, error) {
 	dst, err := s.cfg.Store.Resume(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
@@ -177,8 +176,8 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64, 
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
 	s.mu.Unlock()
+	s.broadcast()
 	res, source, err := s.fill(ctx, w, dst, progress)
-	pulled()
 	if res.KeptDiscarded != "" {
 		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
 		if s.cfg.Metrics != nil {
@@ -200,6 +199,7 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64, 
 		s.mu.Lock()
 		s.images[w.SHA256].phase = PhaseVerifying
 		s.mu.Unlock()
+		s.broadcast()
 		err = dst.Commit(entry)
 	}
 	if err != nil {
@@ -221,36 +221,35 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64, 
 }
 
 // progressOf is the pull.Progress of the download of w: it keeps the
-// image's state (bytes received, last sign of life, phase) and the
-// downloaded-bytes metric. The first report is where the download starts:
-// bytes kept by an earlier attempt were not downloaded now, and until a
-// report says otherwise they are read back and checked.
-func (s *Server) progressOf(w servedset.Wanted) func(received, total int64) {
-	last, started, checking := int64(0), false, false
+// image's state (bytes received, phase) and the downloaded-bytes metric.
+// The first report is where the download starts: bytes kept by an earlier
+// attempt were not downloaded now. The fill's rule (fill.Rule) judges
+// stalls and rates from the same reports.
+func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
+	last, started := int64(0), false
 	return func(received, total int64) {
 		if !started {
 			started, last = true, received
-			checking = received > 0
-			if checking {
+			if received > 0 {
 				s.log.Info("download continues from the partial file kept, once it is checked", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
 			}
-		} else if checking && received != last {
-			checking = false
 		}
 		s.mu.Lock()
 		img := s.images[w.SHA256]
-		if received > img.received || checking {
-			img.lastByte = time.Now()
-		}
-		img.checkingKept = checking
+		// Peers wait for a download's first bytes and for its end.
+		changed := (img.received == 0) != (received == 0)
 		img.received = received
 		if total > 0 {
 			img.total = total
 		}
-		if img.total > 0 && received >= img.total {
+		if img.total > 0 && received >= img.total && img.phase != PhaseVerifying {
 			img.phase = PhaseVerifying
+			changed = true
 		}
 		s.mu.Unlock()
+		if changed {
+			s.broadcast()
+		}
 		if s.cfg.Metrics != nil && received > last {
 			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
 		}
@@ -301,4 +300,31 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 	img.reason = reason
 	s.signal(s.kick)
 	s.signal(s.changed)
+}
+
+// errDeselected ends the download of an image that is no longer selected.
+var errDeselected = errors.New("the image was deselected")
+
+// dueLocked says whether img needs a download now.
+func (s *Server) dueLocked(img *image, now time.Time) bool {
+	if !img.selected || img.stored || img.waitingForSpace {
+		return false
+	}
+	return img.phase == PhaseQueued || img.phase == PhaseFailed && !now.Before(img.nextTry)
+}
+
+// waitingLocked says whether an image other than sum, that never gave way,
+// waits for a download slot while every slot is taken.
+func (s *Server) waitingLocked(sum osimage.SHA256) bool {
+	now := s.cfg.Now()
+	busy, waiting := 0, false
+	for other, img := range s.images {
+		switch {
+		case img.phase == PhaseDownloading || img.phase == PhaseVerifying:
+			busy++
+		case other != sum && !img.gaveWay && s.dueLocked(img, now):
+			waiting = true
+		}
+	}
+	return waiting && busy >= s.cfg.Concurrency
 }

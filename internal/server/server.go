@@ -4,28 +4,29 @@ import (
 	"context"
 	"log/slog"
 	"maps"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
-// Phase is where an image stands.
-type Phase string
+// Phase is where an image stands; replicas tell each other theirs.
+type Phase = replica.Phase
 
 // The phases of an image, in the order a successful one goes through.
 const (
-	PhaseQueued      Phase = "queued"
-	PhaseDownloading Phase = "downloading"
-	PhaseVerifying   Phase = "verifying"
-	PhaseReady       Phase = "ready"
-	PhaseFailed      Phase = "failed"
+	PhaseQueued      = replica.PhaseQueued
+	PhaseDownloading = replica.PhaseDownloading
+	PhaseVerifying   = replica.PhaseVerifying
+	PhaseReady       = replica.PhaseReady
+	PhaseFailed      = replica.PhaseFailed
 )
 
 // Store is the content-addressed storage the server fills and serves from.
@@ -133,7 +134,7 @@ type Config struct {
 	// Replicas, when set, are the other servers of the Service: images
 	// are filled from them first, one replica per image pulls from the
 	// registry, and only the leader (SetLeader) publishes (replicas.go).
-	Replicas Replicas
+	Replicas replica.Replicas
 	// PeerTimeout is how long a peer may show no progress before another
 	// source takes over (0 means DefaultPeerTimeout).
 	PeerTimeout time.Duration
@@ -169,16 +170,9 @@ type image struct {
 	servedset.Wanted
 	phase           Phase
 	received, total int64
-	// lastByte is when the download in progress last received a byte (or
-	// started, or showed it was alive while checking the bytes kept by an
-	// earlier attempt), on the monotonic clock.
-	lastByte time.Time
-	// checkingKept: the download reads back and checks the bytes kept by
-	// an earlier attempt; no network byte comes, and it is not slow.
-	checkingKept bool
-	reason       string
-	attempts     int
-	nextTry      time.Time
+	reason          string
+	attempts        int
+	nextTry         time.Time
 	// gaveWay is set when a download of the image was too slow and gave
 	// way to the queue: it is tried again after the images that did not.
 	gaveWay bool
@@ -230,21 +224,17 @@ type Server struct {
 	// inputs is what is known of the inputs (guard.go).
 	inputs inputsGuard
 
-	// With Replicas (replicas.go): what was last read of each ready peer,
-	// whether a first round was read, whether this replica leads, whether
-	// it was found ready once; when each ready peer was first seen ready,
-	// and which images were available at the last count (leader or not).
-	peerViews     map[string]peerView
-	readySeen     map[string]time.Time
+	// With Replicas (replicas.go): what is known of the peers, whether
+	// this replica leads, whether it was found ready once, and which
+	// images were available at the last count (leader or not).
+	view          *replica.View
+	leader        bool
+	readyOnce     bool
 	lastAvailable map[osimage.SHA256]bool
-	peersKnown    bool
-	// listedIDs are the replicas listed at the last read, changed at
-	// listedChangedAt.
-	listedIDs       []string
-	listedChangedAt time.Time
-	leader          bool
-	readyOnce       bool
-	peerPuller      *pull.Puller
+	peerPuller    *pull.Puller
+	// notify is closed at each change of an image's state (Changed).
+	notifyMu sync.Mutex
+	notify   chan struct{}
 	// scrub is the state of the scrub (scrub.go).
 	scrub scrubState
 	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
@@ -300,10 +290,11 @@ func New(cfg Config) *Server {
 		images:  map[osimage.SHA256]*image{},
 		kick:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
-		peerPuller: &pull.Puller{
-			HTTP: &http.Client{Transport: peerTransport()}, IdleTimeout: cfg.PeerTimeout,
-			MaxRetries: 2, Backoff: 200 * time.Millisecond, MaxBackoff: time.Second,
-		},
+		notify:  make(chan struct{}),
+	}
+	if cfg.Replicas != nil {
+		s.view = replica.NewView(cfg.Replicas, cfg.Logger, nil)
+		s.peerPuller = replica.NewPuller(cfg.PeerTimeout)
 	}
 	now := cfg.Now()
 	for _, e := range cfg.Store.List() {
@@ -315,7 +306,7 @@ func New(cfg Config) *Server {
 			stored:       true,
 			entry:        e,
 			deselectedAt: now,
-			source:       SourceStore,
+			source:       fill.FromStore,
 		}
 	}
 	if cfg.Metrics != nil {
@@ -371,6 +362,9 @@ func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectEr
 }
 
 func (s *Server) signal(ch chan struct{}) {
+	if ch == s.changed {
+		s.broadcast()
+	}
 	select {
 	case ch <- struct{}{}:
 	default:
@@ -392,8 +386,13 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() { s.gcLoop(ctx) })
-	if s.cfg.Replicas != nil {
-		wg.Go(func() { s.pollPeers(ctx, nil) })
+	if s.view != nil {
+		wg.Go(func() {
+			s.view.Poll(ctx, nil, func() {
+				s.signal(s.changed)
+				s.signal(s.kick)
+			})
+		})
 	}
 	wg.Go(func() { s.scrubLoop(ctx) })
 	wg.Wait()

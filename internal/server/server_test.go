@@ -135,7 +135,7 @@ func start(t *testing.T, dir string, src *fakeSource, tweak func(*Config)) *harn
 	}
 	h.srv = New(cfg)
 	h.http = httptest.NewUnstartedServer(h.srv.Handler())
-	h.http.Config.ConnContext = ConnContext
+	h.http.Config.ConnContext = httpsend.ConnContext
 	h.http.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel

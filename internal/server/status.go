@@ -10,6 +10,7 @@ import (
 	_ "embed"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 //go:embed status.html
@@ -46,7 +47,7 @@ type statusView struct {
 	Now         time.Time
 	Inputs      InputsStatus
 	// Replicas and Leader: with Config.Replicas, every replica's images.
-	Replicas []ReplicaState
+	Replicas []replica.State
 	Leader   bool
 	Scrub    ScrubStatus
 	// RefusedNeeds are the fleet's needs refused by policy.

@@ -1,4 +1,7 @@
-package server
+// Package httpsend sends files over HTTP as nginx does: in sendfile
+// pieces on a corked socket, under a send timeout that bounds the time
+// without progress rather than the time of the download.
+package httpsend
 
 import (
 	"context"
@@ -23,10 +26,10 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
 
-// corked sets TCP_CORK on the request's connection, when it is plain TCP,
+// Corked sets TCP_CORK on the request's connection, when it is plain TCP,
 // and returns the function that clears it. Clearing sends the last partial
 // segment at once; a cork left set would hold it for 200 ms.
-func corked(r *http.Request) func() {
+func Corked(r *http.Request) func() {
 	tcp, ok := r.Context().Value(connKey{}).(*net.TCPConn)
 	if !ok {
 		return func() {}
@@ -37,29 +40,29 @@ func corked(r *http.Request) func() {
 	return func() { _ = setCork(tcp, false) }
 }
 
-// progressWriter splits the file http.ServeContent hands to ReadFrom into
+// Writer splits the file http.ServeContent hands to ReadFrom into
 // sendPiece pieces, each still sent with sendfile by the writer below, and
 // gives each piece (or each Write, where there is no sendfile) a write
 // deadline of timeout from its start: a client reading at any pace above
 // sendPiece per timeout gets the whole file, one that stops reading is cut
 // after timeout.
-type progressWriter struct {
+type Writer struct {
 	http.ResponseWriter
-	timeout time.Duration
+	Timeout time.Duration
 }
 
-func (w *progressWriter) extend() {
-	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.timeout))
+func (w *Writer) extend() {
+	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.Timeout))
 }
 
-func (w *progressWriter) Write(p []byte) (int, error) {
+func (w *Writer) Write(p []byte) (int, error) {
 	w.extend()
 	return w.ResponseWriter.Write(p)
 }
 
-func (w *progressWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *Writer) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-func (w *progressWriter) ReadFrom(r io.Reader) (int64, error) {
+func (w *Writer) ReadFrom(r io.Reader) (int64, error) {
 	rf, ok := w.ResponseWriter.(io.ReaderFrom)
 	lr, limited := r.(*io.LimitedReader)
 	if !ok || !limited {
@@ -79,4 +82,13 @@ func (w *progressWriter) ReadFrom(r io.Reader) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// Deadline gives each request's response a first write deadline of
+// timeout; Writer extends it as the response makes progress.
+func Deadline(timeout time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeout))
+		next.ServeHTTP(w, r)
+	})
 }

@@ -1,8 +1,4 @@
-// Package peers is how image-server replicas know each other: the ready
-// replicas behind a headless Service (its EndpointSlices), and the
-// rendezvous order that names, for each image, the replica that pulls it
-// from the registry and the ones that take over after it.
-package peers
+package replica
 
 import (
 	"crypto/sha256"

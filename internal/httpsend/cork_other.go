@@ -1,6 +1,6 @@
 //go:build !linux
 
-package server
+package httpsend
 
 import (
 	"errors"
