@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -39,7 +40,7 @@ func (s *Server) CollectGarbage() {
 	now := s.cfg.Now()
 	var victims []osimage.SHA256
 	for sum, img := range s.images {
-		if !img.selected && img.stored && now.Sub(img.deselectedAt) >= s.cfg.GCGrace {
+		if !img.Selected && img.Stored && now.Sub(img.DeselectedAt) >= s.cfg.GCGrace {
 			victims = append(victims, sum)
 		}
 	}
@@ -70,8 +71,9 @@ func (s *Server) CollectGarbage() {
 			continue
 		}
 		s.mu.Lock()
-		if img, ok := s.images[sum]; ok && !img.selected {
-			delete(s.images, sum)
+		if img, ok := s.images[sum]; ok {
+			img.entry = imagestore.Entry{}
+			s.changeLocked(sum, img, collected{})
 		}
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)
@@ -95,7 +97,7 @@ func (s *Server) collectPartials() {
 	for _, p := range partials {
 		s.mu.Lock()
 		img, ok := s.images[p.SHA256]
-		wanted := ok && img.selected && !img.stored
+		wanted := ok && img.Selected && !img.Stored
 		s.mu.Unlock()
 		if wanted {
 			continue
@@ -119,7 +121,7 @@ func (s *Server) LastCollection() time.Time {
 
 // keptByLocked names what keeps a deselected, stored image.
 func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
-	if img.selected || !img.stored || s.cfg.References == nil {
+	if img.Selected || !img.Stored || s.cfg.References == nil {
 		return nil
 	}
 	return s.cfg.References.ReferencedBy(sum)
@@ -130,5 +132,5 @@ func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
 // them all, as just after a start): such an image stays served, as it
 // stays stored, since a host may be booting from it.
 func (s *Server) referencesUnknownLocked(img *image) bool {
-	return !img.selected && img.stored && s.cfg.References != nil && !s.cfg.References.Synced()
+	return !img.Selected && img.Stored && s.cfg.References != nil && !s.cfg.References.Synced()
 }

@@ -105,10 +105,10 @@ func (s *Server) servedNow(ctx context.Context) (int, string) {
 	ready := s.ready
 	selected, stored := 0, 0
 	for _, img := range s.images {
-		if img.selected {
+		if img.Selected {
 			selected++
 		}
-		if img.stored {
+		if img.Stored {
 			stored++
 		}
 	}

@@ -1,6 +1,10 @@
 package server
 
-import "time"
+import (
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
 
 // An image's lifecycle in the server is one value, life, changed by one
 // pure function, transition: selection, the claim of a download and its
@@ -76,6 +80,9 @@ type (
 	deselected struct{ At time.Time }
 	// claimed: a worker starts its download.
 	claimed struct{}
+	// verifying: the download received its last byte, or ended, and is
+	// verified and committed.
+	verifying struct{}
 	// downloaded: the download verified and stored it.
 	downloaded struct{}
 	// downloadEnded: the download ended without storing it.
@@ -100,6 +107,7 @@ type (
 func (selected) isEvent()      {}
 func (deselected) isEvent()    {}
 func (claimed) isEvent()       {}
+func (verifying) isEvent()     {}
 func (downloaded) isEvent()    {}
 func (downloadEnded) isEvent() {}
 func (waitsForSpace) isEvent() {}
@@ -157,6 +165,12 @@ func transition(l life, ev event) (life, effect) {
 		l.Attempts++
 		l.Reason = ""
 		return l, kickQueue | publish
+	case verifying:
+		if l.Phase != PhaseDownloading {
+			return l, 0
+		}
+		l.Phase = PhaseVerifying
+		return l, publish
 	case downloaded:
 		l.Phase, l.Stored = PhaseReady, true
 		l.Attempts, l.GaveWay, l.Reason = 0, false, ""
@@ -205,6 +219,25 @@ func transition(l life, ev event) (life, effect) {
 		return l, removeRecord | publish
 	}
 	return l, 0
+}
+
+// changeLocked puts ev through transition, and carries out its effects on
+// the server's table, the download and the loops.
+func (s *Server) changeLocked(sum osimage.SHA256, img *image, ev event) {
+	var fx effect
+	img.life, fx = transition(img.life, ev)
+	if fx.has(cancelDownload) && img.cancel != nil {
+		img.cancel()
+	}
+	if fx.has(removeRecord) {
+		delete(s.images, sum)
+	}
+	if fx.has(kickQueue) {
+		s.signal(s.kick)
+	}
+	if fx.has(publish) {
+		s.signal(s.changed)
+	}
 }
 
 // ended is the transition of a download that ended without storing its

@@ -24,6 +24,9 @@ func TestTransitions(t *testing.T) {
 			life{Phase: PhaseFailed, Selected: true, Reason: "tag unknown"}, kickQueue | publish},
 		{"a claim counts an attempt", queued, claimed{},
 			life{Phase: PhaseDownloading, Selected: true, Attempts: 1}, kickQueue | publish},
+		{"the last byte: verified and committed", downloading, verifying{},
+			life{Phase: PhaseVerifying, Selected: true, Attempts: 1}, publish},
+		{"verifying is only for a download", queued, verifying{}, queued, 0},
 		{"success resets the count", downloading, downloaded{},
 			life{Phase: PhaseReady, Selected: true, Stored: true}, kickQueue | publish},
 		{"a failure waits for its retry", downloading, downloadEnded{Why: endedFailed, Reason: "x", RetryAt: t0},
@@ -72,7 +75,7 @@ func TestTransitions(t *testing.T) {
 // is; a download is cancelled only by a deselection; an attempt that ended
 // for a reason that is not the image's fault is not counted.
 func TestTransitionRules(t *testing.T) {
-	events := []event{selected{}, deselected{At: t0}, claimed{}, downloaded{},
+	events := []event{selected{}, deselected{At: t0}, claimed{}, verifying{}, downloaded{},
 		downloadEnded{Why: endedByShutdown}, downloadEnded{Why: endedByDeselection}, downloadEnded{Why: endedWaitingForSpace},
 		downloadEnded{Why: endedGivingWay}, downloadEnded{Why: endedForNextRecord}, downloadEnded{Why: endedFailed, RetryAt: t0},
 		waitsForSpace{}, spaceFreed{}, storedLost{}, collected{}}

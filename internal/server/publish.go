@@ -41,7 +41,7 @@ func (s *Server) outputLocked() osimage.ServedOutput {
 func (s *Server) servedLocked() osimage.ServedSet {
 	out := osimage.ServedSet{}
 	for sum, img := range s.images {
-		if img.selected {
+		if img.Selected {
 			out[sum] = osimage.ServedImage{Available: s.availableLocked(sum, img), ImageKey: img.Key}
 		}
 	}

@@ -60,15 +60,12 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	if best == nil {
 		return "", false
 	}
-	best.phase = PhaseDownloading
 	// Where this attempt fills from is chosen by fill; the source of an
 	// earlier one would tell peers it keeps no layer (replicas.go).
 	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
-	best.reason = ""
-	best.attempts++
-	// Another worker may be kicked for the rest of the queue.
-	s.signal(s.kick)
+	// Another worker is kicked for the rest of the queue.
+	s.changeLocked(best.SHA256, best, claimed{})
 	return best.SHA256, true
 }
 
@@ -79,14 +76,14 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
 	img.yield = func(err error) { cancel(err) }
-	if !img.selected {
+	if !img.Selected {
 		// Deselected between its claim by next and now, when there was no
 		// download to cancel yet.
 		cancel(errDeselected)
 	}
 	s.mu.Unlock()
 	defer cancel(nil)
-	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.attempts)
+	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
 	s.signal(s.changed)
 
 	bound, need, err := s.bounds(w)
@@ -103,57 +100,48 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img.cancel, img.yield = nil, nil
-	switch {
-	case err == nil:
-		img.phase = PhaseReady
-		img.stored = true
+	if err == nil {
 		img.entry = entry
-		img.attempts = 0
-		img.gaveWay = false
 		img.badPeers = nil
 		img.recordFailed = nil
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
-	case !img.selected:
+		s.changeLocked(sum, img, downloaded{})
+		return
+	}
+	end := downloadEnded{Why: endedFailed, Reason: err.Error()}
+	switch {
+	case !img.Selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
-		delete(s.images, sum)
+		end.Why = endedByDeselection
 	case ctx.Err() != nil:
 		// Shutdown: not a failed attempt. The worker stops after this.
-		img.phase = PhaseQueued
-		img.attempts--
-		img.received = 0
 		s.log.Info("download interrupted by shutdown; its partial file is kept, to be continued at the next start", "sha256", sum, "key", w.Key)
+		end.Why = endedByShutdown
 	case errors.As(err, new(*spaceWait)):
-		img.phase = PhaseQueued
-		img.attempts--
-		img.reason = err.Error()
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
+		end.Why = endedWaitingForSpace
 	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
-		reason := cause.Error()
+		end.Why, end.Reason = endedGivingWay, cause.Error()
 		if slow := new(*fill.SlowError); errors.As(err, slow) {
-			reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
+			end.Reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
 		}
-		img.phase = PhaseQueued
-		img.attempts--
-		img.gaveWay = true
-		img.received = 0
-		img.reason = reason
-		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", reason)
+		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", end.Reason)
 	default:
-		if s.nextRecordLocked(img, w, err) {
+		if next, ok := s.nextRecordLocked(img, w, err); ok {
+			end.Why, end.Reason = endedForNextRecord, next
 			break
 		}
-		img.phase = PhaseFailed
-		img.reason = err.Error()
-		img.nextTry = s.cfg.Now().Add(s.backoff(img.attempts))
+		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
 		if s.cfg.Metrics != nil && isVerifyError(err) {
 			s.cfg.Metrics.verifyFailures.Inc()
 		}
-		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.attempts, "retryAt", img.nextTry.Format(time.RFC3339), "error", err)
+		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
-	s.signal(s.changed)
-	if ctx.Err() == nil {
-		s.signal(s.kick)
+	if end.Why == endedByShutdown || end.Why == endedGivingWay || end.Why == endedForNextRecord {
+		// The next attempt starts its count again.
+		img.received = 0
 	}
+	s.changeLocked(sum, img, end)
 }
 
 // pullInto downloads w into the store's partial file of its sha256,
@@ -197,9 +185,8 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
-		s.images[w.SHA256].phase = PhaseVerifying
+		s.changeLocked(w.SHA256, s.images[w.SHA256], verifying{})
 		s.mu.Unlock()
-		s.broadcast()
 		err = dst.Commit(entry)
 	}
 	if err != nil {
@@ -242,9 +229,8 @@ func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
 		if total > 0 {
 			img.total = total
 		}
-		if img.total > 0 && received >= img.total && img.phase != PhaseVerifying {
-			img.phase = PhaseVerifying
-			changed = true
+		if img.total > 0 && received >= img.total && img.Phase == PhaseDownloading {
+			s.changeLocked(w.SHA256, img, verifying{})
 		}
 		s.mu.Unlock()
 		if changed {
@@ -287,19 +273,11 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]
-	if !ok || !img.stored {
+	if !ok || !img.Stored {
 		return
 	}
-	img.stored = false
 	img.entry = imagestore.Entry{}
-	if !img.selected {
-		delete(s.images, sum)
-		return
-	}
-	img.phase = PhaseQueued
-	img.reason = reason
-	s.signal(s.kick)
-	s.signal(s.changed)
+	s.changeLocked(sum, img, storedLost{Reason: reason})
 }
 
 // errDeselected ends the download of an image that is no longer selected.
@@ -307,10 +285,10 @@ var errDeselected = errors.New("the image was deselected")
 
 // dueLocked says whether img needs a download now.
 func (s *Server) dueLocked(img *image, now time.Time) bool {
-	if !img.selected || img.stored || img.waitingForSpace {
+	if !img.Selected || img.Stored || img.WaitingForSpace {
 		return false
 	}
-	return img.phase == PhaseQueued || img.phase == PhaseFailed && !now.Before(img.nextTry)
+	return img.Phase == PhaseQueued || img.Phase == PhaseFailed && !now.Before(img.NextTry)
 }
 
 // waitingLocked says whether an image other than sum, that never gave way,
@@ -320,9 +298,9 @@ func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 	busy, waiting := 0, false
 	for other, img := range s.images {
 		switch {
-		case img.phase == PhaseDownloading || img.phase == PhaseVerifying:
+		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
 			busy++
-		case other != sum && !img.gaveWay && s.dueLocked(img, now):
+		case other != sum && !img.GaveWay && s.dueLocked(img, now):
 			waiting = true
 		}
 	}

@@ -35,8 +35,8 @@ func (s *Server) State() replica.State {
 	defer s.mu.Unlock()
 	out := replica.State{Replica: s.view.Self(), Images: map[osimage.SHA256]replica.Image{}}
 	for sum, img := range s.images {
-		ri := replica.Image{Phase: img.phase, Source: img.source, Received: img.received}
-		if img.stored {
+		ri := replica.Image{Phase: img.Phase, Source: img.source, Received: img.received}
+		if img.Stored {
 			ri.Phase, ri.Size, ri.VerifiedAt = PhaseReady, img.entry.Size, img.entry.VerifiedAt
 		}
 		out.Images[sum] = ri
@@ -53,8 +53,8 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 	if !ok {
 		return replica.Offer{}
 	}
-	stored := img.stored && img.phase == PhaseReady
-	busy := img.phase == PhaseDownloading || img.phase == PhaseVerifying
+	stored := img.Stored && img.Phase == PhaseReady
+	busy := img.Phase == PhaseDownloading || img.Phase == PhaseVerifying
 	o := replica.Offer{
 		Known:  name == "" || slices.Contains(img.ServedAs(), name) || stored && img.entry.Filename == name,
 		Stored: stored,
@@ -63,8 +63,8 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 		FromPeer: busy && strings.HasPrefix(img.source, fill.FromPeerPrefix),
 		Size:     img.Int64Field(osimage.FieldSize),
 	}
-	if !img.stored && img.source == fill.FromRegistry && busy {
-		o.Download, o.Started, o.Committing = img.writer, img.received > 0, img.phase == PhaseVerifying
+	if !img.Stored && img.source == fill.FromRegistry && busy {
+		o.Download, o.Started, o.Committing = img.writer, img.received > 0, img.Phase == PhaseVerifying
 	}
 	return o
 }
@@ -97,7 +97,7 @@ func (s *Server) PeerHTTPServer() *http.Server {
 // availableLocked: without replicas an image is available once stored;
 // with them, once every ready replica holds it (replica.View.Available).
 func (s *Server) availableLocked(sum osimage.SHA256, img *image) bool {
-	held := img.phase == PhaseReady && img.stored
+	held := img.Phase == PhaseReady && img.Stored
 	if s.view == nil {
 		return held
 	}
@@ -150,7 +150,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 	}
 	var missing []string
 	for sum, img := range s.images {
-		if img.selected && !img.stored && s.view.HeldByReadyPeer(sum) {
+		if img.Selected && !img.Stored && s.view.HeldByReadyPeer(sum) {
 			missing = append(missing, string(sum))
 		}
 	}

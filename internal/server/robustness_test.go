@@ -70,7 +70,7 @@ func (h *harness) attempts(sum string) int {
 	h.srv.mu.Lock()
 	defer h.srv.mu.Unlock()
 	if img, ok := h.srv.images[sum]; ok {
-		return img.attempts
+		return img.Attempts
 	}
 	return -1
 }

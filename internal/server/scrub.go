@@ -122,7 +122,7 @@ func (s *Server) nextScrub() (osimage.SHA256, time.Duration) {
 	var best osimage.SHA256
 	var bestDue time.Time
 	for sum, img := range s.images {
-		if !img.stored || img.phase != PhaseReady {
+		if !img.Stored || img.Phase != PhaseReady {
 			continue
 		}
 		due := s.scrubDue(img.entry, now)
@@ -173,7 +173,7 @@ func (s *Server) scrubOne(ctx context.Context, sum osimage.SHA256, throttle func
 	}
 	switch {
 	case err == nil:
-		if known && img.stored {
+		if known && img.Stored {
 			img.entry = entry
 		}
 		s.mu.Unlock()

@@ -168,20 +168,10 @@ const (
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
 	servedset.Wanted
-	phase           Phase
+	// life is where the image stands; only transition changes it
+	// (lifecycle.go).
+	life
 	received, total int64
-	reason          string
-	attempts        int
-	nextTry         time.Time
-	// gaveWay is set when a download of the image was too slow and gave
-	// way to the queue: it is tried again after the images that did not.
-	gaveWay bool
-	// waitingForSpace is set while the image waits for space reserved by
-	// downloads in progress: it is not claimed until one of them ends.
-	waitingForSpace bool
-	selected        bool
-	deselectedAt    time.Time
-	stored          bool
 	entry           imagestore.Entry
 	cancel          context.CancelFunc
 	// yield ends the download in progress with a cause that puts it back
@@ -301,12 +291,10 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted:       servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
-			phase:        PhaseReady,
-			stored:       true,
-			entry:        e,
-			deselectedAt: now,
-			source:       fill.FromStore,
+			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
+			life:   life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
+			entry:  e,
+			source: fill.FromStore,
 		}
 	}
 	if cfg.Metrics != nil {
@@ -329,33 +317,20 @@ func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectEr
 	for sum, w := range wanted {
 		img, ok := s.images[sum]
 		if !ok {
-			img = &image{phase: PhaseQueued}
+			img = &image{life: life{Phase: PhaseQueued}}
 			s.images[sum] = img
 			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "selectedBy", w.SelectedBy)
 		}
 		img.Wanted = w
-		img.selected = true
-		img.deselectedAt = time.Time{}
 		img.keptBy = ""
-		if img.phase == PhaseFailed {
-			// New inputs may well fix what failed: try again now.
-			img.nextTry = time.Time{}
-			img.attempts = 0
-		}
+		s.changeLocked(sum, img, selected{})
 	}
 	for sum, img := range s.images {
-		if _, ok := wanted[sum]; ok || !img.selected {
+		if _, ok := wanted[sum]; ok || !img.Selected {
 			continue
 		}
-		img.selected = false
-		img.deselectedAt = now
-		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.phase)
-		if img.cancel != nil {
-			img.cancel()
-		}
-		if !img.stored && img.phase != PhaseDownloading && img.phase != PhaseVerifying {
-			delete(s.images, sum)
-		}
+		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.Phase)
+		s.changeLocked(sum, img, deselected{At: now})
 	}
 	s.signal(s.kick)
 	s.signal(s.changed)
@@ -429,13 +404,13 @@ func (s *Server) Statuses() ([]Status, error) {
 	for _, sum := range slices.Sorted(maps.Keys(s.images)) {
 		img := s.images[sum]
 		size := img.Int64Field(osimage.FieldSize)
-		if img.stored {
+		if img.Stored {
 			size = img.entry.Size
 		}
 		out = append(out, Status{
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
-			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
-			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
+			Phase: img.Phase, Selected: img.Selected, Received: img.received, Total: img.total, Size: size,
+			Reason: img.Reason, NextTry: img.NextTry, DeselectedAt: img.DeselectedAt,
 			KeptBy: s.keptByLocked(sum, img), ReferencesUnknown: s.referencesUnknownLocked(img),
 			CheckedAt: img.entry.CheckedAt(),
 		})
@@ -481,6 +456,6 @@ func (s *Server) lookup(sum osimage.SHA256) (lookup, bool) {
 	if !ok {
 		return lookup{}, false
 	}
-	served := img.selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
+	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
+	return lookup{served: served, stored: img.Stored, phase: img.Phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }

@@ -82,7 +82,7 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
-		s.images[sum].waitingForSpace = true
+		s.changeLocked(sum, s.images[sum], waitsForSpace{Reason: msg})
 		if !w.IsNeed() {
 			s.yieldNeedsLocked(w.Key)
 		}
@@ -141,7 +141,7 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 func (s *Server) managementPendingLocked() int64 {
 	var n int64
 	for _, img := range s.images {
-		if !img.selected || img.IsNeed() || img.stored || img.reservedForSpace > 0 {
+		if !img.Selected || img.IsNeed() || img.Stored || img.reservedForSpace > 0 {
 			continue
 		}
 		if _, need, err := s.bounds(img.Wanted); err == nil {
@@ -191,8 +191,8 @@ func (s *Server) releaseSpace(sum osimage.SHA256) {
 		return
 	}
 	img.reservedForSpace = 0
-	for _, other := range s.images {
-		other.waitingForSpace = false
+	for other, img := range s.images {
+		s.changeLocked(other, img, spaceFreed{})
 	}
 	s.signal(s.kick)
 }
