@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -32,7 +33,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 		t.Fatal(err)
 	}
 	srv := server.New(server.Config{Store: store})
-	d := &Daemon{log: log, srv: srv, regs: server.NewRegistries(clients, time.Minute, log),
+	d := &Daemon{log: log, srv: srv, regs: fill.NewRegistries(clients, time.Minute, log),
 		opts: Options{FleetNeeds: FleetNeedsOptions{FleetOptions: servedset.FleetOptions{Serve: true}}}}
 
 	long := func(i int, what string) string {

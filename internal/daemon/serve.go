@@ -24,6 +24,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -131,7 +132,7 @@ type Daemon struct {
 	log     *slog.Logger
 	store   *imagestore.Store
 	srv     *server.Server
-	regs    *server.Registries
+	regs    *fill.Registries
 	inputs  server.Inputs
 	refs    *metal3.References
 	ln      net.Listener
@@ -202,7 +203,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, exitcode.InputError(err)
 	}
-	d.regs = server.NewRegistries(clients, cfg.StallTimeout, log)
+	d.regs = fill.NewRegistries(clients, cfg.StallTimeout, log)
 	if o.KeepReferenced {
 		if d.refs, err = references(o.Kubeconfig, log); err != nil {
 			if needsCluster {
@@ -219,7 +220,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		}
 		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
 	}
-	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Pull(), log, server.NewMetrics()
+	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, server.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty
 	if d.refs != nil {
 		cfg.References = d.refs

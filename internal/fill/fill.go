@@ -1,6 +1,6 @@
 // Package fill is where an image's bytes come from. A Source fills a
 // store writer with one wanted image, verified as a registry pull is, and
-// reports its progress: the registry (Registry), a peer replica (package
+// reports its progress: the registry (Registries), a peer replica (package
 // replica) and an ordered Chain of them. Every fill runs under one Rule
 // that cuts it when it stalls, or when it is slower than a minimum rate,
 // whatever the source: the server, the peer fill and the registry's

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -175,7 +176,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
 	t.Helper()
 	return start(t, dir, newFakeSource(), func(c *Config) {
-		c.Pull = PullWith(func() *pull.Puller { return s.puller }, nil)
+		c.Pull = fill.PullWith(func() *pull.Puller { return s.puller }, nil)
 		if tweak != nil {
 			tweak(c)
 		}

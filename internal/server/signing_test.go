@@ -13,6 +13,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -110,7 +111,7 @@ func (s signedSetup) trust(t *testing.T, extra string) func() (signature.Policy,
 func (s signedSetup) start(t *testing.T, trust func() (signature.Policy, error)) *harness {
 	t.Helper()
 	return start(t, t.TempDir(), newFakeSource(), func(c *Config) {
-		c.Pull = PullWith(func() *pull.Puller { return s.puller }, trust)
+		c.Pull = fill.PullWith(func() *pull.Puller { return s.puller }, trust)
 		// A refused image is not retried during the test.
 		c.RetryBase, c.RetryMax = 1<<40, 1<<40
 	})

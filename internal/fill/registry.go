@@ -1,4 +1,4 @@
-package server
+package fill
 
 import (
 	"context"
@@ -52,8 +52,8 @@ func NewRegistries(clients oci.Clients, stall time.Duration, log *slog.Logger) *
 	return &Registries{secure: puller(clients.Secure), insecure: puller(clients.Insecure), log: log}
 }
 
-// Pull is the PullFunc of the registries as the values last applied say.
-func (r *Registries) Pull() PullFunc {
+// Fill fills an image from its registry as the values last applied say.
+func (r *Registries) Fill() func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error) {
 	return PullWith(r.puller, func() (signature.Policy, error) {
 		if p := r.policy.Load(); p != nil {
 			return p.policy, p.err
@@ -100,7 +100,7 @@ func (r *Registries) Apply(vals values.Values) error {
 	return err
 }
 
-// PullWith adapts a puller to a PullFunc. choose is asked for the puller at
+// PullWith adapts a puller to a fill function. choose is asked for the puller at
 // each pull, since oci_registry_insecure can change with the values; policy
 // likewise gives the signature policy of the management values in force.
 // Before any byte of an OCI image is downloaded, the manifest the tag
@@ -108,7 +108,7 @@ func (r *Registries) Apply(vals values.Values) error {
 // and must carry a signature made with every key that applies to the image
 // (signature.Policy.KeysFor). While policy reports an error, OCI images are
 // not pulled at all. A nil policy checks no signature.
-func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error)) PullFunc {
+func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error)) func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error) {
 	return func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 		src := PullSource(w)
 		if policy != nil {
