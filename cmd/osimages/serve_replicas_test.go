@@ -40,7 +40,7 @@ import (
 
 const peersService = "osimages-peers"
 
-type replicaProcess struct {
+type serverReplica struct {
 	id       string
 	d        *serveProcess
 	httpAddr string
@@ -57,7 +57,7 @@ type replicaSet struct {
 	ns       string
 	args     []string
 	mu       sync.Mutex
-	replicas map[string]*replicaProcess
+	replicas map[string]*serverReplica
 }
 
 // blobCounter counts the blob bytes the registry sends, and can trickle
@@ -113,7 +113,7 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 	if _, err := k.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*replicaProcess{}}
+	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*serverReplica{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -131,10 +131,10 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 }
 
 // start runs replica id; advertise, when set, wraps its peer address.
-func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replicaProcess {
+func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
-	r := &replicaProcess{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
+	r := &serverReplica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
@@ -150,7 +150,7 @@ func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, e
 	return r
 }
 
-func (rs *replicaSet) get(id string) *replicaProcess {
+func (rs *replicaSet) get(id string) *serverReplica {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.replicas[id]
@@ -158,7 +158,7 @@ func (rs *replicaSet) get(id string) *replicaProcess {
 
 func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Lock()
-	all := make([]*replicaProcess, 0, len(rs.replicas))
+	all := make([]*serverReplica, 0, len(rs.replicas))
 	for _, r := range rs.replicas {
 		all = append(all, r)
 	}
@@ -184,7 +184,7 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 }
 
 // putSlice creates or updates r's EndpointSlice.
-func (rs *replicaSet) putSlice(ctx context.Context, r *replicaProcess, ready bool) {
+func (rs *replicaSet) putSlice(ctx context.Context, r *serverReplica, ready bool) {
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	name := "osimages-" + r.id
 	_, httpPort := splitPort(rs.t, r.httpAddr)
@@ -244,7 +244,7 @@ func splitPort(t *testing.T, addr string) (string, int32) {
 }
 
 // state is a replica's /peer/state, nil when it does not answer.
-func (r *replicaProcess) state() *replica.State {
+func (r *serverReplica) state() *replica.State {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + r.peerAddr + "/peer/state")
 	if err != nil {
@@ -258,7 +258,7 @@ func (r *replicaProcess) state() *replica.State {
 	return &st
 }
 
-func (r *replicaProcess) holds(sums ...string) bool {
+func (r *serverReplica) holds(sums ...string) bool {
 	st := r.state()
 	if st == nil {
 		return false
@@ -640,7 +640,7 @@ func (r *trickleReader) Read(p []byte) (int, error) {
 }
 
 // imageFilename is the filename a replica serves sum under.
-func imageFilename(t *testing.T, r *replicaProcess, sum string) string {
+func imageFilename(t *testing.T, r *serverReplica, sum string) string {
 	resp, err := http.Get(r.d.url("/"))
 	if err != nil {
 		t.Fatal(err)
@@ -668,7 +668,7 @@ func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string
 		defer close(done)
 		for ctx.Err() == nil {
 			rs.mu.Lock()
-			all := make([]*replicaProcess, 0, len(rs.replicas))
+			all := make([]*serverReplica, 0, len(rs.replicas))
 			for _, r := range rs.replicas {
 				all = append(all, r)
 			}

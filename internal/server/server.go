@@ -1,3 +1,9 @@
+// Package server is the image server's state: the table of the images it
+// serves, each with its lifecycle (lifecycle.go); the download queue, the
+// disk space it reserves, the collection of what is no longer selected and
+// the scrub of what is stored; what it publishes, and its HTTP face (the
+// image URLs, the status page, the metrics). Where the bytes come from is
+// package fill's; how replicas share them, package replica's.
 package server
 
 import (
