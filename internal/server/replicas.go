@@ -210,7 +210,7 @@ func (s *Server) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.W
 // or that is slower than MinRate while another image waits for its slot.
 func (s *Server) registryRule(sum osimage.SHA256) fill.Rule {
 	return fill.Rule{
-		Stall: s.cfg.StallTimeout, MinRate: s.cfg.MinRate, StallName: "--stall-timeout", MinRateName: "--min-rate",
+		Stall: s.cfg.StallTimeout, MinRate: s.cfg.MinRate, StallName: "--stall-timeout", MinRateName: "--min-rate", Clock: s.cfg.Clock,
 		Contended: func() bool {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -226,7 +226,7 @@ func (s *Server) registryRule(sum osimage.SHA256) fill.Rule {
 func (s *Server) peerRule() fill.Rule {
 	return fill.Rule{
 		Stall: s.cfg.PeerTimeout, MinRate: s.cfg.MinRate, RateWindow: s.cfg.StallTimeout,
-		StallName: "--peer-timeout", MinRateName: "--min-rate",
+		StallName: "--peer-timeout", MinRateName: "--min-rate", Clock: s.cfg.Clock,
 	}
 }
 

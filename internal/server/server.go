@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -154,8 +156,12 @@ type Config struct {
 	// DefaultScrubRate).
 	ScrubRate int64
 
-	// Now is the clock, for tests.
+	// Now is the clock of dates (verified, deselected, retry at), for
+	// tests.
 	Now func() time.Time
+	// Clock measures durations: the fill rules' stalls and rates, and the
+	// peers' settle; nil is the real clock.
+	Clock clock.WithTicker
 }
 
 // Defaults of Config, and of serve's flags.
@@ -277,6 +283,9 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
 	}
@@ -289,7 +298,7 @@ func New(cfg Config) *Server {
 		notify:  make(chan struct{}),
 	}
 	if cfg.Replicas != nil {
-		s.view = replica.NewView(cfg.Replicas, cfg.Logger, nil)
+		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
 		s.peerPuller = replica.NewPuller(cfg.PeerTimeout)
 	}
 	now := cfg.Now()
