@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -209,29 +208,6 @@ func (rs *replicaSet) putSlice(ctx context.Context, r *serverReplica, ready bool
 		cur.Endpoints, cur.Ports = want.Endpoints, want.Ports
 		_, _ = slices.Update(ctx, cur, metav1.UpdateOptions{})
 	}
-}
-
-// freeHostAddr is a free address on this machine's first non-loopback
-// IPv4 address: the apiserver refuses loopback addresses in EndpointSlices,
-// so the peer listeners cannot be on 127.0.0.1.
-func freeHostAddr(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ip, ok := a.(*net.IPNet); ok && ip.IP.To4() != nil && !ip.IP.IsLoopback() && !ip.IP.IsLinkLocalUnicast() {
-			ln, err := net.Listen("tcp", net.JoinHostPort(ip.IP.String(), "0"))
-			if err != nil {
-				continue
-			}
-			defer ln.Close()
-			return ln.Addr().String()
-		}
-	}
-	t.Skip("this machine has no non-loopback IPv4 address: EndpointSlices cannot name a local process (the apiserver refuses 127.0.0.0/8)")
-	return ""
 }
 
 func splitPort(t *testing.T, addr string) (string, int32) {
