@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/utils/clock"
+	utilclock "k8s.io/utils/clock"
 
 	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
@@ -161,7 +161,7 @@ type Config struct {
 	Now func() time.Time
 	// Clock measures durations: the fill rules' stalls and rates, and the
 	// peers' settle; nil is the real clock.
-	Clock clock.WithTicker
+	Clock utilclock.WithTicker
 }
 
 // Defaults of Config, and of serve's flags.
@@ -284,7 +284,7 @@ func New(cfg Config) *Server {
 		cfg.Now = time.Now
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
+		cfg.Clock = utilclock.RealClock{}
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
