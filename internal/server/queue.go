@@ -121,9 +121,11 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
 		end.Why = endedWaitingForSpace
 	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
-		end.Why, end.Reason = endedGivingWay, cause.Error()
+		end.Why = endedGivingWay
 		if slow := new(*fill.SlowError); errors.As(err, slow) {
 			end.Reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
+		} else {
+			end.Reason = cause.Error()
 		}
 		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", end.Reason)
 	default:
