@@ -24,7 +24,8 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 		}
 		return fmt.Sprintf("%.0f%%", 100*float64(received)/float64(total))
 	},
-	"short": func(s string) string {
+	"short": func(v fmt.Stringer) string {
+		s := v.String()
 		if len(s) > 12 {
 			return s[:12]
 		}
