@@ -65,7 +65,7 @@ const DefaultPeerTimeout = 30 * time.Second
 // ReplicaState is one replica's images, as its peer state endpoint
 // (/peer/state) answers it.
 type ReplicaState struct {
-	Replica string                  `json:"replica"`
+	Replica string                          `json:"replica"`
 	Images  map[osimage.SHA256]ReplicaImage `json:"images"`
 }
 
