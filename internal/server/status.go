@@ -23,11 +23,11 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 		}
 		return fmt.Sprintf("%.0f%%", 100*float64(received)/float64(total))
 	},
-	"short": func(s string) string {
+	"short": func(s osimage.SHA256) string {
 		if len(s) > 12 {
-			return s[:12]
+			return string(s[:12])
 		}
-		return s
+		return string(s)
 	},
 	"join": strings.Join,
 	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
