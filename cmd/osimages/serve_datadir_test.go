@@ -131,7 +131,7 @@ func TestServeRecoversFromAPoisonedPartial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := store.Resume(pub.Fields.Get("sha256"))
+	w, err := store.Resume(imageSHA(t, pub))
 	if err != nil {
 		t.Fatal(err)
 	}

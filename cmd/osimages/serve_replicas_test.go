@@ -234,7 +234,7 @@ func (r *serverReplica) state() *replica.State {
 	return &st
 }
 
-func (r *serverReplica) holds(sums ...string) bool {
+func (r *serverReplica) holds(sums ...osimage.SHA256) bool {
 	st := r.state()
 	if st == nil {
 		return false
@@ -305,7 +305,7 @@ var lastPublished []devregistry.Published
 
 // replicaImages publishes the two test images and returns the serve
 // arguments that select both, with their sha256s and blob sizes.
-func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []string, blobBytes int64) {
+func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []osimage.SHA256, blobBytes int64) {
 	published := publishServeImages(t, reg, size)
 	lastPublished = nil
 	for _, p := range published {
@@ -314,7 +314,7 @@ func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []st
 	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
 	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
 	for _, p := range published {
-		sums = append(sums, p.Fields.Get("sha256"))
+		sums = append(sums, imageSHA(t, p))
 		n, err := strconv.ParseInt(p.Fields.Get("archive-size"), 10, 64)
 		if err != nil || n <= 0 {
 			n, _ = strconv.ParseInt(p.Fields.Get("size"), 10, 64)
@@ -370,7 +370,7 @@ func TestServeReplicasFillFromEachOther(t *testing.T) {
 	}
 	// Available only once all three held it: every version seen saying
 	// available came after the verification of that image on each replica.
-	verified := map[string]time.Time{}
+	verified := map[osimage.SHA256]time.Time{}
 	for _, id := range []string{"r0", "r1", "r2"} {
 		for sum, img := range rs.get(id).state().Images {
 			if img.VerifiedAt.After(verified[sum]) {
@@ -471,8 +471,8 @@ func TestServeReplicasAvailableOnlyWhenEveryReadyReplicaHoldsIt(t *testing.T) {
 			page, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			for _, s := range sums {
-				if !regexp.MustCompile(`data-replica="small" data-sha256="` + s + `">.*phase failed`).Match(page) {
-					return false, id + " leads but does not show small failing " + s
+				if !regexp.MustCompile(`data-replica="small" data-sha256="` + s.String() + `">.*phase failed`).Match(page) {
+					return false, id + " leads but does not show small failing " + s.String()
 				}
 			}
 			return true, ""
@@ -531,7 +531,7 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 		if st.Images[s].Source != fill.FromRegistry {
 			t.Errorf("image %s came from %q, want the registry after the peer's bad bytes", s, st.Images[s].Source)
 		}
-		if got, code := sha256Of(t, good.d.url("/images/"+s+"/"+imageFilename(t, good, s))); code != 200 || got != s {
+		if got, code := sha256Of(t, good.d.url("/images/"+s.String()+"/"+imageFilename(t, good, s))); code != 200 || got != s.String() {
 			t.Errorf("image %s served by the second replica: %d, sha256 %s", s, code, got)
 		}
 	}
@@ -616,25 +616,25 @@ func (r *trickleReader) Read(p []byte) (int, error) {
 }
 
 // imageFilename is the filename a replica serves sum under.
-func imageFilename(t *testing.T, r *serverReplica, sum string) string {
+func imageFilename(t *testing.T, r *serverReplica, sum osimage.SHA256) string {
 	resp, err := http.Get(r.d.url("/"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	page, _ := io.ReadAll(resp.Body)
-	i := strings.Index(string(page), "/images/"+sum+"/")
+	i := strings.Index(string(page), "/images/"+sum.String()+"/")
 	if i < 0 {
 		t.Fatalf("the status page has no link to %s", sum)
 	}
-	rest := string(page[i+len("/images/"+sum+"/"):])
+	rest := string(page[i+len("/images/"+sum.String()+"/"):])
 	return rest[:strings.IndexByte(rest, '"')]
 }
 
 // servedChecker asks every live replica's client port for every image,
 // over and over, and records any answer that is neither "not ready yet"
 // nor the verified image: no unverified byte may ever reach a client.
-func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string]string) (stop func() (checks int, bad []string)) {
+func servedChecker(t *testing.T, rs *replicaSet, sums []osimage.SHA256, names map[osimage.SHA256]string) (stop func() (checks int, bad []string)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var bad []string
@@ -651,10 +651,10 @@ func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string
 			rs.mu.Unlock()
 			for _, r := range all {
 				for _, s := range sums {
-					got, code := sha256Of(t, r.d.url("/images/"+s+"/"+names[s]))
+					got, code := sha256Of(t, r.d.url("/images/"+s.String()+"/"+names[s]))
 					mu.Lock()
 					checks++
-					if code == http.StatusOK && got != s {
+					if code == http.StatusOK && got != s.String() {
 						bad = append(bad, fmt.Sprintf("%s served %s with sha256 %s", r.id, s, got))
 					}
 					mu.Unlock()
@@ -686,14 +686,15 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 	for _, id := range ids {
 		rs.start(id, nil)
 	}
-	names := map[string]string{}
+	names := map[osimage.SHA256]string{}
 	for _, p := range publishedFor(t, reg) {
-		names[p.Fields.Get("sha256")] = p.Fields.Get("filename")
+		names[imageSHA(t, p)] = p.Fields.Get("filename")
 	}
 	stopChecks := servedChecker(t, rs, sums, names)
 	// Find a replica pulling an image from the registry while another
 	// streams it, and kill it.
-	var victim, target string
+	var victim string
+	var target osimage.SHA256
 	testenv.Eventually(t, "a registry pull followed by a peer", 60*time.Second, func() (bool, string) {
 		states := map[string]*replica.State{}
 		for _, id := range ids {

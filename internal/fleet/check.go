@@ -24,7 +24,7 @@ const (
 // ImageStatus is one needed image and its state.
 type ImageStatus struct {
 	SHA256   osimage.SHA256 `json:"sha256"`
-	ImageKey string `json:"imageKey,omitempty"`
+	ImageKey string         `json:"imageKey,omitempty"`
 	// Filenames are those its URLs ask for (/images/<sha256>/<filename>).
 	Filenames []string `json:"filenames,omitempty"`
 	State     State    `json:"state"`

@@ -243,7 +243,7 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 	s := New(Config{Store: store})
 	var refused osimage.RefusedNeeds
 	for i := range 3000 {
-		refused = append(refused, osimage.RefusedNeed{SHA256: fmt.Sprintf("%064x", i), Namespace: fmt.Sprintf("wc-%02d", i%40),
+		refused = append(refused, osimage.RefusedNeed{SHA256: osimage.SHA256(fmt.Sprintf("%064x", i)), Namespace: fmt.Sprintf("wc-%02d", i%40),
 			Reason: osimage.RefusedImages, Message: strings.Repeat("m", 100)})
 	}
 	s.SetRefusedNeeds(refused)
@@ -256,17 +256,17 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 		t.Errorf("the refusals take %d bytes", len(doc))
 	}
 	for i := range 40 {
-		if _, ok := got.For(fmt.Sprintf("wc-%02d", i), fmt.Sprintf("%064x", i)); !ok {
+		if _, ok := got.For(fmt.Sprintf("wc-%02d", i), osimage.SHA256(fmt.Sprintf("%064x", i))); !ok {
 			t.Errorf("the first refusal of wc-%02d is left out", i)
 		}
 	}
 
 	// A served set that leaves no room: published without them.
-	wanted := map[string]servedset.Wanted{}
+	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 2200 {
-		sha := fmt.Sprintf("%064x", 10000+i)
+		sha := osimage.SHA256(fmt.Sprintf("%064x", 10000+i))
 		name := fmt.Sprintf("%05d-%s.raw", i, strings.Repeat("x", 240))
-		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha, "filename": name}}
+		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha.String(), "filename": name}}
 	}
 	s.SetDesired(wanted, nil)
 	s.mu.Lock()

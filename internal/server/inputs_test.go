@@ -33,15 +33,15 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
 	for _, name := range a.Filenames {
-		resp, body := h.get("/images/" + a.SHA256 + "/" + name)
+		resp, body := h.get("/images/" + a.SHA256.String() + "/" + name)
 		if resp.StatusCode != http.StatusOK || string(body) != string(content) {
 			t.Errorf("GET %s: %d, %d bytes", name, resp.StatusCode, len(body))
 		}
-		resp, body = h.get("/images/" + a.SHA256 + "/" + name + ".sha256sum")
-		if want := a.SHA256 + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
+		resp, body = h.get("/images/" + a.SHA256.String() + "/" + name + ".sha256sum")
+		if want := a.SHA256.String() + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.sha256sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
-		resp, body = h.get("/images/" + a.SHA256 + "/" + name + ".md5sum")
+		resp, body = h.get("/images/" + a.SHA256.String() + "/" + name + ".md5sum")
 		if want := a.Image.Get("md5") + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.md5sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
@@ -50,11 +50,11 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 		t.Errorf("servedFile: %q %q %v", name, suffix, ok)
 	}
 	for _, name := range []string{"other.raw", "good.raw.sha512sum", "renamed"} {
-		if resp, _ := h.get("/images/" + a.SHA256 + "/" + name); resp.StatusCode != http.StatusNotFound {
+		if resp, _ := h.get("/images/" + a.SHA256.String() + "/" + name); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s: %d, want 404", name, resp.StatusCode)
 		}
 	}
-	if _, page := h.get("/"); !strings.Contains(string(page), `href="/images/`+a.SHA256+`/renamed.raw"`) {
+	if _, page := h.get("/"); !strings.Contains(string(page), `href="/images/`+a.SHA256.String()+`/renamed.raw"`) {
 		t.Errorf("the status page does not list the second filename:\n%s", page)
 	}
 }
@@ -242,7 +242,7 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 // TestAdmitRefusesASetTooLargeForAConfigMap names the size and the count.
 func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	srv := New(Config{Store: newTestStore(t), Pull: newFakeSource().pull})
-	wanted := map[string]servedset.Wanted{}
+	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
 		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
@@ -281,7 +281,7 @@ func TestServedOutputDocuments(t *testing.T) {
 		t.Fatal(err)
 	}
 	var raw map[string]map[string]map[string]any
-	if err := yaml.Unmarshal([]byte(data[osimage.ValuesKey]), &raw); err != nil || len(raw["capm3_os_image_server_images"][hexSum("a")]) != 2 {
+	if err := yaml.Unmarshal([]byte(data[osimage.ValuesKey]), &raw); err != nil || len(raw["capm3_os_image_server_images"][hexSum("a").String()]) != 2 {
 		t.Errorf("values.yaml: %v %v", raw, err)
 	}
 	files, err := osimage.ParseServedFilenames([]byte(data[osimage.ServedFilenamesKey]))
@@ -299,7 +299,7 @@ func TestServedOutputDocuments(t *testing.T) {
 	}
 }
 
-func hexSum(s string) string {
+func hexSum(s string) osimage.SHA256 {
 	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:])
+	return osimage.SHA256(hex.EncodeToString(h[:]))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
@@ -27,12 +28,12 @@ func TestDeselectedBetweenClaimAndDownload(t *testing.T) {
 	srv := New(Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: t.TempDir() + "/served.yaml"},
 		Concurrency: 1, GCGrace: time.Hour, FreeSpaceMargin: 1, Metrics: NewMetrics()})
 
-	srv.SetDesired(map[string]servedset.Wanted{a.SHA256: a}, nil)
+	srv.SetDesired(map[osimage.SHA256]servedset.Wanted{a.SHA256: a}, nil)
 	sum, ok := srv.next()
 	if !ok || sum != a.SHA256 {
 		t.Fatalf("next claimed %q, %v", sum, ok)
 	}
-	srv.SetDesired(map[string]servedset.Wanted{}, nil)
+	srv.SetDesired(map[osimage.SHA256]servedset.Wanted{}, nil)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

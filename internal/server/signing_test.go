@@ -88,7 +88,11 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (servedset.W
 	img[osimage.FieldURI] = "oci://" + p.Ref
 	img[osimage.FieldRegistryKey] = "sylva"
 	img[osimage.FieldManifestDigest] = p.ManifestDigest.String()
-	return servedset.Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: key, Image: img, SelectedBy: []string{"test"}}, p
+	sha, err := img.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return servedset.Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -117,7 +121,7 @@ func (s signedSetup) start(t *testing.T, trust func() (signature.Policy, error))
 	})
 }
 
-func reasonOf(h *harness, sum string) string {
+func reasonOf(h *harness, sum osimage.SHA256) string {
 	statuses, _ := h.srv.Statuses()
 	for _, st := range statuses {
 		if st.SHA256 == sum {
@@ -228,7 +232,11 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	for k, v := range moved.Fields {
 		fresh.Image[k] = v
 	}
-	fresh.SHA256 = moved.Fields.Get(osimage.FieldSHA256)
+	sha, err := moved.Fields.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.SHA256 = sha
 	h.want(fresh)
 	h.waitPhase(fresh.SHA256, PhaseReady)
 }

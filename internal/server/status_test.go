@@ -63,13 +63,13 @@ func TestStatusPageInChromium(t *testing.T) {
 	dom := string(out)
 	for _, want := range []string{
 		`<title>osimages image server</title>`,
-		`data-sha256="` + ready.SHA256 + `"`,
+		`data-sha256="` + ready.SHA256.String() + `"`,
 		`class="phase ready">ready</span>`,
 		`class="phase downloading">downloading</span> 50%`,
 		`class="phase failed">failed</span>`,
 		`tag not found: the registry has no such repository or tag`,
 		`class="phase queued">queued</span>`,
-		`href="/images/` + ready.SHA256 + `/b-ready.raw"`,
+		`href="/images/` + ready.SHA256.String() + `/b-ready.raw"`,
 		`1 ready`, `1 downloading`, `1 queued`, `1 failed`,
 		`id="inputs-refused"`, `Inputs refused (near-miss)`, `os_image: did you mean os_images?`,
 	} {
