@@ -42,9 +42,9 @@ type planOptions struct {
 	namespaceSelector string
 	registry          oci.Options
 	timeout           time.Duration
-	// fleetNeeds, when Serve, adds to the proposed set what the fleet
+	// fleetNeeds, when serve, adds to the proposed set what the fleet
 	// needs within that policy, as serve --serve-fleet-needs would.
-	fleetNeeds servedset.FleetOptions
+	fleetNeeds fleetNeedsFlags
 }
 
 func newPlanCommand() *cobra.Command {
@@ -100,7 +100,8 @@ func runPlan(ctx context.Context, o planOptions, stdout, stderr io.Writer) error
 	if (o.served == "") != (len(o.clusters) == 0) {
 		return exitcode.InputError(errors.New("give --served and --cluster together (all inputs from files), or neither (read them from the cluster)"))
 	}
-	if err := o.fleetNeeds.Validate(); err != nil {
+	policy, err := o.fleetNeeds.policy()
+	if err != nil {
 		return exitcode.InputError(err)
 	}
 	if o.timeout <= 0 {
@@ -157,8 +158,8 @@ func runPlan(ctx context.Context, o planOptions, stdout, stderr io.Writer) error
 	}
 
 	var fleetNeeds *servedset.FleetPolicy
-	if o.fleetNeeds.Serve {
-		fleetNeeds = &o.fleetNeeds.Policy
+	if o.fleetNeeds.serve {
+		fleetNeeds = &policy
 	}
 	failing := 0
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
