@@ -10,7 +10,7 @@
 // that the scrub reads a file the clients do not, and the figures show what
 // the scrub costs serving. Both are stored as verified an hour ago, so the
 // scrub starts at once; it runs at the shortest interval serve accepts
-// (daemon.MinScrubInterval), and the second image is large enough that a
+// (imageserver.MinScrubInterval), and the second image is large enough that a
 // pass over both outlasts it (up to maxScrubbed: beyond, the scrub pauses,
 // and the bench says so).
 //
@@ -53,9 +53,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/sylva-projects/osimages/bench/internal/proc"
-	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	imageserver "github.com/sylva-projects/osimages/internal/server"
 )
 
 const (
@@ -148,7 +148,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("-scrub-rate %q: want a positive quantity of bytes per second, such as 50Mi", o.scrubRate)
 		}
 		// A pass over both images lasts the interval and a bit more.
-		pass := q.Value() * int64((daemon.MinScrubInterval + 5*time.Second).Seconds())
+		pass := q.Value() * int64((imageserver.MinScrubInterval + 5*time.Second).Seconds())
 		size := min(max(o.size, (pass-o.size+mib-1)/mib*mib), maxScrubbed)
 		other, err := storeImage(filepath.Join(dir, "data"), size, scrubFilename, 7)
 		if err != nil {
@@ -156,9 +156,9 @@ func run(ctx context.Context, o options) error {
 		}
 		scrubbed = &other
 		fmt.Printf("  scrub: the osimages server scrubs at %s/s, every %s, over a second stored image of %s (sha256 %s) and the served one\n",
-			o.scrubRate, daemon.MinScrubInterval, human(size), other.sha256)
+			o.scrubRate, imageserver.MinScrubInterval, human(size), other.sha256)
 		if size+o.size < pass {
-			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, daemon.MinScrubInterval)
+			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, imageserver.MinScrubInterval)
 		}
 	}
 	urlPath := osimage.ImagePath(img.sha256, filename)
@@ -479,7 +479,7 @@ func startOsimages(binary, dir string, img image, scrubbed *image, scrubRate str
 		// Both selected, so that neither is collected during the runs.
 		doc += entry(scrubKey, scrubFilename, *scrubbed)
 		vals += fmt.Sprintf("  scrubbed: {_os_images_key_: %s}\n", scrubKey)
-		scrub = []string{"--scrub-interval", daemon.MinScrubInterval.String(), "--scrub-rate", scrubRate}
+		scrub = []string{"--scrub-interval", imageserver.MinScrubInterval.String(), "--scrub-rate", scrubRate}
 	}
 	for path, data := range map[string]string{osImages: doc, values: vals} {
 		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {

@@ -1,52 +1,30 @@
 package daemon
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
-// FleetNeedsOptions are those of --serve-fleet-needs.
+// FleetNeedsOptions are those of serving the fleet's needs.
 type FleetNeedsOptions struct {
-	servedset.FleetOptions
-	// ConfigMap is NS/NAME of the fleet's needs; "" is
-	// osimage.FleetNeedsConfigMapName in the namespace of the server's
-	// other ConfigMaps.
-	ConfigMap string
+	// ConfigMap holds the fleet's needs.
+	ConfigMap kube.ObjectKey
+	// Policy is what of them is served.
+	Policy servedset.FleetPolicy
 }
 
 // fleetNeedsFromCluster points the inputs at the fleet-needs ConfigMap.
-func (d *Daemon) fleetNeedsFromCluster() error {
+func (d *Daemon) fleetNeedsFromCluster() {
 	f := d.opts.FleetNeeds
-	if !f.Serve {
-		return nil
+	if f == nil {
+		return
 	}
-	name := f.ConfigMap
-	if name == "" {
-		ns := ""
-		for _, other := range []string{d.opts.OSImagesConfigMap, d.opts.OutputConfigMap} {
-			if key, err := kube.ParseObjectKey(other); other != "" && err == nil {
-				ns = key.Namespace
-				break
-			}
-		}
-		if ns == "" {
-			return errors.New("--serve-fleet-needs: give --fleet-needs-configmap NS/NAME (no --os-images-configmap or --output-configmap names the server's namespace)")
-		}
-		name = ns + "/" + osimage.FleetNeedsConfigMapName
-	}
-	key, err := kube.ParseObjectKey(name)
-	if err != nil {
-		return fmt.Errorf("--fleet-needs-configmap %w", err)
-	}
+	key := f.ConfigMap
 	d.inputs.FleetNeedsConfigMap = &key
-	d.log.Info("serving the fleet's needs within policy", "configMap", key.String(), "allowPrefixes", f.AllowPrefixes,
+	d.log.Info("serving the fleet's needs within policy", "configMap", key.String(), "allowPrefixes", f.Policy.AllowPrefixes,
 		"maxImagesPerNamespace", f.Policy.MaxImages, "maxBytesPerNamespace", f.Policy.MaxBytes)
-	return nil
 }
 
 // addFleetNeeds adds to the management selection the fleet's needs that
@@ -55,7 +33,7 @@ func (d *Daemon) fleetNeedsFromCluster() error {
 // broken or foreign document never stops the management inputs, nor
 // takes an image away from a cluster.
 func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[osimage.SHA256]servedset.Wanted) (map[osimage.SHA256]servedset.Wanted, osimage.RefusedNeeds) {
-	if !d.opts.FleetNeeds.Serve {
+	if d.opts.FleetNeeds == nil {
 		return wanted, nil
 	}
 	for _, err := range in.NeedsDropped {

@@ -34,7 +34,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 	}
 	srv := server.New(server.Config{Store: store})
 	d := &Daemon{log: log, srv: srv, regs: fill.NewRegistries(clients, time.Minute, log),
-		opts: Options{FleetNeeds: FleetNeedsOptions{FleetOptions: servedset.FleetOptions{Serve: true}}}}
+		opts: Options{FleetNeeds: &FleetNeedsOptions{}}}
 
 	long := func(i int, what string) string {
 		return fmt.Sprintf("%s-%05d-%s.raw", what, i, strings.Repeat("x", 230))

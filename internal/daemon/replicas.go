@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -48,22 +47,8 @@ type replicas struct {
 }
 
 func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
-	if o.OutputFile != "" {
-		return nil, errors.New("--peers-service needs --output-configmap: replicas publish one ConfigMap through an elected leader, not a file each")
-	}
-	if o.PeerTimeout <= 0 {
-		return nil, fmt.Errorf("--peer-timeout %s: give a positive duration, such as 30s", o.PeerTimeout)
-	}
-	id := o.ReplicaID
-	if id == "" {
-		id = os.Getenv("POD_NAME")
-	}
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("--replica-id is empty, POD_NAME is not set and the hostname cannot be read (%v): give --replica-id", err)
-		}
-		id = h
+	if o.OutputFile != "" || o.PeerListener == nil || o.ReplicaID == "" {
+		return nil, errors.New("replicas need a peer listener and a replica ID, and publish no file (they publish one ConfigMap, through an elected leader)")
 	}
 	ns, err := namespace(o)
 	if err != nil {
@@ -73,16 +58,12 @@ func openReplicas(o Options, log *slog.Logger) (*replicas, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", o.PeerListen)
-	if err != nil {
-		return nil, fmt.Errorf("--peer-listen %s: %w", o.PeerListen, err)
-	}
 	lease := o.PublisherLease
 	if lease == "" {
 		lease = DefaultPublisherLease
 	}
-	r := &replicas{log: log, client: client, namespace: ns, id: id, lease: lease, ln: ln,
-		tracker: replica.NewTracker(client, ns, o.PeersService, id), pod: os.Getenv("POD_NAME")}
+	r := &replicas{log: log, client: client, namespace: ns, id: o.ReplicaID, lease: lease, ln: o.PeerListener,
+		tracker: replica.NewTracker(client, ns, o.PeersService, o.ReplicaID), pod: os.Getenv("POD_NAME")}
 	if r.pod != "" {
 		r.broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 		r.recorder = kube.BoundedEvents(r.broadcaster.NewRecorder(scheme.Scheme, "osimages-server"))
@@ -101,7 +82,7 @@ func (r *replicas) reportPeer(peer string, sha256 osimage.SHA256, reason string)
 }
 
 // namespace is the server's own: $POD_NAMESPACE, else the pod's service
-// account namespace, else that of --output-configmap.
+// account namespace, else that of the output ConfigMap.
 func namespace(o Options) (string, error) {
 	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
 		return ns, nil
@@ -109,11 +90,10 @@ func namespace(o Options) (string, error) {
 	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil && strings.TrimSpace(string(b)) != "" {
 		return strings.TrimSpace(string(b)), nil
 	}
-	key, err := kube.ParseObjectKey(o.OutputConfigMap)
-	if err != nil {
-		return "", fmt.Errorf("--output-configmap %w", err)
+	if o.OutputConfigMap == nil {
+		return "", errors.New("the server's namespace is unknown: POD_NAMESPACE is not set, there is no service account namespace, and no output ConfigMap names one")
 	}
-	return key.Namespace, nil
+	return o.OutputConfigMap.Namespace, nil
 }
 
 func (r *replicas) run(ctx context.Context, g *errgroup.Group) {

@@ -22,8 +22,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/sylva-projects/osimages/internal/clip"
-	"github.com/sylva-projects/osimages/internal/exitcode"
 	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -34,51 +32,73 @@ import (
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
-// Options are those of `osimages serve`, as its flags give them. Errors
-// name the flags.
+// Options are what `osimages serve` runs with, checked and parsed by the
+// command: the daemon uses each as given.
 type Options struct {
 	Data string
-	// Listen is the address to serve on; Listener, when set, is used
-	// instead (the demo opens it first to know the address).
-	Listen   string
+	// Listener is where HTTP is served; the caller opens and closes it.
 	Listener net.Listener
 	// OSImages is an os_images document or an os-images-info ConfigMap
-	// manifest; OSImagesConfigMap (NS/NAME) is read and watched instead.
-	OSImages, OSImagesConfigMap string
-	Kubeconfig                  string
-	ValueFiles                  []string
-	// OutputFile or OutputConfigMap (NS/NAME) gets the served set.
-	OutputFile, OutputConfigMap string
-	Concurrency                 int
-	GCGrace                     time.Duration
-	// MaxStorage, FreeSpaceMargin, MaxImageSize and MinRate are
-	// quantities, such as 200Gi; MaxStorage "" is no bound but the disk.
-	MaxStorage, FreeSpaceMargin, MaxImageSize, MinRate string
-	StallTimeout                                       time.Duration
-	TLSCert, TLSKey                                    string
+	// manifest; OSImagesConfigMap, when set, is read and watched instead.
+	OSImages          string
+	OSImagesConfigMap *kube.ObjectKey
+	Kubeconfig        string
+	ValueFiles        []string
+	// OutputFile or OutputConfigMap, when set, gets the served set.
+	OutputFile      string
+	OutputConfigMap *kube.ObjectKey
+	// Limits are the bounds of the server's work: its Concurrency,
+	// GCGrace, MaxStorage (0: the disk), FreeSpaceMargin, MaxImageSize,
+	// StallTimeout, MinRate, ScrubInterval (0: never) and ScrubRate. Open
+	// sets the rest of the server's Config.
+	Limits          server.Config
+	TLSCert, TLSKey string
 	// Registry is how registries are reached (CA, credentials); the
 	// values choose whether TLS is verified.
 	Registry       oci.Options
 	Poll           time.Duration
 	AllowEmpty     bool
 	KeepReferenced bool
-	// FleetNeeds, when ServeFleetNeeds, adds the images the fleet needs,
-	// within policy (fleetneeds.go).
-	FleetNeeds FleetNeedsOptions
-	// Logger gets the server's log (default: JSON on stderr).
+	// FleetNeeds, when set, adds the images the fleet needs, within its
+	// policy (fleetneeds.go).
+	FleetNeeds *FleetNeedsOptions
+	// Logger gets the server's log; nil discards it.
 	Logger *slog.Logger
 
 	// Replicas (replicas.go): PeersService, when set, is the headless
 	// Service whose ready endpoints are the other replicas; ReplicaID
-	// names this one; PeerListen is the peer-only listener; a replica
-	// that shows no progress for PeerTimeout is taken over; the Lease
-	// PublisherLease elects the one that publishes.
-	ReplicaID, PeersService, PeerListen, PublisherLease string
-	PeerTimeout                                         time.Duration
-	// ScrubInterval is how often each stored image is re-hashed (0: never);
-	// ScrubRate, a quantity of bytes per second, bounds the reads.
-	ScrubInterval time.Duration
-	ScrubRate     string
+	// names this one; PeerListener is the peer-only listener, which the
+	// caller opens and closes; a replica that shows no progress for
+	// PeerTimeout is taken over; the Lease PublisherLease elects the one
+	// that publishes, to OutputConfigMap.
+	ReplicaID, PeersService, PublisherLease string
+	PeerListener                            net.Listener
+	PeerTimeout                             time.Duration
+}
+
+// StartError is an error that keeps the server from starting: an option,
+// or what it names (the data directory, the cluster, the inputs at start),
+// cannot be used. Other errors of Run are failures of the work.
+type StartError struct{ Err error }
+
+func (e *StartError) Error() string { return e.Err.Error() }
+func (e *StartError) Unwrap() error { return e.Err }
+
+// DataDirError says that the data directory cannot hold the store.
+type DataDirError struct {
+	Dir string
+	Err error
+}
+
+func (e *DataDirError) Error() string { return fmt.Sprintf("data directory %s: %v", e.Dir, e.Err) }
+func (e *DataDirError) Unwrap() error { return e.Err }
+
+// startError marks err as a StartError; nil stays nil.
+func startError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &StartError{Err: err}
 }
 
 // ShutdownGrace is how long HTTP responses in flight get to finish after
@@ -93,8 +113,8 @@ const ShutdownGrace = 5 * time.Second
 // process ends. It is well within Kubernetes' default grace of 30 s.
 const ShutdownDeadline = ShutdownGrace + 5*time.Second
 
-// Run serves until ctx ends. Wrong options, and inputs that cannot be used
-// at start, are exitcode.InputError. Once ctx ends, Run returns within
+// Run serves until ctx ends. Options, and inputs, that cannot be used at
+// start are a *StartError. Once ctx ends, Run returns within
 // ShutdownDeadline, at start too.
 func Run(ctx context.Context, o Options) error {
 	return boundShutdown(ctx, ShutdownDeadline, func() error {
@@ -145,69 +165,52 @@ type Daemon struct {
 	lastNeeds *osimage.FleetNeeds
 }
 
-// Open checks o and builds the server: the store is opened and the address
-// listened on, but nothing is read or served before Run, which must follow.
-func Open(o Options) (_ *Daemon, err error) {
-	if (o.OSImages == "") == (o.OSImagesConfigMap == "") {
-		return nil, exitcode.InputError(errors.New("give exactly one of --os-images and --os-images-configmap"))
-	}
-	if o.OutputFile != "" && o.OutputConfigMap != "" {
-		return nil, exitcode.InputError(errors.New("give at most one of --output-file and --output-configmap"))
-	}
-	if (o.TLSCert == "") != (o.TLSKey == "") {
-		return nil, exitcode.InputError(errors.New("--tls-cert and --tls-key go together"))
-	}
-	for _, f := range []struct{ flag, key string }{
-		{"--os-images-configmap", o.OSImagesConfigMap}, {"--output-configmap", o.OutputConfigMap}, {"--fleet-needs-configmap", o.FleetNeeds.ConfigMap},
-	} {
-		if _, err := kube.ParseObjectKey(f.key); f.key != "" && err != nil {
-			return nil, exitcode.InputError(fmt.Errorf("%s %w", f.flag, err))
-		}
-	}
-	cfg, err := o.limits()
-	if err != nil {
-		return nil, exitcode.InputError(err)
-	}
-	if err := o.FleetNeeds.Validate(); err != nil {
-		return nil, exitcode.InputError(err)
+// Open builds the server: the store is opened, but nothing is read or
+// served before Run, which must follow. Its errors are *StartError.
+func Open(o Options) (*Daemon, error) {
+	d, err := open(o)
+	return d, startError(err)
+}
+
+func open(o Options) (_ *Daemon, err error) {
+	if o.Listener == nil {
+		return nil, errors.New("no listener to serve HTTP on")
 	}
 	log := o.Logger
 	if log == nil {
-		// Errors quote registry answers and input values: each is clipped.
-		log = slog.New(clip.Handler(slog.NewJSONHandler(os.Stderr, nil), clip.LogValue))
+		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{opts: o, log: log, limits: cfg}
+	cfg := o.Limits
+	d := &Daemon{opts: o, log: log, ln: o.Listener, limits: cfg}
 	defer func() {
 		if err != nil {
 			d.close()
 		}
 	}()
 	if d.store, err = imagestore.Open(o.Data, imagestore.WithLogger(log)); err != nil {
-		return nil, exitcode.InputError(fmt.Errorf("--data %s: %w", o.Data, err))
+		return nil, &DataDirError{Dir: o.Data, Err: err}
 	}
 	d.inputs = server.Inputs{OSImagesFile: o.OSImages, ValueFiles: o.ValueFiles, Poll: o.Poll, Logger: log}
 	if o.OutputFile != "" {
 		cfg.Publisher = server.FilePublisher{Path: o.OutputFile}
 	}
-	needsCluster := o.OSImagesConfigMap != "" || o.OutputConfigMap != "" || o.FleetNeeds.Serve
+	needsCluster := o.OSImagesConfigMap != nil || o.OutputConfigMap != nil || o.FleetNeeds != nil
 	if needsCluster {
 		client, err := kube.Clientset(o.Kubeconfig)
 		if err != nil {
-			return nil, exitcode.InputError(err)
+			return nil, err
 		}
-		if err := d.inputsFromCluster(client, &cfg); err != nil {
-			return nil, exitcode.InputError(err)
-		}
+		d.inputsFromCluster(client, &cfg)
 	}
-	clients, err := oci.NewClients(oci.Options{CAFile: o.Registry.CAFile, RegistryConfig: o.Registry.RegistryConfig, MaxConnsPerHost: o.Concurrency})
+	clients, err := oci.NewClients(oci.Options{CAFile: o.Registry.CAFile, RegistryConfig: o.Registry.RegistryConfig, MaxConnsPerHost: cfg.Concurrency})
 	if err != nil {
-		return nil, exitcode.InputError(err)
+		return nil, err
 	}
 	d.regs = fill.NewRegistries(clients, cfg.StallTimeout, log)
 	if o.KeepReferenced {
 		if d.refs, err = references(o.Kubeconfig, log); err != nil {
 			if needsCluster {
-				return nil, exitcode.InputError(err)
+				return nil, err
 			}
 			// Without a cluster there is no Metal3 object to reference an
 			// image: files-only serving (a lab, the demo) needs no guard.
@@ -216,7 +219,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	if o.PeersService != "" {
 		if d.replicas, err = openReplicas(o, log); err != nil {
-			return nil, exitcode.InputError(err)
+			return nil, err
 		}
 		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
 	}
@@ -228,12 +231,6 @@ func Open(o Options) (_ *Daemon, err error) {
 	d.srv = server.New(cfg)
 	d.inputs.Report = d.srv.ReportInputs
 	d.inputs.Waiting = d.srv.WaitForCatalog
-
-	if d.ln = o.Listener; d.ln == nil {
-		if d.ln, err = net.Listen("tcp", o.Listen); err != nil {
-			return nil, exitcode.InputError(fmt.Errorf("--listen %s: %w", o.Listen, err))
-		}
-	}
 	d.httpSrv = d.srv.HTTPServer()
 	if d.replicas != nil {
 		d.replicas.srv = d.srv
@@ -243,26 +240,13 @@ func Open(o Options) (_ *Daemon, err error) {
 
 // inputsFromCluster points the inputs and the publisher at the ConfigMaps
 // of the options.
-func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Config) error {
+func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Config) {
 	d.inputs.Client = client
-	if d.opts.OSImagesConfigMap != "" {
-		key, err := kube.ParseObjectKey(d.opts.OSImagesConfigMap)
-		if err != nil {
-			return fmt.Errorf("--os-images-configmap %w", err)
-		}
-		d.inputs.OSImagesConfigMap = &key
+	d.inputs.OSImagesConfigMap = d.opts.OSImagesConfigMap
+	d.fleetNeedsFromCluster()
+	if key := d.opts.OutputConfigMap; key != nil {
+		cfg.Publisher = server.ConfigMapPublisher{Client: client, Key: *key}
 	}
-	if err := d.fleetNeedsFromCluster(); err != nil {
-		return err
-	}
-	if d.opts.OutputConfigMap != "" {
-		key, err := kube.ParseObjectKey(d.opts.OutputConfigMap)
-		if err != nil {
-			return fmt.Errorf("--output-configmap %w", err)
-		}
-		cfg.Publisher = server.ConfigMapPublisher{Client: client, Key: key}
-	}
-	return nil
 }
 
 // Server is the image server the daemon runs.
@@ -272,12 +256,6 @@ func (d *Daemon) Server() *server.Server { return d.srv }
 func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
 
 func (d *Daemon) close() {
-	if d.ln != nil && d.opts.Listener == nil {
-		d.ln.Close()
-	}
-	if d.replicas != nil && d.replicas.ln != nil {
-		d.replicas.ln.Close()
-	}
 	if d.store != nil {
 		d.store.Close()
 	}
@@ -285,7 +263,7 @@ func (d *Daemon) close() {
 
 // Run reads the inputs (again on SIGHUP), and pulls, serves and publishes
 // until ctx ends; it closes the store. Inputs that cannot be used at start
-// end it with an exitcode.InputError.
+// end it with a *StartError.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.store.Close()
 	log := d.log
@@ -301,7 +279,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		var refused *server.RefusedError
 		if errors.As(err, &refused) {
 			// At start: there are no last good inputs to serve from.
-			return exitcode.InputError(err)
+			return startError(err)
 		}
 		return err
 	})
@@ -339,11 +317,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// MinScrubInterval is the shortest --scrub-interval but 0 (off). The scrub
-// looks for bit rot, which takes days; an interval of nanoseconds re-read
-// small images in a loop and logged each pass.
-const MinScrubInterval = time.Minute
-
 // apply puts new inputs in force, unless the server refuses their
 // selection (Server.Admit): then nothing changes, registry settings
 // included.
@@ -367,68 +340,6 @@ func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
 	d.srv.SetRefusedNeeds(refused)
 	d.srv.SetDesired(wanted, errors.Join(selErr, policyErr))
 	return nil
-}
-
-// limits checks the options that bound the server's work and returns them
-// as a Config. Every value is used as given, zero included where it means
-// something, or refused: none is replaced by a default behind the
-// operator's back.
-func (o Options) limits() (server.Config, error) {
-	var errs []error
-	if o.Concurrency < 1 {
-		errs = append(errs, fmt.Errorf("--concurrency %d: at least one download must run at a time", o.Concurrency))
-	}
-	if o.GCGrace < 0 {
-		errs = append(errs, fmt.Errorf("--gc-grace %s is negative: give 0 to delete deselected images at the next collection", o.GCGrace))
-	}
-	if o.Poll <= 0 {
-		errs = append(errs, fmt.Errorf("--poll %s: the input files must be checked at a positive interval, such as 2s", o.Poll))
-	}
-	if o.StallTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--stall-timeout %s: give a positive duration, such as 60s", o.StallTimeout))
-	}
-	maxStorage, err := kube.Quantity("--max-storage", o.MaxStorage)
-	if err == nil && o.MaxStorage != "" && maxStorage <= 0 {
-		err = fmt.Errorf("--max-storage %q: give a positive quantity such as 500Gi, or leave it out for no bound but the disk", o.MaxStorage)
-	}
-	errs = append(errs, err)
-	margin, err := kube.Quantity("--free-space-margin", o.FreeSpaceMargin)
-	if err == nil && margin < 0 {
-		err = fmt.Errorf("--free-space-margin %q is negative: give 0 for no margin", o.FreeSpaceMargin)
-	}
-	errs = append(errs, err)
-	maxImage, err := kube.Quantity("--max-image-size", o.MaxImageSize)
-	if err == nil && maxImage <= 0 {
-		err = fmt.Errorf("--max-image-size %q: give a positive quantity such as 64Gi", o.MaxImageSize)
-	}
-	errs = append(errs, err)
-	minRate, err := kube.Quantity("--min-rate", o.MinRate)
-	if err == nil && minRate < 0 {
-		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.MinRate)
-	}
-	errs = append(errs, err)
-	if o.PeerTimeout < 0 {
-		errs = append(errs, fmt.Errorf("--peer-timeout %s is negative: give how long a peer may show no progress, such as 30s", o.PeerTimeout))
-	}
-	if o.ScrubInterval < 0 {
-		errs = append(errs, fmt.Errorf("--scrub-interval %s is negative: give 0 to switch the scrub off", o.ScrubInterval))
-	} else if o.ScrubInterval > 0 && o.ScrubInterval < MinScrubInterval {
-		errs = append(errs, fmt.Errorf("--scrub-interval %s is below the minimum of %s: a scrub re-reads each stored image once per interval, and more often only fills the log; give at least %s (the default is %s), or 0 to switch the scrub off",
-			o.ScrubInterval, MinScrubInterval, MinScrubInterval, server.DefaultScrubInterval))
-	}
-	scrubRate, err := kube.Quantity("--scrub-rate", o.ScrubRate)
-	if err == nil && scrubRate <= 0 {
-		err = fmt.Errorf("--scrub-rate %q: give a positive quantity of bytes per second such as 50Mi (--scrub-interval 0 switches the scrub off)", o.ScrubRate)
-	}
-	errs = append(errs, err)
-	if err := errors.Join(errs...); err != nil {
-		return server.Config{}, err
-	}
-	return server.Config{
-		Concurrency: o.Concurrency, GCGrace: o.GCGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
-		MaxImageSize: maxImage, StallTimeout: o.StallTimeout, MinRate: minRate,
-		ScrubInterval: o.ScrubInterval, ScrubRate: scrubRate,
-	}, nil
 }
 
 // references returns the tracker of the Metal3 objects that reference

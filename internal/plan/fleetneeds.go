@@ -16,22 +16,19 @@ type planFleetNeeds struct {
 	refused osimage.RefusedNeeds
 }
 
-// fleetNeeds computes the fleet's needs as the controller publishes them
-// (each namespace's needs with its own catalog's records), applies the
-// policy of o.FleetNeeds as serve does, and adds what it admits to
-// proposed. Clusters given as files carry no catalog: their needs have no
-// record, and are refused as such.
-func (o Options) fleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[osimage.SHA256]servedset.Wanted, proposed osimage.ServedOutput) planFleetNeeds {
-	if !o.FleetNeeds.Serve {
-		return planFleetNeeds{}
-	}
+// addFleetNeeds computes the fleet's needs as the controller publishes
+// them (each namespace's needs with its own catalog's records), applies
+// policy as serve does, and adds what it admits to proposed. Clusters
+// given as files carry no catalog: their needs have no record, and are
+// refused as such.
+func addFleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[osimage.SHA256]servedset.Wanted, proposed osimage.ServedOutput, policy servedset.FleetPolicy) planFleetNeeds {
 	var all []fleet.NamespaceNeeds
 	for _, in := range inputs {
 		needs, _ := fleet.Needs(in)
 		report := fleet.Check(in.Namespace, "", needs, osimage.ServedOutput{}, false, nil)
 		all = append(all, fleet.NamespaceNeeds{Report: report, Catalog: in.Catalog})
 	}
-	served, refused := servedset.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, o.FleetNeeds.Policy)
+	served, refused := servedset.FleetNeeds(mgmt, fleet.Aggregate(all), wanted, nil, policy)
 	added := map[osimage.SHA256]servedset.Wanted{}
 	for sha, w := range served {
 		if w.IsNeed() {

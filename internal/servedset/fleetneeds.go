@@ -13,6 +13,15 @@ import (
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
+// Defaults of the quotas of FleetPolicy: a workload namespace normally
+// needs the images of one or two Sylva releases (a two-step upgrade), a
+// few per release; 10 images of up to 10 GiB leaves room for that and no
+// more.
+const (
+	DefaultFleetMaxImages       = 10
+	DefaultFleetMaxBytes  int64 = 100 << 30
+)
+
 // FleetPolicy bounds what the fleet's needs may make the image server
 // download (--serve-fleet-needs): only from the registries the management
 // values declare or the HTTP(S) prefixes the operator allows, within

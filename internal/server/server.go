@@ -177,6 +177,11 @@ const (
 	DefaultScrubRate       = 50 << 20
 )
 
+// MinScrubInterval is the shortest ScrubInterval but 0 (off). The scrub
+// looks for bit rot, which takes days; an interval of nanoseconds re-read
+// small images in a loop and logged each pass.
+const MinScrubInterval = time.Minute
+
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
 	servedset.Wanted
