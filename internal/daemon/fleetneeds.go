@@ -4,7 +4,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
-	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // FleetNeedsOptions are those of serving the fleet's needs.
@@ -32,7 +32,7 @@ func (d *Daemon) fleetNeedsFromCluster() {
 // document that cannot be used leaves the needs last used in force: a
 // broken or foreign document never stops the management inputs, nor
 // takes an image away from a cluster.
-func (d *Daemon) addFleetNeeds(in server.Loaded, wanted map[osimage.SHA256]servedset.Wanted) (map[osimage.SHA256]servedset.Wanted, osimage.RefusedNeeds) {
+func (d *Daemon) addFleetNeeds(in serverio.Loaded, wanted map[osimage.SHA256]servedset.Wanted) (map[osimage.SHA256]servedset.Wanted, osimage.RefusedNeeds) {
 	if d.opts.FleetNeeds == nil {
 		return wanted, nil
 	}

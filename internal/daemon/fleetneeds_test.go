@@ -14,6 +14,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -57,7 +58,7 @@ func TestTheFleetsNeedsNeverKeepTheManagementSelectionFromApplying(t *testing.T)
 		"os_images_oci_registries":       map[string]any{"r": map[string]any{"url": "oci://registry.example.org/dib"}},
 		servedset.AdditionalSelectorsKey: map[string]any{"all": map[string]any{"os": "mgmt"}},
 	}
-	if err := d.apply(context.Background(), server.Loaded{Catalog: cat, Values: mgmt, Needs: &needs}); err != nil {
+	if err := d.apply(context.Background(), serverio.Loaded{Catalog: cat, Values: mgmt, Needs: &needs}); err != nil {
 		t.Fatalf("the management selection is refused because of the fleet's needs: %v", err)
 	}
 	if n := len(srv.Served()); n != 1500 {

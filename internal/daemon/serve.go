@@ -30,6 +30,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // Options are what `osimages serve` runs with, checked and parsed by the
@@ -153,7 +154,7 @@ type Daemon struct {
 	store   *imagestore.Store
 	srv     *server.Server
 	regs    *fill.Registries
-	inputs  server.Inputs
+	inputs  serverio.Inputs
 	refs    *metal3.References
 	ln      net.Listener
 	httpSrv *http.Server
@@ -190,9 +191,9 @@ func open(o Options) (_ *Daemon, err error) {
 	if d.store, err = imagestore.Open(o.Data, imagestore.WithLogger(log)); err != nil {
 		return nil, &DataDirError{Dir: o.Data, Err: err}
 	}
-	d.inputs = server.Inputs{OSImagesFile: o.OSImages, ValueFiles: o.ValueFiles, Poll: o.Poll, Logger: log}
+	d.inputs = serverio.Inputs{OSImagesFile: o.OSImages, ValueFiles: o.ValueFiles, Poll: o.Poll, Logger: log}
 	if o.OutputFile != "" {
-		cfg.Publisher = server.FilePublisher{Path: o.OutputFile}
+		cfg.Publisher = serverio.FilePublisher{Path: o.OutputFile}
 	}
 	needsCluster := o.OSImagesConfigMap != nil || o.OutputConfigMap != nil || o.FleetNeeds != nil
 	if needsCluster {
@@ -245,7 +246,7 @@ func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Conf
 	d.inputs.OSImagesConfigMap = d.opts.OSImagesConfigMap
 	d.fleetNeedsFromCluster()
 	if key := d.opts.OutputConfigMap; key != nil {
-		cfg.Publisher = server.ConfigMapPublisher{Client: client, Key: *key}
+		cfg.Publisher = serverio.ConfigMapPublisher{Client: client, Key: *key}
 	}
 }
 
@@ -275,8 +276,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		err := d.inputs.Watch(gctx, hup, func(in server.Loaded) error { return d.apply(gctx, in) })
-		var refused *server.RefusedError
+		err := d.inputs.Watch(gctx, hup, func(in serverio.Loaded) error { return d.apply(gctx, in) })
+		var refused *serverio.RefusedError
 		if errors.As(err, &refused) {
 			// At start: there are no last good inputs to serve from.
 			return startError(err)
@@ -320,7 +321,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // apply puts new inputs in force, unless the server refuses their
 // selection (Server.Admit): then nothing changes, registry settings
 // included.
-func (d *Daemon) apply(ctx context.Context, in server.Loaded) error {
+func (d *Daemon) apply(ctx context.Context, in serverio.Loaded) error {
 	mgmt, selErr := servedset.Select(in.Values, in.Catalog)
 	wanted, refused := d.addFleetNeeds(in, mgmt)
 	if err := d.srv.Admit(ctx, wanted); err != nil {

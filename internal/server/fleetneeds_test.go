@@ -20,6 +20,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -44,9 +45,9 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 	}
 	key := kube.ObjectKey{Namespace: ns, Name: osimage.FleetNeedsConfigMapName}
 	var mu sync.Mutex
-	var loaded []Loaded
+	var loaded []serverio.Loaded
 	var refusals []error
-	in := Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, FleetNeedsConfigMap: &key, Client: k.Client, Poll: time.Hour,
+	in := serverio.Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, FleetNeedsConfigMap: &key, Client: k.Client, Poll: time.Hour,
 		Report: func(err error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -56,18 +57,18 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 		}}
 	done := make(chan error, 1)
 	go func() {
-		done <- in.Watch(ctx, nil, func(l Loaded) error {
+		done <- in.Watch(ctx, nil, func(l serverio.Loaded) error {
 			mu.Lock()
 			defer mu.Unlock()
 			loaded = append(loaded, l)
 			return nil
 		})
 	}()
-	last := func() (Loaded, int, int) {
+	last := func() (serverio.Loaded, int, int) {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(loaded) == 0 {
-			return Loaded{}, 0, len(refusals)
+			return serverio.Loaded{}, 0, len(refusals)
 		}
 		return loaded[len(loaded)-1], len(loaded), len(refusals)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -117,10 +118,10 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	in := Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, Poll: 10 * time.Millisecond, Report: h.srv.ReportInputs}
+	in := serverio.Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, Poll: 10 * time.Millisecond, Report: h.srv.ReportInputs}
 	watchErr := make(chan error, 1)
 	go func() {
-		watchErr <- in.Watch(ctx, nil, func(l Loaded) error {
+		watchErr <- in.Watch(ctx, nil, func(l serverio.Loaded) error {
 			wanted, _ := servedset.Select(l.Values, l.Catalog)
 			if err := h.srv.Admit(ctx, wanted); err != nil {
 				return err
@@ -133,17 +134,17 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, osImages, values string
-		reason                 Refusal
+		reason                 serverio.Refusal
 		says                   string
 	}{
-		{"emptied os_images file", "", goodValues, RefusalEmpty, "the inputs select no image, while 1 are served"},
-		{"os_images: null (half-written)", "os_images:\n", goodValues, RefusalEmpty, "--allow-empty"},
-		{"os_images: {}", "os_images: {}\n", goodValues, RefusalEmpty, "select no image"},
-		{"os_image typed for os_images", strings.Replace(goodImages, "os_images:", "os_image:", 1), goodValues, RefusalNearMiss, "os_image: did you mean os_images?"},
-		{"unparsable", "os_images: [\n", goodValues, RefusalUnreadable, "os-images.yaml: not YAML"},
-		{"emptied values", goodImages, "", RefusalEmpty, "select no image"},
-		{"misspelt additional selectors", goodImages, strings.Replace(goodValues, "selectors", "selector", 1), RefusalNearMiss, "os_image_server_additional_selector: did you mean os_image_server_additional_selectors?"},
-		{"values typo of a cosign key", goodImages, goodValues + "os_images_oci_registries:\n  sylva: {url: oci://r/x, cosign_public_key: k}\n", RefusalNearMiss, "did you mean cosign_publickey?"},
+		{"emptied os_images file", "", goodValues, serverio.RefusalEmpty, "the inputs select no image, while 1 are served"},
+		{"os_images: null (half-written)", "os_images:\n", goodValues, serverio.RefusalEmpty, "--allow-empty"},
+		{"os_images: {}", "os_images: {}\n", goodValues, serverio.RefusalEmpty, "select no image"},
+		{"os_image typed for os_images", strings.Replace(goodImages, "os_images:", "os_image:", 1), goodValues, serverio.RefusalNearMiss, "os_image: did you mean os_images?"},
+		{"unparsable", "os_images: [\n", goodValues, serverio.RefusalUnreadable, "os-images.yaml: not YAML"},
+		{"emptied values", goodImages, "", serverio.RefusalEmpty, "select no image"},
+		{"misspelt additional selectors", goodImages, strings.Replace(goodValues, "selectors", "selector", 1), serverio.RefusalNearMiss, "os_image_server_additional_selector: did you mean os_image_server_additional_selectors?"},
+		{"values typo of a cosign key", goodImages, goodValues + "os_images_oci_registries:\n  sylva: {url: oci://r/x, cosign_public_key: k}\n", serverio.RefusalNearMiss, "did you mean cosign_publickey?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeInputs(t, osImages, vals, tc.osImages, tc.values)
@@ -177,7 +178,7 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 		})
 	}
 	st := h.srv.InputsStatus()
-	if st.Refusals[RefusalEmpty] != 4 || st.Refusals[RefusalNearMiss] != 3 || st.Refusals[RefusalUnreadable] != 1 {
+	if st.Refusals[serverio.RefusalEmpty] != 4 || st.Refusals[serverio.RefusalNearMiss] != 3 || st.Refusals[serverio.RefusalUnreadable] != 1 {
 		t.Errorf("each refusal counts once: %v", st.Refusals)
 	}
 	// The image stayed selected all along: no garbage collection.
@@ -199,17 +200,17 @@ func TestWatchFailsAtStartWithoutGoodInputs(t *testing.T) {
 	vals := filepath.Join(dir, "values.yaml")
 	os.WriteFile(vals, []byte("{}\n"), 0o644)
 	for _, tc := range []struct {
-		in   Inputs
+		in   serverio.Inputs
 		says string
 	}{
-		{Inputs{OSImagesFile: filepath.Join(dir, "missing.yaml"), ValueFiles: []string{vals}}, "no such file"},
-		{Inputs{OSImagesFile: vals, ValueFiles: []string{filepath.Join(dir, "missing.yaml")}}, "reading values file"},
+		{serverio.Inputs{OSImagesFile: filepath.Join(dir, "missing.yaml"), ValueFiles: []string{vals}}, "no such file"},
+		{serverio.Inputs{OSImagesFile: vals, ValueFiles: []string{filepath.Join(dir, "missing.yaml")}}, "reading values file"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := tc.in.Watch(ctx, nil, func(Loaded) error { return nil })
+		err := tc.in.Watch(ctx, nil, func(serverio.Loaded) error { return nil })
 		cancel()
-		var r *RefusedError
-		if !errors.As(err, &r) || r.Reason != RefusalUnreadable || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "no last good ones") {
+		var r *serverio.RefusedError
+		if !errors.As(err, &r) || r.Reason != serverio.RefusalUnreadable || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "no last good ones") {
 			t.Errorf("Watch at start: %v, want an unreadable refusal saying %q", err, tc.says)
 		}
 	}
@@ -222,7 +223,7 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 	output := filepath.Join(t.TempDir(), "served.yaml")
 	cfg := func(allowEmpty bool) Config {
 		store := newTestStore(t)
-		return Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: output}, AllowEmpty: allowEmpty}
+		return Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: output}, AllowEmpty: allowEmpty}
 	}
 	ctx := context.Background()
 	if err := New(cfg(false)).Admit(ctx, nil); err != nil {
@@ -230,8 +231,8 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 	}
 	os.WriteFile(output, []byte("capm3_os_image_server_images:\n  "+hexSum("a")+": {available: true, image_key: a}\n"), 0o644)
 	err := New(cfg(false)).Admit(ctx, nil)
-	var r *RefusedError
-	if !errors.As(err, &r) || r.Reason != RefusalEmpty || !strings.Contains(err.Error(), "1 are published at the output") {
+	var r *serverio.RefusedError
+	if !errors.As(err, &r) || r.Reason != serverio.RefusalEmpty || !strings.Contains(err.Error(), "1 are published at the output") {
 		t.Errorf("want an empty refusal naming the published set, got %v", err)
 	}
 	if err := New(cfg(true)).Admit(ctx, nil); err != nil {
@@ -248,8 +249,8 @@ func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
-	var r *RefusedError
-	if !errors.As(err, &r) || r.Reason != RefusalTooLarge || !strings.Contains(err.Error(), "for 6000 images, over the 1048576 bytes") {
+	var r *serverio.RefusedError
+	if !errors.As(err, &r) || r.Reason != serverio.RefusalTooLarge || !strings.Contains(err.Error(), "for 6000 images, over the 1048576 bytes") {
 		t.Fatalf("want a too-large refusal naming the count, got %v", err)
 	}
 	var size *osimage.SizeError

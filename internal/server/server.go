@@ -79,6 +79,12 @@ type Publisher interface {
 	Publish(ctx context.Context, out osimage.ServedOutput) error
 }
 
+// PublishedReader is a Publisher that can tell what it published last,
+// even before this process published anything.
+type PublishedReader interface {
+	Published(ctx context.Context) (osimage.ServedSet, error)
+}
+
 // OutputWatcher is a Publisher whose output others can change: a ConfigMap
 // deleted or edited by hand. WatchOutput tells observed what the output
 // holds (exists false: it is gone) whenever that changes, until ctx ends;

@@ -22,6 +22,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -128,7 +129,7 @@ func start(t *testing.T, dir string, src *fakeSource, tweak func(*Config)) *harn
 	}
 	h := &harness{t: t, src: src, store: store, output: filepath.Join(t.TempDir(), "served.yaml"),
 		clock: &clock{now: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)}, done: make(chan struct{})}
-	cfg := Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: h.output}, Concurrency: 2,
+	cfg := Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: h.output}, Concurrency: 2,
 		GCGrace: time.Hour, FreeSpaceMargin: 1, RetryBase: 50 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		Metrics: NewMetrics(), Now: h.clock.Now}
 	if tweak != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -50,7 +51,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		return len(st) > 2 && st[2].Received > 0, fmt.Sprintf("%+v", st)
 	})
 
-	h.srv.ReportInputs(&RefusedError{Reason: RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
+	h.srv.ReportInputs(&serverio.RefusedError{Reason: serverio.RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

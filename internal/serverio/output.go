@@ -1,4 +1,4 @@
-package server
+package serverio
 
 import (
 	"context"
@@ -134,10 +134,4 @@ func (p ConfigMapPublisher) Published(ctx context.Context) (osimage.ServedSet, e
 		return nil, fmt.Errorf("ConfigMap %s: %w", p.Key, err)
 	}
 	return s, nil
-}
-
-// PublishedReader is a Publisher that can tell what it published last,
-// even before this process published anything.
-type PublishedReader interface {
-	Published(ctx context.Context) (osimage.ServedSet, error)
 }

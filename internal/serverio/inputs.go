@@ -1,4 +1,9 @@
-package server
+// Package serverio is what the image server reads and writes: its inputs
+// (the management cluster's os_images and values, and the fleet's needs,
+// from files or watched ConfigMaps, refused whole when they cannot be
+// used) and its output (the served set, to a file or a ConfigMap that it
+// restores when someone else changes it).
+package serverio
 
 import (
 	"bytes"
@@ -87,7 +92,8 @@ const (
 	RefusalTooLarge Refusal = "too-large"
 )
 
-var allRefusals = []Refusal{RefusalUnreadable, RefusalNearMiss, RefusalEmpty, RefusalTooLarge}
+// Refusals are every reason, in the order the metrics list them.
+var Refusals = []Refusal{RefusalUnreadable, RefusalNearMiss, RefusalEmpty, RefusalTooLarge}
 
 // RefusedError is inputs that are not put in force: the last good ones
 // stay, and nothing that is served changes.
@@ -99,15 +105,19 @@ type RefusedError struct {
 func (e *RefusedError) Error() string { return e.Err.Error() }
 func (e *RefusedError) Unwrap() error { return e.Err }
 
-// refused wraps err as a RefusedError; an error that is not one already is
-// a reading that failed.
-func refused(err error) *RefusedError {
+// AsRefused wraps err as a RefusedError; an error that is not one already
+// is a reading that failed.
+func AsRefused(err error) *RefusedError {
 	var r *RefusedError
 	if errors.As(err, &r) {
 		return r
 	}
 	return &RefusedError{Reason: RefusalUnreadable, Err: err}
 }
+
+// ErrNoCatalogYet marks inputs whose catalog is not written yet (Load
+// wraps it): the ConfigMap does not exist or holds no values.yaml.
+var ErrNoCatalogYet = errors.New("no catalog yet")
 
 // Load reads the inputs once. It refuses, like a document that does not
 // parse, one that lacks a key the server reads while it holds a look-alike
@@ -259,7 +269,7 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 			return nil
 		}
 		if err != nil {
-			r := refused(err)
+			r := AsRefused(err)
 			if good == nil {
 				report(r)
 				return r
