@@ -189,8 +189,7 @@ func run(ctx context.Context, o options) error {
 	}
 	defer reg.Close()
 	blobSize, _ := strconv.ParseInt(pub.Fields.Get(osimage.FieldArchiveSize), 10, 64)
-	sha := pub.Fields.Get(osimage.FieldSHA256)
-	sha256, err := osimage.ParseSHA256(sha)
+	sha, err := osimage.ParseSHA256(pub.Fields.Get(osimage.FieldSHA256))
 	if err != nil {
 		return err
 	}
@@ -227,7 +226,7 @@ func run(ctx context.Context, o options) error {
 	if err := os.WriteFile(values, []byte("name: mgmt\noci_registry_insecure: true\nos_image_server_additional_selectors:\n  all: {_os_images_key_: "+imageKey+"}\n"), 0o600); err != nil {
 		return err
 	}
-	img := image{sha: sha, sha256: sha256, filename: pub.Fields.Get(osimage.FieldFilename), size: o.size}
+	img := image{sha: sha, filename: pub.Fields.Get(osimage.FieldFilename), size: o.size}
 
 	var results []result
 	for _, n := range o.counts {
@@ -247,12 +246,12 @@ func run(ctx context.Context, o options) error {
 }
 
 type image struct {
-	sha, filename string
-	sha256        osimage.SHA256
-	size          int64
+	sha      osimage.SHA256
+	filename string
+	size     int64
 }
 
-func (i image) path() string { return "/images/" + i.sha + "/" + i.filename }
+func (i image) path() string { return "/images/" + i.sha.String() + "/" + i.filename }
 
 // ownNetworkNamespace refuses to run in a network namespace shared with
 // anything else: the fixed ports and the tc qdisc on lo must not touch anyone
@@ -669,7 +668,7 @@ func measure(ctx context.Context, o options, k *testenv.Kube, dir, values, info 
 		if res.selectToAvail == 0 {
 			cm, err := k.Client.CoreV1().ConfigMaps(namespace).Get(ctx, osimage.ServedConfigMapName, metav1.GetOptions{})
 			if err == nil {
-				if served, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey])); err == nil && served[img.sha256].Available {
+				if served, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey])); err == nil && served[img.sha].Available {
 					res.selectToAvail = time.Since(t0)
 				}
 			}
@@ -706,7 +705,7 @@ func measure(ctx context.Context, o options, k *testenv.Kube, dir, values, info 
 			switch {
 			case err != nil:
 				errs[c] = fmt.Errorf("client %d from %s: %w", c, r.id, err)
-			case got != img.size || sum != img.sha:
+			case got != img.size || sum != img.sha.String():
 				errs[c] = fmt.Errorf("client %d from %s: %d bytes of sha256 %s, want %d of %s", c, r.id, got, sum, img.size, img.sha)
 			}
 		})
