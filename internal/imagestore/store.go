@@ -425,8 +425,8 @@ func WithLogger(log *slog.Logger) Option {
 // parsed where it came in (osimage.ParseSHA256), but "" would name the
 // store's own directories (images/, partial/).
 func named(sha osimage.SHA256) error {
-	if sha == "" {
-		return errors.New("image store: no sha256 given")
+	if err := sha.Validate(); err != nil {
+		return fmt.Errorf("image store: %w", err)
 	}
 	return nil
 }

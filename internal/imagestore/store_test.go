@@ -291,21 +291,23 @@ func TestInvalidNamesAreRefused(t *testing.T) {
 	if _, err := s.Resume(shaOf([]byte("kept"))); err != nil {
 		t.Fatal(err)
 	}
-	var zero osimage.SHA256
-	if _, err := s.Create(zero); err == nil || !strings.Contains(err.Error(), "sha256") {
-		t.Errorf("Create of no sha256 = %v, want an error about the sha256", err)
-	}
-	if _, err := s.Resume(zero); err == nil || !strings.Contains(err.Error(), "sha256") {
-		t.Errorf("Resume of no sha256 = %v, want an error about the sha256", err)
-	}
-	if err := s.RemovePartial(zero); err == nil || !strings.Contains(err.Error(), "sha256") {
-		t.Errorf("RemovePartial of no sha256 = %v, want an error about the sha256", err)
-	}
-	if _, _, err := s.Open(zero); err == nil {
-		t.Error("Open of no sha256 succeeded")
-	}
-	if err := s.Delete(zero); err == nil {
-		t.Error("Delete of no sha256 succeeded")
+	// A value converted by a bug, not parsed, never becomes a path.
+	for _, bad := range []osimage.SHA256{"", "../../etc/passwd", "..", "images", osimage.SHA256(strings.Repeat("A", 64))} {
+		if _, err := s.Create(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("Create(%q) = %v, want an error about the sha256", bad, err)
+		}
+		if _, err := s.Resume(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("Resume(%q) = %v, want an error about the sha256", bad, err)
+		}
+		if err := s.RemovePartial(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("RemovePartial(%q) = %v, want an error about the sha256", bad, err)
+		}
+		if _, _, err := s.Open(bad); err == nil {
+			t.Errorf("Open(%q) succeeded", bad)
+		}
+		if err := s.Delete(bad); err == nil {
+			t.Errorf("Delete(%q) succeeded", bad)
+		}
 	}
 	if ps, err := s.Partials(); err != nil || len(ps) != 1 {
 		t.Errorf("the partial download kept is gone: %+v %v", ps, err)

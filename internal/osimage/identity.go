@@ -35,6 +35,11 @@ func ParseSHA256(s string) (SHA256, error) {
 	return SHA256(s), nil
 }
 
+// Validate says why s is not what ParseSHA256 gives: a value that reached
+// a SHA256 by a conversion. The store checks it again before it makes a
+// path of it, so that no bug elsewhere can lead it out of its directory.
+func (s SHA256) Validate() error { return checkHex(FieldSHA256, string(s), 64) }
+
 // ValidateMD5 says why s is not an md5 as the catalog records it: 32
 // lowercase hexadecimal digits.
 func ValidateMD5(s string) error { return checkHex(FieldMD5, s, 32) }
