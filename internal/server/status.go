@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -67,9 +68,15 @@ func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 			view.Counts[string(st.Phase)]++
 		}
 	}
+	// Rendered whole before the first byte: a template that fails answers
+	// 500, never a 200 with half a page.
+	var page bytes.Buffer
+	if err := statusPage.Execute(&page, view); err != nil {
+		s.log.Error("rendering the status page failed", "error", err)
+		http.Error(w, "the status page cannot be rendered: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := statusPage.Execute(w, view); err != nil {
-		s.log.Error("rendering the status page failed", "error", err)
-	}
+	_, _ = w.Write(page.Bytes())
 }
