@@ -15,8 +15,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // References tracks, over the whole cluster, which Metal3 objects
@@ -29,8 +27,8 @@ type References struct {
 	log   *slog.Logger
 
 	mu    sync.Mutex
-	bySHA map[osimage.SHA256]map[Ref]struct{}
-	byRef map[Ref]osimage.SHA256
+	bySHA map[string]map[Ref]struct{}
+	byRef map[Ref]string
 
 	synced    atomic.Bool
 	informers []cache.SharedIndexInformer // under mu: Synced reads them while start sets them
@@ -41,7 +39,7 @@ func NewReferences(dyn dynamic.Interface, disco discovery.DiscoveryInterface, lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &References{dyn: dyn, disco: disco, log: log, bySHA: map[osimage.SHA256]map[Ref]struct{}{}, byRef: map[Ref]osimage.SHA256{}}
+	return &References{dyn: dyn, disco: disco, log: log, bySHA: map[string]map[Ref]struct{}{}, byRef: map[Ref]string{}}
 }
 
 // Synced says whether every reference in the cluster is known. Until it
@@ -63,7 +61,7 @@ func (r *References) Synced() bool {
 }
 
 // ReferencedBy returns the objects that reference sha256, sorted.
-func (r *References) ReferencedBy(sha256 osimage.SHA256) []string {
+func (r *References) ReferencedBy(sha256 string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	refs := r.bySHA[sha256]
@@ -178,7 +176,7 @@ func (r *References) set(obj any) {
 		return
 	}
 	ref := Ref{Kind: u.GetKind(), Namespace: u.GetNamespace(), Name: u.GetName()}
-	var sha osimage.SHA256
+	sha := ""
 	if img, ok := ImageOf(u); ok {
 		sha, _ = img.SHA256()
 	}

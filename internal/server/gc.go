@@ -5,9 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // Garbage collection: stored images deselected for longer than the grace
@@ -38,9 +35,9 @@ func (s *Server) CollectGarbage() {
 		return
 	}
 	now := s.cfg.Now()
-	var victims []osimage.SHA256
+	var victims []string
 	for sum, img := range s.images {
-		if !img.Selected && img.Stored && now.Sub(img.DeselectedAt) >= s.cfg.GCGrace {
+		if !img.selected && img.stored && now.Sub(img.deselectedAt) >= s.cfg.GCGrace {
 			victims = append(victims, sum)
 		}
 	}
@@ -50,7 +47,7 @@ func (s *Server) CollectGarbage() {
 			s.log.Warn("garbage collection postponed: the Metal3 objects that may reference images are not all known yet", "candidates", len(victims))
 			return
 		}
-		victims = slices.DeleteFunc(victims, func(sum osimage.SHA256) bool {
+		victims = slices.DeleteFunc(victims, func(sum string) bool {
 			by := strings.Join(refs.ReferencedBy(sum), ", ")
 			s.mu.Lock()
 			img, ok := s.images[sum]
@@ -71,9 +68,8 @@ func (s *Server) CollectGarbage() {
 			continue
 		}
 		s.mu.Lock()
-		if img, ok := s.images[sum]; ok {
-			img.entry = imagestore.Entry{}
-			s.changeLocked(sum, img, collected{})
+		if img, ok := s.images[sum]; ok && !img.selected {
+			delete(s.images, sum)
 		}
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)
@@ -97,7 +93,7 @@ func (s *Server) collectPartials() {
 	for _, p := range partials {
 		s.mu.Lock()
 		img, ok := s.images[p.SHA256]
-		wanted := ok && img.Selected && !img.Stored
+		wanted := ok && img.selected && !img.stored
 		s.mu.Unlock()
 		if wanted {
 			continue
@@ -120,8 +116,8 @@ func (s *Server) LastCollection() time.Time {
 }
 
 // keptByLocked names what keeps a deselected, stored image.
-func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
-	if img.Selected || !img.Stored || s.cfg.References == nil {
+func (s *Server) keptByLocked(sum string, img *image) []string {
+	if img.selected || !img.stored || s.cfg.References == nil {
 		return nil
 	}
 	return s.cfg.References.ReferencedBy(sum)
@@ -132,5 +128,5 @@ func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
 // them all, as just after a start): such an image stays served, as it
 // stays stored, since a host may be booting from it.
 func (s *Server) referencesUnknownLocked(img *image) bool {
-	return !img.Selected && img.Stored && s.cfg.References != nil && !s.cfg.References.Synced()
+	return !img.selected && img.stored && s.cfg.References != nil && !s.cfg.References.Synced()
 }
