@@ -102,7 +102,10 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 	os.Remove(image)
 	os.Remove(layer)
 	f := pub.Fields
-	want := f.Get(osimage.FieldSHA256)
+	want, err := osimage.ParseSHA256(f.Get(osimage.FieldSHA256))
+	if err != nil {
+		return err
+	}
 	archive, _ := strconv.ParseInt(f.Get(osimage.FieldArchiveSize), 10, 64)
 	fmt.Printf("image: %d bytes (one MiB in four random), layer: %d bytes (gzip -1), sha256 %s\n", size, archive, want)
 	fmt.Printf("registry: %s (filesystem storage), prepared in %.1fs\n\n", reg.URL(), time.Since(start).Seconds())
@@ -141,14 +144,14 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 				return 0, err
 			}
 			streamed := time.Since(t0)
-			e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: f.Get(osimage.FieldFilename), Size: res.Size}
+			e := imagestore.Entry{SHA256: want, MD5: res.MD5, Filename: f.Get(osimage.FieldFilename), Size: res.Size}
 			if err := w.Commit(e); err != nil {
 				return 0, err
 			}
 			d := time.Since(t0)
 			runtime.ReadMemStats(&after)
 			allocated = append(allocated, after.TotalAlloc-before.TotalAlloc)
-			if res.SHA256 != want || res.NetworkBytes != archive {
+			if res.SHA256 != want.String() || res.NetworkBytes != archive {
 				return 0, fmt.Errorf("pulled %+v", res)
 			}
 			fmt.Printf("       (stream %.2fs, fsync and commit %.2fs)\n", streamed.Seconds(), (d - streamed).Seconds())
@@ -159,10 +162,10 @@ func run(size int64, runs int, dir, only, cpuprofile string) error {
 			defer os.RemoveAll(out)
 			script := fmt.Sprintf("set -e; oras pull --plain-http -o %q %q >/dev/null; gunzip %q; sha256sum %q",
 				out, pub.Ref, filepath.Join(out, f.Get(osimage.FieldFilename)+".gz"), filepath.Join(out, f.Get(osimage.FieldFilename)))
-			return timeShell(script, want)
+			return timeShell(script, want.String())
 		}},
 		{name: "curl blob | gunzip | sha256sum", run: func(i int) (time.Duration, error) {
-			return timeShell(fmt.Sprintf("set -o pipefail; curl -sSf %q | gunzip | sha256sum", blobURL), want)
+			return timeShell(fmt.Sprintf("set -o pipefail; curl -sSf %q | gunzip | sha256sum", blobURL), want.String())
 		}},
 	}
 	if only != "" {

@@ -189,7 +189,10 @@ func run(ctx context.Context, o options) error {
 	}
 	defer reg.Close()
 	blobSize, _ := strconv.ParseInt(pub.Fields.Get(osimage.FieldArchiveSize), 10, 64)
-	sha := pub.Fields.Get(osimage.FieldSHA256)
+	sha, err := osimage.ParseSHA256(pub.Fields.Get(osimage.FieldSHA256))
+	if err != nil {
+		return err
+	}
 	fmt.Printf("  image: sha256 %s, layer %s (gzip), published in %.1f s\n", sha[:16], human(blobSize), time.Since(start).Seconds())
 
 	proxy, err := startCountingProxy(fmt.Sprintf("127.0.0.1:%d", registryPort), reg.Host)
@@ -243,11 +246,12 @@ func run(ctx context.Context, o options) error {
 }
 
 type image struct {
-	sha, filename string
-	size          int64
+	sha      osimage.SHA256
+	filename string
+	size     int64
 }
 
-func (i image) path() string { return "/images/" + i.sha + "/" + i.filename }
+func (i image) path() string { return "/images/" + i.sha.String() + "/" + i.filename }
 
 // ownNetworkNamespace refuses to run in a network namespace shared with
 // anything else: the fixed ports and the tc qdisc on lo must not touch anyone
@@ -701,7 +705,7 @@ func measure(ctx context.Context, o options, k *testenv.Kube, dir, values, info 
 			switch {
 			case err != nil:
 				errs[c] = fmt.Errorf("client %d from %s: %w", c, r.id, err)
-			case got != img.size || sum != img.sha:
+			case got != img.size || sum != img.sha.String():
 				errs[c] = fmt.Errorf("client %d from %s: %d bytes of sha256 %s, want %d of %s", c, r.id, got, sum, img.size, img.sha)
 			}
 		})

@@ -10,7 +10,7 @@
 // that the scrub reads a file the clients do not, and the figures show what
 // the scrub costs serving. Both are stored as verified an hour ago, so the
 // scrub starts at once; it runs at the shortest interval serve accepts
-// (serve.MinScrubInterval), and the second image is large enough that a
+// (imageserver.MinScrubInterval), and the second image is large enough that a
 // pass over both outlasts it (up to maxScrubbed: beyond, the scrub pauses,
 // and the bench says so).
 //
@@ -54,7 +54,8 @@ import (
 
 	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/serve"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	imageserver "github.com/sylva-projects/osimages/internal/server"
 )
 
 const (
@@ -147,7 +148,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("-scrub-rate %q: want a positive quantity of bytes per second, such as 50Mi", o.scrubRate)
 		}
 		// A pass over both images lasts the interval and a bit more.
-		pass := q.Value() * int64((serve.MinScrubInterval + 5*time.Second).Seconds())
+		pass := q.Value() * int64((imageserver.MinScrubInterval + 5*time.Second).Seconds())
 		size := min(max(o.size, (pass-o.size+mib-1)/mib*mib), maxScrubbed)
 		other, err := storeImage(filepath.Join(dir, "data"), size, scrubFilename, 7)
 		if err != nil {
@@ -155,17 +156,17 @@ func run(ctx context.Context, o options) error {
 		}
 		scrubbed = &other
 		fmt.Printf("  scrub: the osimages server scrubs at %s/s, every %s, over a second stored image of %s (sha256 %s) and the served one\n",
-			o.scrubRate, serve.MinScrubInterval, human(size), other.sha256)
+			o.scrubRate, imageserver.MinScrubInterval, human(size), other.sha256)
 		if size+o.size < pass {
-			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, serve.MinScrubInterval)
+			fmt.Printf("  scrub: a pass over %s at %s/s lasts less than %s: the scrub pauses between passes\n", human(size+o.size), o.scrubRate, imageserver.MinScrubInterval)
 		}
 	}
-	urlPath := "/images/" + img.sha256 + "/" + filename
+	urlPath := osimage.ImagePath(img.sha256, filename)
 
 	// The nginx folder holds a hard link to the stored file: the same inode,
 	// so the same bytes from the same page cache for both servers.
 	www := filepath.Join(dir, "www")
-	linkDir := filepath.Join(www, "images", img.sha256)
+	linkDir := filepath.Join(www, "images", img.sha256.String())
 	if err := os.MkdirAll(linkDir, 0o755); err != nil {
 		return err
 	}
@@ -196,7 +197,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
-		if sum != img.sha256 {
+		if sum != img.sha256.String() {
 			return fmt.Errorf("%s served content of sha256 %s, want %s", s.name, sum, img.sha256)
 		}
 	}
@@ -307,8 +308,9 @@ func human(n int64) string {
 
 // image is the benchmark image, committed in an image store.
 type image struct {
-	dataDir, path, sha256, md5 string
-	size                       int64
+	dataDir, path, md5 string
+	sha256             osimage.SHA256
+	size               int64
 }
 
 // content writes the image to w: 1 MiB chunks, one in four random and the
@@ -343,7 +345,11 @@ func storeImage(dataDir string, size int64, filename string, seed uint64) (image
 	if err := content(parallelHash{sha, md}, size, seed); err != nil {
 		return image{}, err
 	}
-	img := image{dataDir: dataDir, sha256: hex.EncodeToString(sha.Sum(nil)), md5: hex.EncodeToString(md.Sum(nil)), size: size}
+	sum, err := osimage.ParseSHA256(hex.EncodeToString(sha.Sum(nil)))
+	if err != nil {
+		return image{}, err
+	}
+	img := image{dataDir: dataDir, sha256: sum, md5: hex.EncodeToString(md.Sum(nil)), size: size}
 	store, err := imagestore.Open(dataDir)
 	if err != nil {
 		return image{}, err
@@ -363,7 +369,7 @@ func storeImage(dataDir string, size int64, filename string, seed uint64) (image
 	if err := w.Commit(imagestore.Entry{SHA256: img.sha256, MD5: img.md5, Filename: filename, Size: size, VerifiedAt: verified}); err != nil {
 		return image{}, err
 	}
-	img.path = filepath.Join(dataDir, "images", img.sha256, filename)
+	img.path = filepath.Join(dataDir, "images", img.sha256.String(), filename)
 	if fi, err := os.Stat(img.path); err != nil || fi.Size() != size {
 		return image{}, fmt.Errorf("the committed image is not at %s with %d bytes: %v", img.path, size, err)
 	}
@@ -473,7 +479,7 @@ func startOsimages(binary, dir string, img image, scrubbed *image, scrubRate str
 		// Both selected, so that neither is collected during the runs.
 		doc += entry(scrubKey, scrubFilename, *scrubbed)
 		vals += fmt.Sprintf("  scrubbed: {_os_images_key_: %s}\n", scrubKey)
-		scrub = []string{"--scrub-interval", serve.MinScrubInterval.String(), "--scrub-rate", scrubRate}
+		scrub = []string{"--scrub-interval", imageserver.MinScrubInterval.String(), "--scrub-rate", scrubRate}
 	}
 	for path, data := range map[string]string{osImages: doc, values: vals} {
 		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {

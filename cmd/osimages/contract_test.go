@@ -30,7 +30,7 @@ func TestContractDocumentsEveryConfigMap(t *testing.T) {
 		controller.DefaultServedCopy, propagate.LabelRule, propagate.LabelSourceNamespace, propagate.LabelSourceName,
 		propagate.AnnotationSourceHash, propagate.AnnotationOwnerProof, propagate.AnnotationStaleSince,
 		fleet.StatusConfigMapName, fleet.StatusKey, fleet.StatusLabel, controller.CatalogStatusKey,
-		fleet.FleetNeedsConfigMapName, fleet.FleetNeedsKey, fleet.FleetNeedsLabel,
+		osimage.FleetNeedsConfigMapName, osimage.FleetNeedsKey, osimage.FleetNeedsLabel,
 		osimage.RefusedRegistry, osimage.RefusedURI, osimage.RefusedImages, osimage.RefusedBytes, osimage.RefusedStorage,
 		osimage.RefusedNoRecord, osimage.RefusedInvalid, osimage.RefusedDocumentShare, osimage.RefusedDownload,
 		fleet.CatalogValuesLabel, fleet.ClusterValuesLabel,

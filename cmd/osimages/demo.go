@@ -3,9 +3,13 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/sylva-projects/osimages/internal/demo"
+	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/kube"
 )
 
 func newDemoCommand() *cobra.Command {
@@ -24,6 +28,9 @@ ConfigMap, the templates. The server then keeps serving until Ctrl-C, unless
 --once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := kube.ValidateListenAddress(o.Listen); o.Listen != "" && err != nil {
+				return exitcode.InputError(fmt.Errorf("--listen: %w", err))
+			}
 			return demo.Run(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}

@@ -72,7 +72,7 @@ func TestDemoOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for sha := range served {
-		if !set[sha].Available {
+		if !set[osimage.SHA256(sha)].Available {
 			t.Errorf("printed as served, but not available in the served set: %s (%v)", sha, set)
 		}
 	}
@@ -86,7 +86,7 @@ func TestDemoOnce(t *testing.T) {
 	for _, u := range templates {
 		img, ok := metal3.ImageOf(u)
 		sha, _ := img.SHA256()
-		if !ok || served[sha] == "" || img.URL != served[sha] {
+		if !ok || served[sha.String()] == "" || img.URL != served[sha.String()] {
 			t.Errorf("template %s boots from %q, not an image the demo served %v", u.GetName(), img.URL, served)
 		}
 	}

@@ -95,8 +95,8 @@ type fleetEnv struct {
 	reg       *devregistry.Registry
 	gate      *gate
 	published map[string]devregistry.Published // "name:tag"
-	serve     *daemon
-	ctrl      *daemon
+	serve     *serveProcess
+	ctrl      *serveProcess
 	// metricsAddr is the controller's metrics endpoint.
 	metricsAddr string
 	mgmtFile    string
@@ -133,8 +133,8 @@ func (e *fleetEnv) publish(name, tag string, seed uint64) devregistry.Published 
 	return p
 }
 
-func (e *fleetEnv) sha(nameTag string) string {
-	return e.published[nameTag].Fields.Get(osimage.FieldSHA256)
+func (e *fleetEnv) sha(nameTag string) osimage.SHA256 {
+	return imageSHA(e.t, e.published[nameTag])
 }
 
 // catalogInputs are sylva-units values: one registry at one
@@ -246,17 +246,17 @@ func (e *fleetEnv) servedIn(ns, name string) osimage.ServedSet {
 	return s
 }
 
-func (e *fleetEnv) waitCatalog(ns, key, sha string) {
+func (e *fleetEnv) waitCatalog(ns, key string, sha osimage.SHA256) {
 	e.t.Helper()
-	testenv.Eventually(e.t, "os-images-info of "+ns+" with "+key+" at "+sha[:12], 60*time.Second, func() (bool, string) {
+	testenv.Eventually(e.t, "os-images-info of "+ns+" with "+key+" at "+sha.String()[:12], 60*time.Second, func() (bool, string) {
 		c := e.catalogOf(ns)
-		return c[key][osimage.FieldSHA256] == sha, fmt.Sprint(c[key])
+		return c[key][osimage.FieldSHA256] == sha.String(), fmt.Sprint(c[key])
 	})
 }
 
 // waitCopy waits until the served set reached namespace ns with sha in
 // the given availability.
-func (e *fleetEnv) waitCopy(ns, sha string, present, available bool) {
+func (e *fleetEnv) waitCopy(ns string, sha osimage.SHA256, present, available bool) {
 	e.t.Helper()
 	testenv.Eventually(e.t, fmt.Sprintf("served copy in %s: %s present=%v available=%v", ns, sha[:12], present, available), 60*time.Second, func() (bool, string) {
 		s := e.servedIn(ns, fleetCopy)
@@ -473,7 +473,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		ctx := context.Background()
 		witness := e.published[img131+":0.7.9"]
 		// Stored before it is deselected, so that it has a file to collect.
-		e.waitCopy(e.wc1, witness.Fields.Get(osimage.FieldSHA256), true, true)
+		e.waitCopy(e.wc1, imageSHA(t, witness), true, true)
 		sha := e.sha(img132 + ":0.7.5")
 		filename := e.published[img132+":0.7.5"].Fields.Get(osimage.FieldFilename)
 		delete(e.extra, "wc1-ubuntu")
@@ -490,7 +490,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			ns, verdict, _ := strings.Cut(line, " ")
 			verdicts[ns] += strings.TrimSpace(verdict)
 		}
-		if v := verdicts[e.wc1]; !strings.HasPrefix(v, "would fail: "+sha+"/"+img132+" no longer served") {
+		if v := verdicts[e.wc1]; !strings.HasPrefix(v, "would fail: "+sha.String()+"/"+img132+" no longer served") {
 			t.Errorf("plan does not predict wc1's failure: %q\n%s\n%s", v, r.stdout, r.stderr)
 		}
 		for _, ns := range []string{e.wc2, e.wc3} {
@@ -527,7 +527,7 @@ func TestFleetEndToEnd(t *testing.T) {
 
 		before := e.templates()
 		r = e.render(e.wc1, e.clusters[e.wc1])
-		wantErr := "image " + sha + "/" + img132 + " is currently not served by mgmt cluster os-image-server"
+		wantErr := "image " + sha.String() + "/" + img132 + " is currently not served by mgmt cluster os-image-server"
 		if r.code != 1 || !strings.Contains(r.stderr, wantErr) {
 			t.Fatalf("render wc1: want exit 1 with %q, got %d:\n%s", wantErr, r.code, r.stderr)
 		}
@@ -547,7 +547,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			page := readAll(t, resp)
 			return !strings.Contains(page, "<td>witness</td>"), grepLines(page, "deselected")
 		})
-		if got, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 || got != sha {
+		if got, code := sha256Of(t, e.serve.url("/images/"+sha.String()+"/"+filename)); code != 200 || got != sha.String() {
 			t.Fatalf("a referenced image is no longer served: HTTP %d\n%s", code, e.serve.stderr)
 		}
 		resp, err := http.Get(e.serve.url("/"))
@@ -565,7 +565,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			"apiVersion": templatesGVR.GroupVersion().String(), "kind": "Metal3Machine",
 			"metadata": map[string]any{"name": e.wc1 + "-md0-machine"},
 			"spec": map[string]any{"image": map[string]any{
-				"url": e.serve.url("/images/" + sha + "/" + filename), "checksum": sha, "checksumType": "sha256", "diskFormat": "raw"}},
+				"url": e.serve.url("/images/" + sha.String() + "/" + filename), "checksum": sha.String(), "checksumType": "sha256", "diskFormat": "raw"}},
 		}}
 		if _, err := machines.Create(ctx, machine, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -594,14 +594,14 @@ func TestFleetEndToEnd(t *testing.T) {
 			page := readAll(t, resp)
 			return strings.Contains(page, "kept: still referenced by Metal3Machine "+e.wc1+"/"+machine.GetName()+"<"), grepLines(page, "kept")
 		})
-		if _, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename)); code != 200 {
+		if _, code := sha256Of(t, e.serve.url("/images/"+sha.String()+"/"+filename)); code != 200 {
 			t.Fatalf("an image a machine references is not served: %d", code)
 		}
 		if err := machines.Delete(ctx, machine.GetName(), metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Eventually(t, "the unreferenced image is collected", 30*time.Second, func() (bool, string) {
-			_, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+filename))
+			_, code := sha256Of(t, e.serve.url("/images/"+sha.String()+"/"+filename))
 			return code == 404, fmt.Sprint(code)
 		})
 	})
@@ -642,7 +642,7 @@ func TestFleetEndToEnd(t *testing.T) {
 	t.Run("an image still downloading is reported not yet available", func(t *testing.T) {
 		e := newFleet(t, "fleet-downloading", 500, nil)
 		p := e.published[img132+":0.7.9"]
-		sha := p.Fields.Get(osimage.FieldSHA256)
+		sha := imageSHA(t, p)
 		e.gate.hold(p.LayerDigest.String())
 		defer e.gate.release(p.LayerDigest.String())
 		e.extra["wc3-ubuntu-next"] = img132 + ":0.7.9"
@@ -679,9 +679,9 @@ func TestFleetEndToEnd(t *testing.T) {
 }
 
 // startDaemon starts a long-running osimages command.
-func startDaemon(t *testing.T, args ...string) *daemon {
+func startDaemon(t *testing.T, args ...string) *serveProcess {
 	t.Helper()
-	d := &daemon{stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	d := &serveProcess{stderr: &bytes.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(binary, args...)
 	d.cmd.Stderr = d.stderr
 	d.cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())

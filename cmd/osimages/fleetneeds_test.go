@@ -69,7 +69,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		}})
 		e := newFleetWith(t, "fleet-needs", 700, nil, fleetArgs{
 			serve: []string{"--serve-fleet-needs", "--fleet-needs-max-images-per-namespace", "1"},
-			ctrl:  []string{"--fleet-needs", "fleet-needs-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl:  []string{"--fleet-needs", "fleet-needs-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		ctx := context.Background()
 
@@ -77,7 +77,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		// registry key; nothing in the management values selects it.
 		wc4 := "fleet-needs-wc4"
 		old := e.published[img132+":0.7.6"]
-		oldSHA := old.Fields.Get(osimage.FieldSHA256)
+		oldSHA := imageSHA(t, old)
 		if _, served := e.servedIn(e.mgmtNS, fleetServedCM)[oldSHA]; served {
 			t.Fatal("the fixture must not serve wc4's image before it is needed")
 		}
@@ -97,10 +97,10 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		})
 		t.Logf("scenario 1: %.1fs from the cluster values appearing to render --apply succeeding (download held until the image was published unavailable)", time.Since(start).Seconds())
 		filename := old.Fields.Get(osimage.FieldFilename)
-		if got, code := sha256Of(t, e.serve.url("/images/"+oldSHA+"/"+filename)); code != 200 || got != oldSHA {
+		if got, code := sha256Of(t, e.serve.url("/images/"+oldSHA.String()+"/"+filename)); code != 200 || got != oldSHA.String() {
 			t.Fatalf("the fleet-needed image is not served: HTTP %d, sha256 %s", code, got)
 		}
-		if mgmt := e.configMapDoc(e.mgmtNS, "mgmt-values"); strings.Contains(mgmt, oldSHA) || strings.Contains(mgmt, "sylva-n-1") {
+		if mgmt := e.configMapDoc(e.mgmtNS, "mgmt-values"); strings.Contains(mgmt, oldSHA.String()) || strings.Contains(mgmt, "sylva-n-1") {
 			t.Fatal("the management values name wc4's image: the test proves nothing")
 		}
 
@@ -119,7 +119,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			}
 			undeclared = p
 		}
-		badSHA := undeclared.Fields.Get(osimage.FieldSHA256)
+		badSHA := imageSHA(t, undeclared)
 		e.applyConfigMap(e.wc2, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, catalogInputsAt(other.Host, "elsewhere", "0.7.9"))
 		e.waitCatalog(e.wc2, img131, badSHA)
 		blobsBefore := undeclaredBlobs.Load()
@@ -146,7 +146,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		if n := undeclaredBlobs.Load() - blobsBefore; n != 0 {
 			t.Errorf("%d blobs were downloaded from the undeclared registry", n)
 		}
-		if strings.Contains(e.page("/"), `<tr class="" data-sha256="`+badSHA) {
+		if strings.Contains(e.page("/"), `<tr class="" data-sha256="`+badSHA.String()) {
 			t.Error("the refused image is selected on the server")
 		}
 
@@ -200,7 +200,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		}
 		e.waitCopy(wc4, oldSHA, false, false)
 		testenv.Eventually(t, "the image is collected after the grace", 30*time.Second, func() (bool, string) {
-			_, code := sha256Of(t, e.serve.url("/images/"+oldSHA+"/"+filename))
+			_, code := sha256Of(t, e.serve.url("/images/"+oldSHA.String()+"/"+filename))
 			return code == 404, fmt.Sprint(code)
 		})
 	})
@@ -214,11 +214,11 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 	t.Run("tenants against each other", func(t *testing.T) {
 		e := newFleetWith(t, "fleet-tenants", 900, nil, fleetArgs{
 			serve: []string{"--serve-fleet-needs"},
-			ctrl:  []string{"--fleet-needs", "fleet-tenants-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl:  []string{"--fleet-needs", "fleet-tenants-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		victim, evil := "fleet-tenants-wc4", "fleet-tenants-aaa"
 		old := e.published[img132+":0.7.6"]
-		sha := old.Fields.Get(osimage.FieldSHA256)
+		sha := imageSHA(t, old)
 		e.addWorkload(victim, catalogInputsAt(e.reg.Host, "sylva-n-1", "0.7.6"))
 		e.waitCatalog(victim, img132, sha)
 		good := e.catalogOf(victim)[img132]
@@ -247,28 +247,28 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			r := e.status(victim)
 			return len(r.Images) == 1 && r.Images[0].State == fleet.StateServed, fmt.Sprintf("%+v", r.Images)
 		})
-		if got, code := sha256Of(t, e.serve.url("/images/"+sha+"/"+good.Get(osimage.FieldFilename))); code != 200 || got != sha {
+		if got, code := sha256Of(t, e.serve.url("/images/"+sha.String()+"/"+good.Get(osimage.FieldFilename))); code != 200 || got != sha.String() {
 			t.Fatalf("the victim's URL: HTTP %d, sha256 %s", code, got)
 		}
 		if r := e.render(victim, values); r.code != 0 {
 			t.Fatalf("render --apply of the victim: exit %d\n%s", r.code, r.stderr)
 		}
-		cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), fleet.FleetNeedsConfigMapName, metav1.GetOptions{})
+		cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), osimage.FleetNeedsConfigMapName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if needs := cm.Data[fleet.FleetNeedsKey]; !strings.Contains(needs, "evil.raw") || strings.Contains(needs, "a long description") {
+		if needs := cm.Data[osimage.FleetNeedsKey]; !strings.Contains(needs, "evil.raw") || strings.Contains(needs, "a long description") {
 			t.Error("a field the server never reads is copied into the fleet's needs")
 		}
 	})
 
 	t.Run("off: today's clear not-served status, nothing downloaded", func(t *testing.T) {
 		e := newFleetWith(t, "fleet-needs-off", 800, nil, fleetArgs{
-			ctrl: []string{"--fleet-needs", "fleet-needs-off-mgmt/" + fleet.FleetNeedsConfigMapName},
+			ctrl: []string{"--fleet-needs", "fleet-needs-off-mgmt/" + osimage.FleetNeedsConfigMapName},
 		})
 		wc4 := "fleet-needs-off-wc4"
 		old := e.published[img132+":0.7.6"]
-		oldSHA := old.Fields.Get(osimage.FieldSHA256)
+		oldSHA := imageSHA(t, old)
 		e.addWorkload(wc4, catalogInputsAt(e.reg.Host, "sylva-n-1", "0.7.6"))
 		e.waitCatalog(wc4, img132, oldSHA)
 		values := e.clusterValues(wc4, "v1.32.5+rke2r1")
@@ -282,16 +282,16 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		// The controller publishes the need all the same; the server,
 		// without the option, does not read it.
 		testenv.Eventually(t, "the need is published", 30*time.Second, func() (bool, string) {
-			cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), fleet.FleetNeedsConfigMapName, metav1.GetOptions{})
+			cm, err := e.k.Client.CoreV1().ConfigMaps(e.mgmtNS).Get(context.Background(), osimage.FleetNeedsConfigMapName, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
-			return strings.Contains(cm.Data[fleet.FleetNeedsKey], oldSHA), cm.Data[fleet.FleetNeedsKey]
+			return strings.Contains(cm.Data[osimage.FleetNeedsKey], oldSHA.String()), cm.Data[osimage.FleetNeedsKey]
 		})
 		if r := e.render(wc4, values); r.code != 1 || !strings.Contains(r.stderr, "is currently not served") {
 			t.Fatalf("render wc4: want exit 1, not served; got %d\n%s", r.code, r.stderr)
 		}
-		if strings.Contains(e.page("/"), oldSHA) {
+		if strings.Contains(e.page("/"), oldSHA.String()) {
 			t.Error("the server knows an image nobody selected")
 		}
 
@@ -307,11 +307,11 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			return strings.Join(out, "\n")
 		}
 		r := run(t, planArgs...)
-		if got := wc4Lines(r); r.code != 1 || !strings.HasPrefix(got, "would fail: "+oldSHA) {
+		if got := wc4Lines(r); r.code != 1 || !strings.HasPrefix(got, "would fail: "+oldSHA.String()) {
 			t.Errorf("plan without the option: exit %d, %q\n%s", r.code, got, r.stderr)
 		}
 		r = run(t, append(planArgs, "--serve-fleet-needs")...)
-		if got := wc4Lines(r); r.code != 0 || got != "served for the fleet's needs: "+oldSHA+"/"+img132 {
+		if got := wc4Lines(r); r.code != 0 || got != "served for the fleet's needs: "+oldSHA.String()+"/"+img132 {
 			t.Errorf("plan with the option: exit %d, %q\n%s%s", r.code, got, r.stdout, r.stderr)
 		}
 		r = run(t, append(planArgs, "--serve-fleet-needs", "--fleet-needs-max-bytes-per-namespace", "1")...)

@@ -57,7 +57,7 @@ func get(url string) (int, string) {
 // line holds every string of match, or -1.
 // waitCollectedAfter waits for a garbage-collection pass of d that began
 // after at, so that "nothing was deleted" is a proof and not a hope.
-func waitCollectedAfter(t *testing.T, d *daemon, at time.Time) {
+func waitCollectedAfter(t *testing.T, d *serveProcess, at time.Time) {
 	t.Helper()
 	want := float64(at.UnixNano()) / 1e9
 	testenv.Eventually(t, "a garbage-collection pass past the grace period", 30*time.Second, func() (bool, string) {
@@ -154,7 +154,7 @@ func TestServeServesEveryFilenameOfAnImage(t *testing.T) {
 	if code, _ := get(url("other.raw")); code != 404 {
 		t.Errorf("a filename no key gives: %d, want 404", code)
 	}
-	if s := servedFile(output)(); len(s) != 1 || !s[sha].Available {
+	if s := servedFile(output)(); len(s) != 1 || !s[imageSHA(t, plain)].Available {
 		t.Errorf("one image, published once: %v", s)
 	}
 }
@@ -177,7 +177,7 @@ func TestServeRefusesBrokenInputs(t *testing.T) {
 	imageURL := d.url("/images/" + sha + "/" + plain.Fields.Get("filename"))
 	testenv.Eventually(t, "image served", 30*time.Second, func() (bool, string) {
 		s := servedFile(output)()
-		return allAvailable(s, sha) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, imageSHA(t, plain)) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
 	goodOutput, err := os.ReadFile(output)
 	if err != nil {
@@ -266,7 +266,7 @@ func TestServeRefusesBrokenConfigMapInputs(t *testing.T) {
 	}
 	testenv.Eventually(t, "output ConfigMap", 30*time.Second, func() (bool, string) {
 		s, _ := osimage.ParseServed([]byte(outputCM().Data["values.yaml"]))
-		return allAvailable(s, sha) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, imageSHA(t, plain)) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
 	before := outputCM()
 	if files := before.Data["served-filenames.yaml"]; !strings.Contains(files, sha+":\n  - "+plain.Fields.Get("filename")+"\n") {

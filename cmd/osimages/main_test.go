@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := suite.Run(m)
+	removePeerIface()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

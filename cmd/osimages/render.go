@@ -1,13 +1,37 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/sylva-projects/osimages/internal/capm3"
+	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
+// renderOptions are the flags of `osimages render`.
+type renderOptions struct {
+	valueFiles []string
+	// osImagesConfigMap (NS/NAME) is the cluster's os-images-info: (A) is
+	// its os_images with the values' own merged on top.
+	osImagesConfigMap string
+	// servedConfigMap (NS/NAME) gives (B) instead of the values.
+	servedConfigMap string
+	kubeconfig      string
+	apiVersion      string
+	namespace       string
+	apply           bool
+}
+
 func newRenderCommand() *cobra.Command {
-	o := capm3.Options{}
+	o := renderOptions{}
 	cmd := &cobra.Command{
 		Use:   "render -f cluster-values.yaml [-f ...]",
 		Short: "Render the Metal3MachineTemplates of a cluster, each image picked from the cluster's own catalog",
@@ -27,17 +51,110 @@ On any error nothing is printed or applied, every failing level is listed,
 and the exit code is 1 (2 for unreadable input).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return capm3.Run(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return runRender(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()
-	f.StringArrayVarP(&o.ValueFiles, "values", "f", nil, "cluster values file; repeat to merge several, later wins")
-	f.StringVar(&o.OSImagesConfigMap, "os-images-configmap", "", "the cluster's os-images-info ConfigMap, NS/NAME: (A) is its os_images with the values' own merged on top")
-	f.StringVar(&o.ServedConfigMap, "served-configmap", "", "read (B) from this served-images ConfigMap, NS/NAME")
-	addKubeconfigFlag(f, &o.Kubeconfig)
-	f.StringVar(&o.APIVersion, "api-version", "v1beta1", "Metal3MachineTemplate API version: v1beta1 (format) or v1beta2 (diskFormat)")
-	f.StringVarP(&o.Namespace, "namespace", "n", "", "namespace of the templates (required with --apply)")
-	f.BoolVar(&o.Apply, "apply", false, "write the templates with server-side apply instead of printing them")
+	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "cluster values file; repeat to merge several, later wins")
+	f.StringVar(&o.osImagesConfigMap, "os-images-configmap", "", "the cluster's os-images-info ConfigMap, NS/NAME: (A) is its os_images with the values' own merged on top")
+	f.StringVar(&o.servedConfigMap, "served-configmap", "", "read (B) from this served-images ConfigMap, NS/NAME")
+	addKubeconfigFlag(f, &o.kubeconfig)
+	f.StringVar(&o.apiVersion, "api-version", "v1beta1", "Metal3MachineTemplate API version: v1beta1 (format) or v1beta2 (diskFormat)")
+	f.StringVarP(&o.namespace, "namespace", "n", "", "namespace of the templates (required with --apply)")
+	f.BoolVar(&o.apply, "apply", false, "write the templates with server-side apply instead of printing them")
 	_ = cmd.MarkFlagRequired("values")
 	return cmd
+}
+
+// runRender renders the templates of o.valueFiles and prints them to
+// stdout, or applies them (o.apply), saying so on stderr. On any error
+// nothing is printed or applied. The renderer only returns objects: the
+// command reads its inputs from the cluster, and applies what it returns.
+func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) error {
+	if o.apply && o.namespace == "" {
+		return exitcode.InputError(errors.New("--apply needs --namespace: templates live in the cluster's namespace"))
+	}
+	if _, err := capm3.NormalizeAPIVersion(o.apiVersion); err != nil {
+		return exitcode.InputError(fmt.Errorf("--api-version: %w", err))
+	}
+	if o.namespace != "" {
+		if err := kube.ValidateNamespace(o.namespace); err != nil {
+			return exitcode.InputError(fmt.Errorf("--namespace: %w", err))
+		}
+	}
+	for _, f := range []struct{ flag, key string }{{"--os-images-configmap", o.osImagesConfigMap}, {"--served-configmap", o.servedConfigMap}} {
+		if _, err := kube.ParseObjectKey(f.key); f.key != "" && err != nil {
+			return exitcode.InputError(fmt.Errorf("%s %w", f.flag, err))
+		}
+	}
+	v, err := values.LoadFiles(o.valueFiles...)
+	if err != nil {
+		return exitcode.InputError(err)
+	}
+	a, b, err := capm3.CatalogsFromValues(v)
+	if err != nil {
+		return exitcode.InputError(err)
+	}
+
+	var cluster *kube.Target
+	if o.apply || o.osImagesConfigMap != "" || o.servedConfigMap != "" {
+		if cluster, err = kube.NewTarget(o.kubeconfig); err != nil {
+			return exitcode.InputError(err)
+		}
+	}
+	if o.osImagesConfigMap != "" {
+		doc, err := cluster.ConfigMapData(ctx, o.osImagesConfigMap, osimage.ValuesKey)
+		if err != nil {
+			return exitcode.FailureError(err)
+		}
+		info, err := osimage.ParseInfo(doc)
+		if err != nil {
+			return exitcode.FailureError(fmt.Errorf("ConfigMap %s: %w", o.osImagesConfigMap, err))
+		}
+		// (A) as Flux gives it to the chart: the ConfigMap (valuesFrom)
+		// with the values' own os_images merged on top.
+		if a, err = osimage.MergeA(info, v); err != nil {
+			return exitcode.InputError(err)
+		}
+	}
+	if o.servedConfigMap != "" {
+		doc, err := cluster.ConfigMapData(ctx, o.servedConfigMap, osimage.ValuesKey)
+		if err != nil {
+			return exitcode.FailureError(err)
+		}
+		if b, err = osimage.ParseServed(doc); err != nil {
+			return exitcode.FailureError(fmt.Errorf("ConfigMap %s: %w", o.servedConfigMap, err))
+		}
+	}
+
+	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, APIVersion: o.apiVersion, Namespace: o.namespace})
+	if err != nil {
+		return exitcode.FailureError(err)
+	}
+	if o.apply {
+		objs := make([]*unstructured.Unstructured, len(templates))
+		for i, t := range templates {
+			objs[i] = &unstructured.Unstructured{Object: t.Object}
+		}
+		if err := kube.ApplyObjects(ctx, cluster.Config, objs); err != nil {
+			return exitcode.FailureError(err)
+		}
+		for _, t := range templates {
+			fmt.Fprintf(stderr, "%s/%s applied (%s, image %s)\n", o.namespace, t.Name(), t.Level, orManual(t.ImageKey))
+		}
+		return nil
+	}
+	out, err := capm3.MarshalYAML(templates)
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(out)
+	return err
+}
+
+func orManual(key string) string {
+	if key == "" {
+		return "given by hand"
+	}
+	return key
 }

@@ -1,18 +1,52 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/clip"
+	"github.com/sylva-projects/osimages/internal/daemon"
+	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
+// serveOptions are the flags of `osimages serve`.
+type serveOptions struct {
+	data, listen                string
+	osImages, osImagesConfigMap string
+	kubeconfig                  string
+	valueFiles                  []string
+	outputFile, outputConfigMap string
+	concurrency                 int
+	gcGrace                     time.Duration
+	// maxStorage, freeSpaceMargin, maxImageSize, minRate and scrubRate
+	// are quantities, such as 200Gi; maxStorage "" is no bound but the
+	// disk.
+	maxStorage, freeSpaceMargin, maxImageSize, minRate, scrubRate string
+	stallTimeout, scrubInterval                                   time.Duration
+	tlsCert, tlsKey                                               string
+	registry                                                      oci.Options
+	poll                                                          time.Duration
+	allowEmpty, keepReferenced                                    bool
+	fleetNeeds                                                    fleetNeedsFlags
+	fleetNeedsConfigMap                                           string
+	replicaID, peersService, peerListen, publisherLease           string
+	peerTimeout                                                   time.Duration
+}
+
 func newServeCommand() *cobra.Command {
-	o := serve.Options{}
+	o := serveOptions{}
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR (--os-images FILE | --os-images-configmap NS/NAME) -f mgmt-values.yaml (--output-file FILE | --output-configmap NS/NAME)",
 		Short: "Pull, verify, store and serve the management cluster's OS images over HTTP, and publish what is served",
@@ -36,40 +70,232 @@ page and osimages_inputs_refused say so. At start there are none: serve
 exits 2 with the reason. /, /healthz, /readyz and /metrics are served on the
 same address.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return serve.Run(cmd.Context(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o, cmd.ErrOrStderr()) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Data, "data", "", "data directory holding the stored images")
-	f.StringVar(&o.Listen, "listen", ":8080", "address to serve HTTP(S) on")
-	f.StringVar(&o.OSImages, "os-images", "", "os_images document or os-images-info ConfigMap manifest")
-	f.StringVar(&o.OSImagesConfigMap, "os-images-configmap", "", "read and watch os_images from this ConfigMap, NS/NAME")
-	addKubeconfigFlag(f, &o.Kubeconfig)
-	f.StringArrayVarP(&o.ValueFiles, "values", "f", nil, "management cluster values; repeat to merge several, later wins")
-	f.StringVar(&o.OutputFile, "output-file", "", "write the served-images document to this file")
-	f.StringVar(&o.OutputConfigMap, "output-configmap", "", "apply the served-images ConfigMap, NS/NAME (Sylva: "+osimage.ServedConfigMapNamespace+"/"+osimage.ServedConfigMapName+")")
-	f.IntVar(&o.Concurrency, "concurrency", server.DefaultConcurrency, "downloads at once")
-	f.DurationVar(&o.GCGrace, "gc-grace", server.DefaultGCGrace, "how long a deselected image stays on disk before it is deleted (0: at the next collection)")
-	f.StringVar(&o.MaxStorage, "max-storage", "", "bound on the bytes of stored images and downloads, as a quantity such as 200Gi (default: the disk)")
-	f.StringVar(&o.FreeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what downloads reserve (0: none)")
-	f.StringVar(&o.MaxImageSize, "max-image-size", "64Gi", "largest image file: the bound of an image that declares no size (reserved on disk for its download), and the most an image may declare")
-	f.DurationVar(&o.StallTimeout, "stall-timeout", server.DefaultStallTimeout, "a download that receives no byte for this long (manifest included) is cut and retried with backoff; it is also the window of --min-rate")
-	f.StringVar(&o.MinRate, "min-rate", "64Ki", "bytes per second below which a download, measured over --stall-timeout, gives way to images waiting for a slot, and a fill from a peer replica is given up for another source (0: never)")
-	f.DurationVar(&o.ScrubInterval, "scrub-interval", server.DefaultScrubInterval, "how often each stored image is re-read and re-hashed, counted from its last check (kept across restarts); one found changed is no longer served and is downloaded again (at least 1m; 0: never)")
-	f.StringVar(&o.ScrubRate, "scrub-rate", "50Mi", "bytes per second the scrub reads at most, one image at a time")
-	f.StringVar(&o.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
-	f.StringVar(&o.TLSKey, "tls-key", "", "private key of --tls-cert (PEM)")
-	f.DurationVar(&o.Poll, "poll", 2*time.Second, "how often input files are checked for changes")
-	f.BoolVar(&o.AllowEmpty, "allow-empty", false, "accept inputs that select no image while images are served, to empty the served set on purpose (refused otherwise, and the last good inputs stay in force)")
-	f.BoolVar(&o.KeepReferenced, "keep-referenced", true, "never delete, and keep serving, a deselected image that a Metal3MachineTemplate or Metal3Machine still references (needs list/watch on them cluster-wide)")
-	f.StringVar(&o.ReplicaID, "replica-id", "", "this replica's ID among the --peers-service endpoints, as their targetRef names it (default: $POD_NAME, else the hostname)")
-	f.StringVar(&o.PeersService, "peers-service", "", "headless Service whose ready EndpointSlice endpoints are the other replicas: images are filled from peers first, one replica per image pulls from the registry, and the holder of --publisher-lease publishes (empty: one replica)")
-	f.StringVar(&o.PeerListen, "peer-listen", serve.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
-	f.DurationVar(&o.PeerTimeout, "peer-timeout", server.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
-	f.StringVar(&o.PublisherLease, "publisher-lease", serve.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
-	addFleetNeedsFlags(f, &o.FleetNeeds.FleetOptions, "also serve")
-	f.StringVar(&o.FleetNeeds.ConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+fleet.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
-	addRegistryFlags(f, &o.Registry)
+	f.StringVar(&o.data, "data", "", "data directory holding the stored images")
+	f.StringVar(&o.listen, "listen", ":8080", "address to serve HTTP(S) on")
+	f.StringVar(&o.osImages, "os-images", "", "os_images document or os-images-info ConfigMap manifest")
+	f.StringVar(&o.osImagesConfigMap, "os-images-configmap", "", "read and watch os_images from this ConfigMap, NS/NAME")
+	addKubeconfigFlag(f, &o.kubeconfig)
+	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "management cluster values; repeat to merge several, later wins")
+	f.StringVar(&o.outputFile, "output-file", "", "write the served-images document to this file")
+	f.StringVar(&o.outputConfigMap, "output-configmap", "", "apply the served-images ConfigMap, NS/NAME (Sylva: "+osimage.ServedConfigMapNamespace+"/"+osimage.ServedConfigMapName+")")
+	f.IntVar(&o.concurrency, "concurrency", server.DefaultConcurrency, "downloads at once")
+	f.DurationVar(&o.gcGrace, "gc-grace", server.DefaultGCGrace, "how long a deselected image stays on disk before it is deleted (0: at the next collection)")
+	f.StringVar(&o.maxStorage, "max-storage", "", "bound on the bytes of stored images and downloads, as a quantity such as 200Gi (default: the disk)")
+	f.StringVar(&o.freeSpaceMargin, "free-space-margin", "1Gi", "free disk space kept besides what downloads reserve (0: none)")
+	f.StringVar(&o.maxImageSize, "max-image-size", "64Gi", "largest image file: the bound of an image that declares no size (reserved on disk for its download), and the most an image may declare")
+	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "a download that receives no byte for this long (manifest included) is cut and retried with backoff; it is also the window of --min-rate")
+	f.StringVar(&o.minRate, "min-rate", "64Ki", "bytes per second below which a download, measured over --stall-timeout, gives way to images waiting for a slot, and a fill from a peer replica is given up for another source (0: never)")
+	f.DurationVar(&o.scrubInterval, "scrub-interval", server.DefaultScrubInterval, "how often each stored image is re-read and re-hashed, counted from its last check (kept across restarts); one found changed is no longer served and is downloaded again (at least 1m; 0: never)")
+	f.StringVar(&o.scrubRate, "scrub-rate", "50Mi", "bytes per second the scrub reads at most, one image at a time")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often input files are checked for changes")
+	f.BoolVar(&o.allowEmpty, "allow-empty", false, "accept inputs that select no image while images are served, to empty the served set on purpose (refused otherwise, and the last good inputs stay in force)")
+	f.BoolVar(&o.keepReferenced, "keep-referenced", true, "never delete, and keep serving, a deselected image that a Metal3MachineTemplate or Metal3Machine still references (needs list/watch on them cluster-wide)")
+	f.StringVar(&o.replicaID, "replica-id", "", "this replica's ID among the --peers-service endpoints, as their targetRef names it (default: $POD_NAME, else the hostname)")
+	f.StringVar(&o.peersService, "peers-service", "", "headless Service whose ready EndpointSlice endpoints are the other replicas: images are filled from peers first, one replica per image pulls from the registry, and the holder of --publisher-lease publishes (empty: one replica)")
+	f.StringVar(&o.peerListen, "peer-listen", daemon.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
+	f.DurationVar(&o.peerTimeout, "peer-timeout", server.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
+	f.StringVar(&o.publisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
+	addFleetNeedsFlags(f, &o.fleetNeeds, "also serve")
+	f.StringVar(&o.fleetNeedsConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+osimage.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
+	addRegistryFlags(f, &o.registry)
 	_ = cmd.MarkFlagRequired("data")
 	_ = cmd.MarkFlagRequired("values")
 	return cmd
+}
+
+// runServe checks o, then serves until ctx ends, logging JSON to stderr.
+// Wrong flags, and what they name when it cannot be used at start (the
+// data directory, an address, the inputs), exit 2; a server that fails
+// later 1.
+func runServe(ctx context.Context, o serveOptions, stderr io.Writer) error {
+	opts, err := o.options()
+	if err != nil {
+		return exitcode.InputError(err)
+	}
+	if opts.Listener, err = net.Listen("tcp", o.listen); err != nil {
+		return exitcode.InputError(fmt.Errorf("--listen %s: %w", o.listen, err))
+	}
+	defer opts.Listener.Close()
+	if opts.PeersService != "" {
+		if opts.PeerListener, err = net.Listen("tcp", o.peerListen); err != nil {
+			return exitcode.InputError(fmt.Errorf("--peer-listen %s: %w", o.peerListen, err))
+		}
+		defer opts.PeerListener.Close()
+	}
+	// Errors quote registry answers and input values: each is clipped.
+	opts.Logger = slog.New(clip.Handler(slog.NewJSONHandler(stderr, nil), clip.LogValue))
+	err = daemon.Run(ctx, opts)
+	var dataDir *daemon.DataDirError
+	if errors.As(err, &dataDir) {
+		return exitcode.InputError(fmt.Errorf("--data %s: %w", dataDir.Dir, dataDir.Err))
+	}
+	var start *daemon.StartError
+	if errors.As(err, &start) {
+		return exitcode.InputError(err)
+	}
+	return err
+}
+
+// options checks the flags that need nothing but themselves, and returns
+// the daemon's options they give (but the listeners and the logger).
+// Every value is used as given, zero included where it means something,
+// or refused: none is replaced by a default behind the operator's back.
+func (o serveOptions) options() (daemon.Options, error) {
+	if (o.osImages == "") == (o.osImagesConfigMap == "") {
+		return daemon.Options{}, errors.New("give exactly one of --os-images and --os-images-configmap")
+	}
+	if o.outputFile != "" && o.outputConfigMap != "" {
+		return daemon.Options{}, errors.New("give at most one of --output-file and --output-configmap")
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return daemon.Options{}, errors.New("--tls-cert and --tls-key go together")
+	}
+	opts := daemon.Options{
+		Data: o.data, OSImages: o.osImages, Kubeconfig: o.kubeconfig, ValueFiles: o.valueFiles, OutputFile: o.outputFile,
+		TLSCert: o.tlsCert, TLSKey: o.tlsKey, Registry: o.registry, Poll: o.poll,
+		AllowEmpty: o.allowEmpty, KeepReferenced: o.keepReferenced,
+		ReplicaID: o.replicaID, PeersService: o.peersService, PublisherLease: o.publisherLease, PeerTimeout: o.peerTimeout,
+	}
+	for _, f := range []struct {
+		flag, value string
+		key         **kube.ObjectKey
+	}{
+		{"--os-images-configmap", o.osImagesConfigMap, &opts.OSImagesConfigMap},
+		{"--output-configmap", o.outputConfigMap, &opts.OutputConfigMap},
+		{"--fleet-needs-configmap", o.fleetNeedsConfigMap, nil},
+	} {
+		if f.value == "" {
+			continue
+		}
+		key, err := kube.ParseObjectKey(f.value)
+		if err != nil {
+			return daemon.Options{}, fmt.Errorf("%s %w", f.flag, err)
+		}
+		if f.key != nil {
+			*f.key = &key
+		}
+	}
+	var err error
+	if opts.Limits, err = o.limits(); err != nil {
+		return daemon.Options{}, err
+	}
+	policy, err := o.fleetNeeds.policy()
+	if err != nil {
+		return daemon.Options{}, err
+	}
+	if o.fleetNeeds.serve {
+		key, err := o.fleetNeedsKey(opts)
+		if err != nil {
+			return daemon.Options{}, err
+		}
+		opts.FleetNeeds = &daemon.FleetNeedsOptions{ConfigMap: key, Policy: policy}
+	}
+	if o.peersService != "" {
+		if opts.ReplicaID, err = o.replicas(); err != nil {
+			return daemon.Options{}, err
+		}
+	}
+	return opts, nil
+}
+
+// fleetNeedsKey is --fleet-needs-configmap, or by default the fleet-needs
+// ConfigMap in the namespace of the server's other ConfigMaps.
+func (o serveOptions) fleetNeedsKey(opts daemon.Options) (kube.ObjectKey, error) {
+	if o.fleetNeedsConfigMap != "" {
+		return kube.ParseObjectKey(o.fleetNeedsConfigMap)
+	}
+	for _, other := range []*kube.ObjectKey{opts.OSImagesConfigMap, opts.OutputConfigMap} {
+		if other != nil {
+			return kube.ObjectKey{Namespace: other.Namespace, Name: osimage.FleetNeedsConfigMapName}, nil
+		}
+	}
+	return kube.ObjectKey{}, errors.New("--serve-fleet-needs: give --fleet-needs-configmap NS/NAME (no --os-images-configmap or --output-configmap names the server's namespace)")
+}
+
+// replicas checks the flags of a server behind --peers-service and
+// returns this replica's ID.
+func (o serveOptions) replicas() (string, error) {
+	if o.outputFile != "" {
+		return "", errors.New("--peers-service needs --output-configmap: replicas publish one ConfigMap through an elected leader, not a file each")
+	}
+	if o.peerTimeout <= 0 {
+		return "", fmt.Errorf("--peer-timeout %s: give a positive duration, such as 30s", o.peerTimeout)
+	}
+	id := o.replicaID
+	if id == "" {
+		id = os.Getenv("POD_NAME")
+	}
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("--replica-id is empty, POD_NAME is not set and the hostname cannot be read (%v): give --replica-id", err)
+		}
+		id = h
+	}
+	return id, nil
+}
+
+// limits checks the flags that bound the server's work and returns them
+// as the server's Config.
+func (o serveOptions) limits() (server.Config, error) {
+	var errs []error
+	if o.concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency %d: at least one download must run at a time", o.concurrency))
+	}
+	if o.gcGrace < 0 {
+		errs = append(errs, fmt.Errorf("--gc-grace %s is negative: give 0 to delete deselected images at the next collection", o.gcGrace))
+	}
+	if o.poll <= 0 {
+		errs = append(errs, fmt.Errorf("--poll %s: the input files must be checked at a positive interval, such as 2s", o.poll))
+	}
+	if o.stallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stall-timeout %s: give a positive duration, such as 60s", o.stallTimeout))
+	}
+	maxStorage, err := kube.Quantity("--max-storage", o.maxStorage)
+	if err == nil && o.maxStorage != "" && maxStorage <= 0 {
+		err = fmt.Errorf("--max-storage %q: give a positive quantity such as 500Gi, or leave it out for no bound but the disk", o.maxStorage)
+	}
+	errs = append(errs, err)
+	margin, err := kube.Quantity("--free-space-margin", o.freeSpaceMargin)
+	if err == nil && margin < 0 {
+		err = fmt.Errorf("--free-space-margin %q is negative: give 0 for no margin", o.freeSpaceMargin)
+	}
+	errs = append(errs, err)
+	maxImage, err := kube.Quantity("--max-image-size", o.maxImageSize)
+	if err == nil && maxImage <= 0 {
+		err = fmt.Errorf("--max-image-size %q: give a positive quantity such as 64Gi", o.maxImageSize)
+	}
+	errs = append(errs, err)
+	minRate, err := kube.Quantity("--min-rate", o.minRate)
+	if err == nil && minRate < 0 {
+		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.minRate)
+	}
+	errs = append(errs, err)
+	if o.peerTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--peer-timeout %s is negative: give how long a peer may show no progress, such as 30s", o.peerTimeout))
+	}
+	if o.scrubInterval < 0 {
+		errs = append(errs, fmt.Errorf("--scrub-interval %s is negative: give 0 to switch the scrub off", o.scrubInterval))
+	} else if o.scrubInterval > 0 && o.scrubInterval < server.MinScrubInterval {
+		errs = append(errs, fmt.Errorf("--scrub-interval %s is below the minimum of %s: a scrub re-reads each stored image once per interval, and more often only fills the log; give at least %s (the default is %s), or 0 to switch the scrub off",
+			o.scrubInterval, server.MinScrubInterval, server.MinScrubInterval, server.DefaultScrubInterval))
+	}
+	scrubRate, err := kube.Quantity("--scrub-rate", o.scrubRate)
+	if err == nil && scrubRate <= 0 {
+		err = fmt.Errorf("--scrub-rate %q: give a positive quantity of bytes per second such as 50Mi (--scrub-interval 0 switches the scrub off)", o.scrubRate)
+	}
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return server.Config{}, err
+	}
+	return server.Config{
+		Concurrency: o.concurrency, GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
+		MaxImageSize: maxImage, StallTimeout: o.stallTimeout, MinRate: minRate,
+		ScrubInterval: o.scrubInterval, ScrubRate: scrubRate,
+	}, nil
 }

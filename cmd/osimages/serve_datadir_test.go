@@ -13,27 +13,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // stopWithin sends SIGTERM and fails the test unless the process exits,
 // 0, within the shutdown grace (plus two seconds for the process itself).
-func (d *daemon) stopWithin(t *testing.T) {
+func (d *serveProcess) stopWithin(t *testing.T) {
 	t.Helper()
 	began := time.Now()
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
-	case <-time.After(serve.ShutdownDeadline + 10*time.Second):
+	case <-time.After(daemon.ShutdownDeadline + 10*time.Second):
 		d.cmd.Process.Kill()
 		<-d.done
 		t.Fatalf("still running %v after SIGTERM:\n%s", time.Since(began), d.stderr.String())
 	}
-	if took := time.Since(began); took > serve.ShutdownGrace+2*time.Second {
-		t.Errorf("exited %v after SIGTERM: more than the %v grace", took, serve.ShutdownGrace)
+	if took := time.Since(began); took > daemon.ShutdownGrace+2*time.Second {
+		t.Errorf("exited %v after SIGTERM: more than the %v grace", took, daemon.ShutdownGrace)
 	}
 	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM, want 0:\n%s", code, d.stderr.String())
@@ -56,7 +56,7 @@ func TestServeStartsWithSpecialFilesInTheDataDirectory(t *testing.T) {
 		return []string{"--data", data, "--os-images", writeFile(t, "os-images.yaml", osImagesDocFor(images)),
 			"-f", writeFile(t, "mgmt.yaml", hostileMgmt), "--output-file", filepath.Join(t.TempDir(), "served.yaml")}
 	}
-	served := func(d *daemon, p devregistry.Published) (bool, string) {
+	served := func(d *serveProcess, p devregistry.Published) (bool, string) {
 		sum, code := sha256Of(t, d.url(imagePath(p)))
 		return code == 200 && sum == p.Fields.Get("sha256"), d.statusPage() + d.stderr.String()
 	}
@@ -131,7 +131,7 @@ func TestServeRecoversFromAPoisonedPartial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := store.Resume(pub.Fields.Get("sha256"))
+	w, err := store.Resume(imageSHA(t, pub))
 	if err != nil {
 		t.Fatal(err)
 	}

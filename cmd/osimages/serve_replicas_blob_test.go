@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/peers"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -91,7 +92,7 @@ func TestServeReplicasFillFromTheCompressedLayer(t *testing.T) {
 			plain = p
 		}
 	}
-	plainSum := plain.Fields.Get("sha256")
+	plainSum := imageSHA(t, plain)
 	var archive, size int64
 	fmt.Sscan(plain.Fields.Get("archive-size"), &archive)
 	fmt.Sscan(plain.Fields.Get("size"), &size)
@@ -99,7 +100,7 @@ func TestServeReplicasFillFromTheCompressedLayer(t *testing.T) {
 		t.Fatalf("the gz test image is %d bytes compressed for %d: the test needs a layer well smaller than the image", archive, size)
 	}
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(plainSum, ids)[0]
+	puller := replica.Rendezvous(plainSum.String(), ids)[0]
 	rs := newReplicaSet(t, args...)
 	traffic := map[string]*peerTraffic{}
 	for _, id := range ids {
@@ -147,7 +148,7 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 	args, sums, _ := replicaImages(t, reg, 16<<20)
 	plainSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(plainSum, ids)[0]
+	puller := replica.Rendezvous(plainSum.String(), ids)[0]
 	rs := newReplicaSet(t, args...)
 	bad := &peerTraffic{}
 	for _, id := range ids {
@@ -180,7 +181,7 @@ func TestServeReplicasRefuseACorruptedCompressedLayer(t *testing.T) {
 	}
 	for _, id := range ids {
 		r := rs.get(id)
-		if got, code := sha256Of(t, r.d.url("/images/"+plainSum+"/"+imageFilename(t, r, plainSum))); code != 200 || got != plainSum {
+		if got, code := sha256Of(t, r.d.url("/images/"+plainSum.String()+"/"+imageFilename(t, r, plainSum))); code != 200 || got != plainSum.String() {
 			t.Errorf("%s serves the gz image: %d, sha256 %s", id, code, got)
 		}
 	}
@@ -227,14 +228,14 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 	args, sums, blobBytes := replicaImages(t, reg, 16<<20)
 	gzSum := gzipImageSum(t, reg)
 	ids := []string{"r0", "r1", "r2"}
-	puller := peers.Rendezvous(gzSum, ids)[0]
+	puller := replica.Rendezvous(gzSum.String(), ids)[0]
 	rs := newReplicaSet(t, args...)
 	var cuts atomic.Int64
 	for _, id := range ids {
 		var advertise func(string) string
 		if id == puller {
 			advertise = proxyPeer(t, func(resp *http.Response) {
-				if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/peer/blobs/"+gzSum {
+				if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/peer/blobs/"+gzSum.String() {
 					resp.Body = &holdThenCut{ReadCloser: resp.Body, after: 64 << 10, cuts: &cuts,
 						held:     func() { counter.trickle.Store(false) },
 						released: func() bool { return rs.get(puller).holds(gzSum) }}
@@ -266,11 +267,11 @@ func TestServeReplicasCopyTheImageWhenThePullerCommitsMidStream(t *testing.T) {
 
 // gzipImageSum is the sha256 of the image replicaImages published with a
 // gzip layer.
-func gzipImageSum(t *testing.T, reg *devregistry.Registry) string {
+func gzipImageSum(t *testing.T, reg *devregistry.Registry) osimage.SHA256 {
 	t.Helper()
 	for _, p := range publishedFor(t, reg) {
 		if p.Fields.Get("compression") == "gz" {
-			return p.Fields.Get("sha256")
+			return imageSHA(t, p)
 		}
 	}
 	t.Fatal("replicaImages published no gzip layer")
@@ -279,7 +280,7 @@ func gzipImageSum(t *testing.T, reg *devregistry.Registry) string {
 
 // waitHold waits until every replica of ids holds every image of sums
 // verified.
-func (rs *replicaSet) waitHold(ids []string, sums ...string) {
+func (rs *replicaSet) waitHold(ids []string, sums ...osimage.SHA256) {
 	rs.t.Helper()
 	testenv.Eventually(rs.t, "every replica holds every image", 120*time.Second, func() (bool, string) {
 		for _, id := range ids {
@@ -301,19 +302,19 @@ func (rs *replicaSet) waitHold(ids []string, sums ...string) {
 func TestServeReplicasWaitForAPeerThatHasNotReadTheSelection(t *testing.T) {
 	reg := testenv.Registry(t, devregistry.Options{})
 	published := publishServeImages(t, reg, 4<<20)
-	hardened := published["ubuntu-hardened"].Fields.Get("sha256")
-	plain := published["ubuntu-plain"].Fields.Get("sha256")
+	hardened := imageSHA(t, published["ubuntu-hardened"])
+	plain := imageSHA(t, published["ubuntu-plain"])
 	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
 	both := writeFile(t, "both.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
 	// The puller selects the plain image only, until its values change.
 	lateValues := writeFile(t, "late.yaml", mgmtServeValues+"oci_registry_insecure: true\n")
 	late, early := "r0", "r1"
-	if peers.Rendezvous(hardened, []string{late, early})[0] != late {
+	if replica.Rendezvous(hardened.String(), []string{late, early})[0] != late {
 		late, early = early, late
 	}
 	rs := newReplicaSet(t, "--os-images", osImages, "--peer-timeout", "60s")
 	var asked atomic.Bool
-	lateR := rs.start(late, watchPeerRequests(t, "/images/"+hardened+"/", &asked), "-f", lateValues)
+	lateR := rs.start(late, watchPeerRequests(t, "/images/"+hardened.String()+"/", &asked), "-f", lateValues)
 	testenv.Eventually(t, "the puller holds the plain image", 60*time.Second, func() (bool, string) {
 		return lateR.holds(plain), lateR.d.stderr.String()
 	})

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -26,7 +25,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -38,9 +39,9 @@ import (
 
 const peersService = "osimages-peers"
 
-type replica struct {
+type serverReplica struct {
 	id       string
-	d        *daemon
+	d        *serveProcess
 	httpAddr string
 	peerAddr string
 	// advertised is the peer address the EndpointSlice names (a proxy in
@@ -55,7 +56,7 @@ type replicaSet struct {
 	ns       string
 	args     []string
 	mu       sync.Mutex
-	replicas map[string]*replica
+	replicas map[string]*serverReplica
 }
 
 // blobCounter counts the blob bytes the registry sends, and can trickle
@@ -111,7 +112,7 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 	if _, err := k.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*replica{}}
+	rs := &replicaSet{t: t, k: k, ns: ns, args: args, replicas: map[string]*serverReplica{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -129,10 +130,10 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 }
 
 // start runs replica id; advertise, when set, wraps its peer address.
-func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *replica {
+func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
-	r := &replica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
+	r := &serverReplica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
@@ -148,7 +149,7 @@ func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, e
 	return r
 }
 
-func (rs *replicaSet) get(id string) *replica {
+func (rs *replicaSet) get(id string) *serverReplica {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.replicas[id]
@@ -156,7 +157,7 @@ func (rs *replicaSet) get(id string) *replica {
 
 func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Lock()
-	all := make([]*replica, 0, len(rs.replicas))
+	all := make([]*serverReplica, 0, len(rs.replicas))
 	for _, r := range rs.replicas {
 		all = append(all, r)
 	}
@@ -182,7 +183,7 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 }
 
 // putSlice creates or updates r's EndpointSlice.
-func (rs *replicaSet) putSlice(ctx context.Context, r *replica, ready bool) {
+func (rs *replicaSet) putSlice(ctx context.Context, r *serverReplica, ready bool) {
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	name := "osimages-" + r.id
 	_, httpPort := splitPort(rs.t, r.httpAddr)
@@ -209,29 +210,6 @@ func (rs *replicaSet) putSlice(ctx context.Context, r *replica, ready bool) {
 	}
 }
 
-// freeHostAddr is a free address on this machine's first non-loopback
-// IPv4 address: the apiserver refuses loopback addresses in EndpointSlices,
-// so the peer listeners cannot be on 127.0.0.1.
-func freeHostAddr(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ip, ok := a.(*net.IPNet); ok && ip.IP.To4() != nil && !ip.IP.IsLoopback() && !ip.IP.IsLinkLocalUnicast() {
-			ln, err := net.Listen("tcp", net.JoinHostPort(ip.IP.String(), "0"))
-			if err != nil {
-				continue
-			}
-			defer ln.Close()
-			return ln.Addr().String()
-		}
-	}
-	t.Skip("this machine has no non-loopback IPv4 address: EndpointSlices cannot name a local process (the apiserver refuses 127.0.0.0/8)")
-	return ""
-}
-
 func splitPort(t *testing.T, addr string) (string, int32) {
 	i := strings.LastIndex(addr, ":")
 	p, err := strconv.Atoi(addr[i+1:])
@@ -242,21 +220,21 @@ func splitPort(t *testing.T, addr string) (string, int32) {
 }
 
 // state is a replica's /peer/state, nil when it does not answer.
-func (r *replica) state() *server.ReplicaState {
+func (r *serverReplica) state() *replica.State {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + r.peerAddr + "/peer/state")
 	if err != nil {
 		return nil
 	}
 	defer resp.Body.Close()
-	var st server.ReplicaState
+	var st replica.State
 	if json.NewDecoder(resp.Body).Decode(&st) != nil {
 		return nil
 	}
 	return &st
 }
 
-func (r *replica) holds(sums ...string) bool {
+func (r *serverReplica) holds(sums ...osimage.SHA256) bool {
 	st := r.state()
 	if st == nil {
 		return false
@@ -327,7 +305,7 @@ var lastPublished []devregistry.Published
 
 // replicaImages publishes the two test images and returns the serve
 // arguments that select both, with their sha256s and blob sizes.
-func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []string, blobBytes int64) {
+func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []string, sums []osimage.SHA256, blobBytes int64) {
 	published := publishServeImages(t, reg, size)
 	lastPublished = nil
 	for _, p := range published {
@@ -336,7 +314,7 @@ func replicaImages(t *testing.T, reg *devregistry.Registry, size int) (args []st
 	osImages := writeFile(t, "os-images.yaml", osImagesDocFor(published))
 	mgmt := writeFile(t, "mgmt.yaml", mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n")
 	for _, p := range published {
-		sums = append(sums, p.Fields.Get("sha256"))
+		sums = append(sums, imageSHA(t, p))
 		n, err := strconv.ParseInt(p.Fields.Get("archive-size"), 10, 64)
 		if err != nil || n <= 0 {
 			n, _ = strconv.ParseInt(p.Fields.Get("size"), 10, 64)
@@ -392,7 +370,7 @@ func TestServeReplicasFillFromEachOther(t *testing.T) {
 	}
 	// Available only once all three held it: every version seen saying
 	// available came after the verification of that image on each replica.
-	verified := map[string]time.Time{}
+	verified := map[osimage.SHA256]time.Time{}
 	for _, id := range []string{"r0", "r1", "r2"} {
 		for sum, img := range rs.get(id).state().Images {
 			if img.VerifiedAt.After(verified[sum]) {
@@ -493,8 +471,8 @@ func TestServeReplicasAvailableOnlyWhenEveryReadyReplicaHoldsIt(t *testing.T) {
 			page, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			for _, s := range sums {
-				if !regexp.MustCompile(`data-replica="small" data-sha256="` + s + `">.*phase failed`).Match(page) {
-					return false, id + " leads but does not show small failing " + s
+				if !regexp.MustCompile(`data-replica="small" data-sha256="` + s.String() + `">.*phase failed`).Match(page) {
+					return false, id + " leads but does not show small failing " + s.String()
 				}
 			}
 			return true, ""
@@ -550,10 +528,10 @@ func TestServeReplicasReportACorruptingPeer(t *testing.T) {
 	}
 	st := good.state()
 	for _, s := range sums {
-		if st.Images[s].Source != server.SourceRegistry {
+		if st.Images[s].Source != fill.FromRegistry {
 			t.Errorf("image %s came from %q, want the registry after the peer's bad bytes", s, st.Images[s].Source)
 		}
-		if got, code := sha256Of(t, good.d.url("/images/"+s+"/"+imageFilename(t, good, s))); code != 200 || got != s {
+		if got, code := sha256Of(t, good.d.url("/images/"+s.String()+"/"+imageFilename(t, good, s))); code != 200 || got != s.String() {
 			t.Errorf("image %s served by the second replica: %d, sha256 %s", s, code, got)
 		}
 	}
@@ -612,7 +590,7 @@ func TestServeReplicasFallBackFromATricklingPeer(t *testing.T) {
 		t.Fatal("the trickling peer was never asked for an image: the test proves nothing")
 	}
 	for _, s := range sums {
-		if src := good.state().Images[s].Source; src != server.SourceRegistry {
+		if src := good.state().Images[s].Source; src != fill.FromRegistry {
 			t.Errorf("image %s came from %q, want the registry after the peer trickled", s[:12], src)
 		}
 	}
@@ -638,25 +616,25 @@ func (r *trickleReader) Read(p []byte) (int, error) {
 }
 
 // imageFilename is the filename a replica serves sum under.
-func imageFilename(t *testing.T, r *replica, sum string) string {
+func imageFilename(t *testing.T, r *serverReplica, sum osimage.SHA256) string {
 	resp, err := http.Get(r.d.url("/"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	page, _ := io.ReadAll(resp.Body)
-	i := strings.Index(string(page), "/images/"+sum+"/")
+	i := strings.Index(string(page), "/images/"+sum.String()+"/")
 	if i < 0 {
 		t.Fatalf("the status page has no link to %s", sum)
 	}
-	rest := string(page[i+len("/images/"+sum+"/"):])
+	rest := string(page[i+len("/images/"+sum.String()+"/"):])
 	return rest[:strings.IndexByte(rest, '"')]
 }
 
 // servedChecker asks every live replica's client port for every image,
 // over and over, and records any answer that is neither "not ready yet"
 // nor the verified image: no unverified byte may ever reach a client.
-func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string]string) (stop func() (checks int, bad []string)) {
+func servedChecker(t *testing.T, rs *replicaSet, sums []osimage.SHA256, names map[osimage.SHA256]string) (stop func() (checks int, bad []string)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var bad []string
@@ -666,17 +644,17 @@ func servedChecker(t *testing.T, rs *replicaSet, sums []string, names map[string
 		defer close(done)
 		for ctx.Err() == nil {
 			rs.mu.Lock()
-			all := make([]*replica, 0, len(rs.replicas))
+			all := make([]*serverReplica, 0, len(rs.replicas))
 			for _, r := range rs.replicas {
 				all = append(all, r)
 			}
 			rs.mu.Unlock()
 			for _, r := range all {
 				for _, s := range sums {
-					got, code := sha256Of(t, r.d.url("/images/"+s+"/"+names[s]))
+					got, code := sha256Of(t, r.d.url("/images/"+s.String()+"/"+names[s]))
 					mu.Lock()
 					checks++
-					if code == http.StatusOK && got != s {
+					if code == http.StatusOK && got != s.String() {
 						bad = append(bad, fmt.Sprintf("%s served %s with sha256 %s", r.id, s, got))
 					}
 					mu.Unlock()
@@ -708,16 +686,17 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 	for _, id := range ids {
 		rs.start(id, nil)
 	}
-	names := map[string]string{}
+	names := map[osimage.SHA256]string{}
 	for _, p := range publishedFor(t, reg) {
-		names[p.Fields.Get("sha256")] = p.Fields.Get("filename")
+		names[imageSHA(t, p)] = p.Fields.Get("filename")
 	}
 	stopChecks := servedChecker(t, rs, sums, names)
 	// Find a replica pulling an image from the registry while another
 	// streams it, and kill it.
-	var victim, target string
+	var victim string
+	var target osimage.SHA256
 	testenv.Eventually(t, "a registry pull followed by a peer", 60*time.Second, func() (bool, string) {
-		states := map[string]*server.ReplicaState{}
+		states := map[string]*replica.State{}
 		for _, id := range ids {
 			if states[id] = rs.get(id).state(); states[id] == nil {
 				return false, id + " does not answer yet"
@@ -725,7 +704,7 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 		}
 		for _, id := range ids {
 			for sum, img := range states[id].Images {
-				if img.Source != server.SourceRegistry || img.Phase != server.PhaseDownloading || img.Received == 0 {
+				if img.Source != fill.FromRegistry || img.Phase != server.PhaseDownloading || img.Received == 0 {
 					continue
 				}
 				for _, other := range ids {
@@ -763,7 +742,7 @@ func TestServeReplicasTakeOverFromAKilledPuller(t *testing.T) {
 	}
 	took := false
 	for _, id := range rest {
-		if rs.get(id).state().Images[target].Source == server.SourceRegistry {
+		if rs.get(id).state().Images[target].Source == fill.FromRegistry {
 			took = true
 		}
 		if !strings.Contains(rs.get(id).d.stderr.String(), `"peer":"`+victim+`"`) {

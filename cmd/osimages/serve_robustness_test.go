@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -46,7 +46,7 @@ func publishHostile(t *testing.T, reg *devregistry.Registry, size int, keys ...s
 }
 
 // statusPage is the server's status page, "" while it does not answer.
-func (d *daemon) statusPage() string {
+func (d *serveProcess) statusPage() string {
 	resp, err := http.Get(d.url("/"))
 	if err != nil {
 		return ""
@@ -101,15 +101,15 @@ func TestServeStopsPromptlyOnSignal(t *testing.T) {
 			d.cmd.Process.Signal(sig)
 			select {
 			case <-d.done:
-			case <-time.After(serve.ShutdownGrace + 5*time.Second):
+			case <-time.After(daemon.ShutdownGrace + 5*time.Second):
 				d.cmd.Process.Kill()
 				<-d.done
 				t.Fatalf("still running %v after %s; log of %d bytes, %d \"download started\" lines", time.Since(began), sig, d.stderr.Len(), strings.Count(d.stderr.String(), "download started"))
 			}
 			took := time.Since(began)
 			t.Logf("exited %v after %s", took, sig)
-			if took > serve.ShutdownGrace+2*time.Second {
-				t.Errorf("exited %v after %s: more than the %v grace given to HTTP responses in flight", took, sig, serve.ShutdownGrace)
+			if took > daemon.ShutdownGrace+2*time.Second {
+				t.Errorf("exited %v after %s: more than the %v grace given to HTTP responses in flight", took, sig, daemon.ShutdownGrace)
 			}
 			if code := d.cmd.ProcessState.ExitCode(); code != 0 {
 				t.Errorf("exit code %d after %s, want 0:\n%s", code, sig, d.stderr.String())

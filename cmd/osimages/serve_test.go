@@ -26,8 +26,8 @@ import (
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
-// daemon is an `osimages serve` process.
-type daemon struct {
+// serveProcess is an `osimages serve` process.
+type serveProcess struct {
 	cmd    *exec.Cmd
 	addr   string
 	stderr *bytes.Buffer
@@ -44,14 +44,14 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startServe(t *testing.T, addr string, args ...string) *daemon {
+func startServe(t *testing.T, addr string, args ...string) *serveProcess {
 	t.Helper()
 	d := startDaemon(t, append([]string{"serve", "--listen", addr, "--poll", "100ms", "--free-space-margin", "1Mi"}, args...)...)
 	d.addr = addr
 	return d
 }
 
-func (d *daemon) kill(sig syscall.Signal) {
+func (d *serveProcess) kill(sig syscall.Signal) {
 	select {
 	case <-d.done:
 		return
@@ -66,7 +66,7 @@ func (d *daemon) kill(sig syscall.Signal) {
 	}
 }
 
-func (d *daemon) url(path string) string { return "http://" + d.addr + path }
+func (d *serveProcess) url(path string) string { return "http://" + d.addr + path }
 
 func servedFile(path string) func() osimage.ServedSet {
 	return func() osimage.ServedSet {
@@ -79,7 +79,7 @@ func servedFile(path string) func() osimage.ServedSet {
 	}
 }
 
-func allAvailable(served osimage.ServedSet, sums ...string) bool {
+func allAvailable(served osimage.ServedSet, sums ...osimage.SHA256) bool {
 	for _, s := range sums {
 		if !served[s].Available {
 			return false
@@ -99,6 +99,17 @@ func osImagesDocFor(published map[string]devregistry.Published) string {
 		}
 	}
 	return b.String()
+}
+
+// imageSHA is the sha256 of the image the registry published as p,
+// parsed as the image server parses it.
+func imageSHA(t testing.TB, p devregistry.Published) osimage.SHA256 {
+	t.Helper()
+	sha, err := p.Fields.SHA256()
+	if err != nil {
+		t.Fatalf("%s: %v", p.Ref, err)
+	}
+	return sha
 }
 
 // sha256Of downloads url; code 0 means no answer (not listening yet).
@@ -154,7 +165,7 @@ func TestServeEndToEnd(t *testing.T) {
 	served := servedFile(output)
 	testenv.Eventually(t, "plain image served", 30*time.Second, func() (bool, string) {
 		s := served()
-		return allAvailable(s, plain.Fields.Get("sha256")) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, imageSHA(t, plain)) && len(s) == 1, fmt.Sprint(s, d.stderr.String())
 	})
 	url := d.url("/images/" + plain.Fields.Get("sha256") + "/" + plain.Fields.Get("filename"))
 	if got, code := sha256Of(t, url); code != 200 || got != plain.Fields.Get("sha256") {
@@ -168,7 +179,7 @@ func TestServeEndToEnd(t *testing.T) {
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\nos_image_server_additional_selectors:\n  hardened: {hardened: true}\n"), 0o600)
 	testenv.Eventually(t, "hardened image served after a values change", 30*time.Second, func() (bool, string) {
 		s := served()
-		return allAvailable(s, plain.Fields.Get("sha256"), hardened.Fields.Get("sha256")), fmt.Sprint(s)
+		return allAvailable(s, imageSHA(t, plain), imageSHA(t, hardened)), fmt.Sprint(s)
 	})
 	if got, _ := sha256Of(t, d.url("/images/"+hardened.Fields.Get("sha256")+"/"+hardened.Fields.Get("filename"))); got != hardened.Fields.Get("sha256") {
 		t.Errorf("hardened image sha256 %s", got)
@@ -178,7 +189,7 @@ func TestServeEndToEnd(t *testing.T) {
 	os.WriteFile(mgmt, []byte(mgmtServeValues+"oci_registry_insecure: true\n"), 0o600)
 	testenv.Eventually(t, "hardened image unpublished", 30*time.Second, func() (bool, string) {
 		s := served()
-		_, ok := s[hardened.Fields.Get("sha256")]
+		_, ok := s[imageSHA(t, hardened)]
 		return !ok && len(s) == 1, fmt.Sprint(s)
 	})
 	resp, err := http.Get(d.url("/images/" + hardened.Fields.Get("sha256") + "/" + hardened.Fields.Get("filename")))
@@ -291,7 +302,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 	}
 	testenv.Eventually(t, "output ConfigMap", 30*time.Second, func() (bool, string) {
 		s := output()
-		return allAvailable(s, plain.Fields.Get("sha256")) && len(s) == 1 && s[plain.Fields.Get("sha256")].ImageKey == "ubuntu-plain", fmt.Sprint(s, d.stderr.String())
+		return allAvailable(s, imageSHA(t, plain)) && len(s) == 1 && s[imageSHA(t, plain)].ImageKey == "ubuntu-plain", fmt.Sprint(s, d.stderr.String())
 	})
 	// The watched os-images-info gains an image: served without a restart.
 	info.Data["values.yaml"] = osImagesDocFor(published)
@@ -300,7 +311,7 @@ func TestServeWithConfigMaps(t *testing.T) {
 	}
 	testenv.Eventually(t, "output after a ConfigMap change", 30*time.Second, func() (bool, string) {
 		s := output()
-		return allAvailable(s, plain.Fields.Get("sha256"), hardened.Fields.Get("sha256")), fmt.Sprint(s)
+		return allAvailable(s, imageSHA(t, plain), imageSHA(t, hardened)), fmt.Sprint(s)
 	})
 }
 

@@ -141,8 +141,8 @@ func TestSignedCatalogThenServe(t *testing.T) {
 	served := servedFile(output)
 	testenv.Eventually(t, "hardened served, plain refused", 30*time.Second, func() (bool, string) {
 		s := served()
-		e, ok := s[plain.Fields.Get("sha256")]
-		return allAvailable(s, hardened.Fields.Get("sha256")) && ok && !e.Available && strings.Contains(d.stderr.String(), "download failed"), fmt.Sprint(s, d.stderr.String())
+		e, ok := s[imageSHA(t, plain)]
+		return allAvailable(s, imageSHA(t, hardened)) && ok && !e.Available && strings.Contains(d.stderr.String(), "download failed"), fmt.Sprint(s, d.stderr.String())
 	})
 	get := func(path string) string {
 		resp, err := http.Get(d.url(path))

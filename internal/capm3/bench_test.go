@@ -40,7 +40,7 @@ func benchFixture(n int) (osimage.Catalog, osimage.ServedSet, []values.Values) {
 						"oci-image-registry-key": "sylva", "commit-tag": "0.7.6",
 						"uri": "oci://registry.example.org/sylva/" + key + ":0.7.6",
 					}
-					served[h] = osimage.ServedImage{Available: true, ImageKey: key}
+					served[osimage.SHA256(h)] = osimage.ServedImage{Available: true, ImageKey: key}
 				}
 			}
 		}

@@ -72,7 +72,7 @@ func (t Template) Name() string {
 // error, so that an operator fixes them all in one go; on any error no
 // template is returned, so nothing half-rendered can be applied.
 func Render(in Input) ([]Template, error) {
-	apiVersion, err := normalizeAPIVersion(in.APIVersion)
+	apiVersion, err := NormalizeAPIVersion(in.APIVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,9 @@ func Render(in Input) ([]Template, error) {
 	return out, nil
 }
 
-func normalizeAPIVersion(v string) (string, error) {
+// NormalizeAPIVersion returns the full API version that v names (see
+// Input.APIVersion), or an error quoting v.
+func NormalizeAPIVersion(v string) (string, error) {
 	switch v {
 	case "", V1Beta1, "v1beta1":
 		return V1Beta1, nil

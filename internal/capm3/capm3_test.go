@@ -45,7 +45,7 @@ func testCatalog() osimage.Catalog {
 func servedAll() osimage.ServedSet {
 	b := osimage.ServedSet{}
 	for k, img := range testCatalog() {
-		b[img.Get("sha256")] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + k}
+		b[osimage.SHA256(img.Get("sha256"))] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + k}
 	}
 	return b
 }
@@ -361,9 +361,9 @@ control_plane:
 
 func TestRenderErrors(t *testing.T) {
 	notServed := servedAll()
-	delete(notServed, sha('b'))
+	delete(notServed, osimage.SHA256(sha('b')))
 	preparing := servedAll()
-	preparing[sha('b')] = osimage.ServedImage{Available: false, ImageKey: "x"}
+	preparing[osimage.SHA256(sha('b'))] = osimage.ServedImage{Available: false, ImageKey: "x"}
 	noSHA := testCatalog()
 	delete(noSHA["ubuntu-plain-rke2-1-32"], "sha256")
 	badImage := testCatalog()
@@ -602,7 +602,7 @@ capm3_os_image_server_images:
 		t.Fatal(err)
 	}
 	// Kept as YAML gave it, never re-formatted.
-	if a["img-a"]["size"] != float64(12) || !b[sha('a')].Available || b[sha('a')].ImageKey != "mgmt-a" {
+	if a["img-a"]["size"] != float64(12) || !b[osimage.SHA256(sha('a'))].Available || b[osimage.SHA256(sha('a'))].ImageKey != "mgmt-a" {
 		t.Errorf("got %v %v", a, b)
 	}
 	v["capm3_os_image_server_images"] = map[string]any{sha('a'): map[string]any{"available": true, "extra": 1}}

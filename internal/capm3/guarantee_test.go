@@ -16,7 +16,7 @@ func TestServedSetCannotChangeOutput(t *testing.T) {
 	onlyPicked := func(keyPrefix string) osimage.ServedSet {
 		b := osimage.ServedSet{}
 		for _, s := range picked {
-			b[s] = osimage.ServedImage{Available: true, ImageKey: keyPrefix + s[:4]}
+			b[osimage.SHA256(s)] = osimage.ServedImage{Available: true, ImageKey: keyPrefix + s[:4]}
 		}
 		return b
 	}
@@ -35,21 +35,21 @@ func TestServedSetCannotChangeOutput(t *testing.T) {
 		}()},
 		{name: "new images, some not available", served: func() osimage.ServedSet {
 			b := servedAll()
-			b[sha('9')] = osimage.ServedImage{Available: true, ImageKey: "ubuntu-plain-rke2-1-32"}
-			b[sha('8')] = osimage.ServedImage{Available: false, ImageKey: "newer"}
+			b[osimage.SHA256(sha('9'))] = osimage.ServedImage{Available: true, ImageKey: "ubuntu-plain-rke2-1-32"}
+			b[osimage.SHA256(sha('8'))] = osimage.ServedImage{Available: false, ImageKey: "newer"}
 			return b
 		}()},
 		{name: "unpicked images unavailable", served: func() osimage.ServedSet {
 			b := servedAll()
 			for _, s := range []string{sha('d'), sha('e'), sha('f')} {
-				b[s] = osimage.ServedImage{Available: false, ImageKey: "x"}
+				b[osimage.SHA256(s)] = osimage.ServedImage{Available: false, ImageKey: "x"}
 			}
 			return b
 		}()},
 		{name: "the mgmt key of a picked image names another image of (A)", served: func() osimage.ServedSet {
 			b := onlyPicked("")
-			b[sha('a')] = osimage.ServedImage{Available: true, ImageKey: "opensuse-plain-rke2-1-32"}
-			b[sha('c')] = osimage.ServedImage{Available: true, ImageKey: "ubuntu-plain-rke2-1-32"}
+			b[osimage.SHA256(sha('a'))] = osimage.ServedImage{Available: true, ImageKey: "opensuse-plain-rke2-1-32"}
+			b[osimage.SHA256(sha('c'))] = osimage.ServedImage{Available: true, ImageKey: "ubuntu-plain-rke2-1-32"}
 			return b
 		}()},
 	}
@@ -102,7 +102,7 @@ func TestCatalogChangeRenamesOnlyItsTemplate(t *testing.T) {
 			cat := testCatalog()
 			tt.change(cat)
 			served := servedAll()
-			served[sha('9')] = osimage.ServedImage{Available: true, ImageKey: "new"}
+			served[osimage.SHA256(sha('9'))] = osimage.ServedImage{Available: true, ImageKey: "new"}
 			after, _ := render(t, Input{Values: vals(t), Catalog: cat, Served: served})
 			for i := range before {
 				changed := before[i].Name() != after[i].Name()
@@ -129,14 +129,14 @@ func TestNameCoversSpecOnly(t *testing.T) {
 // rendering with the contract's words.
 func TestServedCheckFails(t *testing.T) {
 	missing := servedAll()
-	delete(missing, sha('a'))
+	delete(missing, osimage.SHA256(sha('a')))
 	_, err := Render(Input{Values: vals(t), Catalog: testCatalog(), Served: missing})
 	want := ".control_plane.capm3: image " + sha('a') + "/ubuntu-plain-rke2-1-32 is currently not served by mgmt cluster os-image-server"
 	if err == nil || err.Error() != want {
 		t.Errorf("error\n got %v\nwant %s", err, want)
 	}
 	unavailable := servedAll()
-	unavailable[sha('a')] = osimage.ServedImage{Available: false, ImageKey: "ubuntu-plain-rke2-1-32"}
+	unavailable[osimage.SHA256(sha('a'))] = osimage.ServedImage{Available: false, ImageKey: "ubuntu-plain-rke2-1-32"}
 	ts, err := Render(Input{Values: vals(t), Catalog: testCatalog(), Served: unavailable})
 	if ts != nil || err == nil || strings.Contains(err.Error(), "currently not served") || !strings.Contains(err.Error(), "still being prepared (downloading)") {
 		t.Errorf("unavailable image: %v, %v", ts, err)

@@ -151,7 +151,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	}
 	// The served check comes last: it is the one error an operator may
 	// just wait out, and the others need a fix whatever it says.
-	if err := r.checkServed(string(sha), key, path); err != nil {
+	if err := r.checkServed(sha, key, path); err != nil {
 		return nil, err
 	}
 	return map[string]any{
@@ -163,8 +163,8 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 }
 
 // checkServed enforces contract §8: (B) only ever makes rendering fail.
-func (r *renderer) checkServed(sha, key, path string) error {
-	if err := r.served.Check(sha, key); err != nil {
+func (r *renderer) checkServed(sha osimage.SHA256, key, path string) error {
+	if err := r.served.Require(sha, key); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

@@ -57,7 +57,7 @@ func TestRenderAndTheCheckShareTheServedImageRule(t *testing.T) {
 				t.Errorf("the check says %q, render %q", needErr, line)
 			}
 			for _, n := range needs {
-				if _, err := osimage.ParseSHA256(n.SHA256); err != nil {
+				if _, err := osimage.ParseSHA256(string(n.SHA256)); err != nil {
 					t.Errorf("a need the image server cannot parse: %+v", n)
 				}
 				if n.ImageKey == key {

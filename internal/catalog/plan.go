@@ -229,15 +229,16 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 	return plan, nil
 }
 
-// CompileFilter anchors a --filter expression, as selector patterns are, so
-// that "ubuntu" does not also pick "ubuntu-hardened".
+// CompileFilter anchors a filter expression, as selector patterns are, so
+// that "ubuntu" does not also pick "ubuntu-hardened". Its error quotes
+// expr; the caller names where expr came from.
 func CompileFilter(expr string) (*regexp.Regexp, error) {
 	if expr == "" {
 		return nil, nil
 	}
 	re, err := regexp.Compile("^(?:" + expr + ")$")
 	if err != nil {
-		return nil, fmt.Errorf("--filter %q is not a regular expression: %w", expr, err)
+		return nil, fmt.Errorf("%q is not a regular expression: %w", expr, err)
 	}
 	return re, nil
 }

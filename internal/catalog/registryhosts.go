@@ -65,7 +65,7 @@ func (a *RegistryAllowlist) Hosts() []string { return slices.Clone(a.hosts) }
 
 // Check refuses a plan that would reach a registry the allowlist does not
 // hold, naming every such image and its registry, before any connection.
-func (a *RegistryAllowlist) Check(p Plan) error {
+func (a *RegistryAllowlist) Admit(p Plan) error {
 	if a == nil {
 		return nil
 	}

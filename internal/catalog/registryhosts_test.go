@@ -31,22 +31,22 @@ os_images_oci_registries:
 		{Key: "c", URI: "oci://10.0.0.1:5000/c@sha256:" + strings.Repeat("0", 64)},
 		{Key: "d", URI: "https://files.example.org/d.raw"},
 	}}
-	if err := a.Check(ok); err != nil {
+	if err := a.Admit(ok); err != nil {
 		t.Errorf("allowed plan refused: %v", err)
 	}
 	bad := Plan{Sources: append(ok.Sources,
 		Source{Key: "scan", URI: "oci://10.0.0.1:6443/x:1"},
 		Source{Key: "off", URI: "oci://off.example.org/x/y:1"})}
-	err = a.Check(bad)
+	err = a.Admit(bad)
 	for _, want := range []string{"os_images.scan (oci://10.0.0.1:6443/x:1): registry 10.0.0.1:6443 is not one", "os_images.off", "allowed registries: 10.0.0.1:5000, mirror.example.org, registry.example.org", "nothing was fetched"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want %q in %v", want, err)
 		}
 	}
-	if err := (*RegistryAllowlist)(nil).Check(bad); err != nil {
+	if err := (*RegistryAllowlist)(nil).Admit(bad); err != nil {
 		t.Errorf("no allowlist: %v", err)
 	}
-	if err := NewRegistryAllowlist().Check(bad); err == nil || !strings.Contains(err.Error(), "allowed registries: none") {
+	if err := NewRegistryAllowlist().Admit(bad); err == nil || !strings.Contains(err.Error(), "allowed registries: none") {
 		t.Errorf("empty allowlist: %v", err)
 	}
 }

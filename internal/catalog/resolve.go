@@ -122,7 +122,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		}
 		// The signature is checked against the digest of the manifest whose
 		// annotations are read: what is published is what was signed.
-		if err := src.SigningKeys.Check(ctx, sigs, src.URI, m.Descriptor.Digest, signAdvice); err != nil {
+		if err := src.SigningKeys.Verify(ctx, sigs, src.URI, m.Descriptor.Digest, signAdvice); err != nil {
 			return nil, err
 		}
 		img = osimage.FieldsFromAnnotations(m.Annotations)

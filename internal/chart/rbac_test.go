@@ -269,7 +269,7 @@ sylva_diskimagebuilder_images:
 			if err != nil {
 				return false, err.Error()
 			}
-			e, ok := served[plain]
+			e, ok := served[osimage.SHA256(plain)]
 			return ok && e.Available && len(served) == 1 && !strings.Contains(doc, hardened), doc
 		})
 		if metal3 && strings.Contains(strings.ToLower(srv.log()), "forbidden") {

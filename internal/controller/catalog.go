@@ -274,7 +274,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		}
 		return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
-	if err := c.opts.Registries.Check(plan); err != nil {
+	if err := c.opts.Registries.Admit(plan); err != nil {
 		return c.refuse(ctx, input, "CatalogRegistryNotAllowed", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()

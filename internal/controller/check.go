@@ -215,7 +215,7 @@ const requeueStale = time.Second
 // namespace (`kubectl get events -n NS` shows them; an event regarding a
 // Namespace itself would land in "default").
 func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
-	old := map[string]fleet.ImageStatus{}
+	old := map[osimage.SHA256]fleet.ImageStatus{}
 	for _, img := range before.Images {
 		old[img.SHA256] = img
 	}

@@ -138,7 +138,7 @@ func (r *fleetNeedsReconciler) write(ctx context.Context, data map[string]string
 	switch {
 	case apierrors.IsNotFound(err):
 		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.target.Namespace, Name: r.target.Name, Labels: map[string]string{fleet.FleetNeedsLabel: ""}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.target.Namespace, Name: r.target.Name, Labels: map[string]string{osimage.FleetNeedsLabel: ""}},
 			Data:       data,
 		}
 		if err := r.writer.Create(ctx, cm, client.FieldOwner(fleetNeedsFieldOwner)); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -148,11 +148,11 @@ func (r *fleetNeedsReconciler) write(ctx context.Context, data map[string]string
 	case err != nil:
 		return err
 	}
-	if _, ours := previous.Labels[fleet.FleetNeedsLabel]; !ours {
-		r.log.Error(errors.New("not created by osimages"), "the fleet's needs are not published: ConfigMap "+r.target.String()+" exists without the label "+fleet.FleetNeedsLabel+"; rename or delete it")
+	if _, ours := previous.Labels[osimage.FleetNeedsLabel]; !ours {
+		r.log.Error(errors.New("not created by osimages"), "the fleet's needs are not published: ConfigMap "+r.target.String()+" exists without the label "+osimage.FleetNeedsLabel+"; rename or delete it")
 		return nil
 	}
-	if previous.Data[fleet.FleetNeedsKey] == data[fleet.FleetNeedsKey] && len(previous.Data) == 1 {
+	if previous.Data[osimage.FleetNeedsKey] == data[osimage.FleetNeedsKey] && len(previous.Data) == 1 {
 		return nil
 	}
 	updated := previous.DeepCopy()

@@ -26,7 +26,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 	namespace(t, "needs-a", map[string]string{label: ""})
 	namespace(t, "needs-b", map[string]string{label: ""})
 	namespace(t, "needs-outside", nil)
-	target := types.NamespacedName{Namespace: "needs-mgmt", Name: fleet.FleetNeedsConfigMapName}
+	target := types.NamespacedName{Namespace: "needs-mgmt", Name: osimage.FleetNeedsConfigMapName}
 	startManager(t, Options{Check: &CheckOptions{
 		Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour, FleetNeeds: target,
 	}})
@@ -51,23 +51,23 @@ func TestFleetNeedsPublished(t *testing.T) {
 		put(t, ns, "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
 		put(t, ns, "served", nil, "capm3_os_image_server_images: {}\n")
 	}
-	published := func() (fleet.FleetNeeds, string) {
+	published := func() (osimage.FleetNeeds, string) {
 		cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(target.Namespace).Get(context.Background(), target.Name, metav1.GetOptions{})
 		if err != nil {
-			return fleet.FleetNeeds{}, err.Error()
+			return osimage.FleetNeeds{}, err.Error()
 		}
-		if _, ours := cm.Labels[fleet.FleetNeedsLabel]; !ours {
-			return fleet.FleetNeeds{}, "no label"
+		if _, ours := cm.Labels[osimage.FleetNeedsLabel]; !ours {
+			return osimage.FleetNeeds{}, "no label"
 		}
-		f, _, err := fleet.ParseFleetNeeds(cm.Data[fleet.FleetNeedsKey])
+		f, _, err := osimage.ParseFleetNeeds(cm.Data[osimage.FleetNeedsKey])
 		if err != nil {
-			return fleet.FleetNeeds{}, err.Error()
+			return osimage.FleetNeeds{}, err.Error()
 		}
-		return f, cm.Data[fleet.FleetNeedsKey]
+		return f, cm.Data[osimage.FleetNeedsKey]
 	}
 	testenv.Eventually(t, "the needs of needs-a and needs-b published", 30*time.Second, func() (bool, string) {
 		f, doc := published()
-		if len(f.Images) != 1 || f.Images[0].SHA256 != sum("u1") || strings.Join(f.Images[0].Namespaces, ",") != "needs-a,needs-b" || len(f.Images[0].Sources) != 2 {
+		if len(f.Images) != 1 || f.Images[0].SHA256.String() != sum("u1") || strings.Join(f.Images[0].Namespaces, ",") != "needs-a,needs-b" || len(f.Images[0].Sources) != 2 {
 			return false, doc
 		}
 		a, b := f.Images[0].Sources[0], f.Images[0].Sources[1]
@@ -84,7 +84,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 		}
 		byNS := map[string]string{}
 		for _, img := range f.Images {
-			byNS[strings.Join(img.Namespaces, ",")] = img.SHA256
+			byNS[strings.Join(img.Namespaces, ",")] = img.SHA256.String()
 		}
 		return byNS["needs-a"] == sum("u1") && byNS["needs-b"] == sum("u2"), doc
 	})
@@ -100,7 +100,7 @@ func TestFleetNeedsPublished(t *testing.T) {
 	}
 	testenv.Eventually(t, "needs-b left out", 30*time.Second, func() (bool, string) {
 		f, doc := published()
-		return len(f.Images) == 1 && f.Images[0].SHA256 == sum("u1"), doc
+		return len(f.Images) == 1 && f.Images[0].SHA256.String() == sum("u1"), doc
 	})
 }
 
@@ -109,8 +109,8 @@ func TestFleetNeedsLeavesAForeignConfigMap(t *testing.T) {
 	const label = "test-needs-foreign/workload"
 	namespace(t, "needs-foreign-mgmt", nil)
 	namespace(t, "needs-foreign-a", map[string]string{label: ""})
-	put(t, "needs-foreign-mgmt", fleet.FleetNeedsConfigMapName, nil, "mine: true\n")
-	target := types.NamespacedName{Namespace: "needs-foreign-mgmt", Name: fleet.FleetNeedsConfigMapName}
+	put(t, "needs-foreign-mgmt", osimage.FleetNeedsConfigMapName, nil, "mine: true\n")
+	target := types.NamespacedName{Namespace: "needs-foreign-mgmt", Name: osimage.FleetNeedsConfigMapName}
 	log := &errorLog{}
 	o := Options{Check: &CheckOptions{
 		Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour, FleetNeeds: target,
@@ -119,7 +119,7 @@ func TestFleetNeedsLeavesAForeignConfigMap(t *testing.T) {
 	startManager(t, o)
 	put(t, "needs-foreign-a", "values", map[string]string{fleet.ClusterValuesLabel: ""}, clusterValues)
 	testenv.Eventually(t, "the refusal logged", 30*time.Second, func() (bool, string) {
-		n := log.count(func(l *errorLog) []string { return l.errors }, "the fleet's needs are not published: ConfigMap needs-foreign-mgmt/osimages-fleet-needs exists without the label "+fleet.FleetNeedsLabel)
+		n := log.count(func(l *errorLog) []string { return l.errors }, "the fleet's needs are not published: ConfigMap needs-foreign-mgmt/osimages-fleet-needs exists without the label "+osimage.FleetNeedsLabel)
 		return n > 0, fmt.Sprint(log.errors)
 	})
 	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(target.Namespace).Get(context.Background(), target.Name, metav1.GetOptions{})

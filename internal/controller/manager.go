@@ -1,6 +1,6 @@
-// Package controller is `osimages controller`: one controller-runtime
-// manager for the management cluster that runs, each part switched on or
-// off, the catalog of every namespace holding catalog inputs, the
+// Package controller is what `osimages controller` runs: one
+// controller-runtime manager for the management cluster that runs, each
+// part switched on or off, the catalog of every namespace holding catalog inputs, the
 // propagation of the served set, and the served-set check of every
 // workload-cluster namespace. Each part is a thin reconciler over the pure
 // logic of its own package (catalog, propagate, fleet).

@@ -62,7 +62,7 @@ func TestCheckSeesMetal3InstalledLater(t *testing.T) {
 	}
 	testenv.Eventually(t, "the Metal3Machine's image reported not served", 60*time.Second, func() (bool, string) {
 		p := statusOn().Problems()
-		return len(p) == 1 && p[0].SHA256 == sha && p[0].State == fleet.StateNotServed &&
+		return len(p) == 1 && p[0].SHA256.String() == sha && p[0].State == fleet.StateNotServed &&
 			len(p[0].NeededBy) == 1 && p[0].NeededBy[0] == "Metal3Machine "+ns+"/m0", fmt.Sprint(p)
 	})
 }

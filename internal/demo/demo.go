@@ -29,12 +29,10 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
+	imageserver "github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/exitcode"
-	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	imageserver "github.com/sylva-projects/osimages/internal/serve"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -135,7 +133,8 @@ func (e *Environment) Close() error { return e.Registry.Close() }
 
 // Options shape a demo run.
 type Options struct {
-	// Listen is where the image server listens (default 127.0.0.1:0).
+	// Listen is where the image server listens (default 127.0.0.1:0); the
+	// caller checks it.
 	Listen string
 	// Once stops after the self-check instead of serving until ctx ends.
 	Once bool
@@ -149,11 +148,6 @@ type Options struct {
 // one YAML stream, then serves until ctx ends unless opts.Once. Progress goes
 // to log.
 func Run(ctx context.Context, out, log io.Writer, opts Options) error {
-	if opts.Listen != "" {
-		if err := kube.ValidateListenAddress(opts.Listen); err != nil {
-			return exitcode.InputError(fmt.Errorf("--listen: %w", err))
-		}
-	}
 	env, err := Start(ctx)
 	if err != nil {
 		return err
@@ -186,7 +180,7 @@ func Run(ctx context.Context, out, log io.Writer, opts Options) error {
 	defer stop()
 	served := srv.Served()
 	for sum, e := range served {
-		fmt.Fprintf(log, "demo: serving %s: curl -O %s%s\n", e.ImageKey, base, osimage.ImagePath(osimage.SHA256(sum), resolved[e.ImageKey].Get(osimage.FieldFilename)))
+		fmt.Fprintf(log, "demo: serving %s: curl -O %s%s\n", e.ImageKey, base, osimage.ImagePath(sum, resolved[e.ImageKey].Get(osimage.FieldFilename)))
 	}
 	if err := checkDownload(ctx, base, resolved, served); err != nil {
 		return err
@@ -251,9 +245,12 @@ func serve(ctx context.Context, env *Environment, infoCM *corev1.ConfigMap, list
 	}
 	d, err := imageserver.Open(imageserver.Options{
 		Data: filepath.Join(dir, "data"), Listener: ln, OSImages: osImages, ValueFiles: []string{valuesFile},
-		Concurrency: server.DefaultConcurrency, GCGrace: server.DefaultGCGrace, StallTimeout: server.DefaultStallTimeout,
-		FreeSpaceMargin: "1Mi", MaxImageSize: "64Gi", MinRate: "64Ki", Poll: 2 * time.Second,
-		ScrubInterval: server.DefaultScrubInterval, ScrubRate: "50Mi",
+		Limits: server.Config{
+			Concurrency: server.DefaultConcurrency, GCGrace: server.DefaultGCGrace, StallTimeout: server.DefaultStallTimeout,
+			FreeSpaceMargin: 1 << 20, MaxImageSize: server.DefaultMaxImageSize, MinRate: server.DefaultMinRate,
+			ScrubInterval: server.DefaultScrubInterval, ScrubRate: server.DefaultScrubRate,
+		},
+		Poll:   2 * time.Second,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -305,7 +302,7 @@ func serve(ctx context.Context, env *Environment, infoCM *corev1.ConfigMap, list
 // sha256 with the catalog's, as a client would.
 func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served osimage.ServedSet) error {
 	for sum, e := range served {
-		url := base + osimage.ImagePath(osimage.SHA256(sum), cat[e.ImageKey].Get(osimage.FieldFilename))
+		url := base + osimage.ImagePath(sum, cat[e.ImageKey].Get(osimage.FieldFilename))
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err
@@ -320,7 +317,7 @@ func checkDownload(ctx context.Context, base string, cat osimage.Catalog, served
 		if err != nil || resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("demo: GET %s: %d %v", url, resp.StatusCode, err)
 		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		if got := hex.EncodeToString(h.Sum(nil)); got != sum.String() {
 			return fmt.Errorf("demo: GET %s returned sha256 %s", url, got)
 		}
 	}

@@ -1,7 +1,9 @@
-// Package exitcode carries the exit code of a command's error, so that the
-// components that run the commands (serve, catalog, ...) say which of their
-// errors are the operator's input and which the work's, and cmd/osimages
-// only exits with it.
+// Package exitcode carries the exit code of a command's error: the
+// commands of cmd/osimages mark which errors are the operator's input and
+// which the work's, and main exits with the code. It is the command's
+// alone: the packages under internal/ return errors (typed where the
+// command must tell them apart) and results, and neither print nor choose
+// an exit code (TestTheCLIStaysInTheCLI).
 //
 // The codes: 0 done, 1 the work failed (an image could not be resolved, a
 // pick failed, a controller stopped), 2 the input is wrong (flags, values).

@@ -23,8 +23,8 @@ const (
 
 // ImageStatus is one needed image and its state.
 type ImageStatus struct {
-	SHA256   string `json:"sha256"`
-	ImageKey string `json:"imageKey,omitempty"`
+	SHA256   osimage.SHA256 `json:"sha256"`
+	ImageKey string         `json:"imageKey,omitempty"`
 	// Filenames are those its URLs ask for (/images/<sha256>/<filename>).
 	Filenames []string `json:"filenames,omitempty"`
 	State     State    `json:"state"`
@@ -72,7 +72,7 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		default:
 			img.State = StateServed
 		}
-		if err := served.Set.Check(img.SHA256, img.ImageKey); err != nil {
+		if err := served.Set.Require(img.SHA256, img.ImageKey); err != nil {
 			img.Message = err.Error()
 		}
 		// The image server was asked to serve it for this namespace
@@ -110,7 +110,7 @@ func unservedFilenames(files osimage.ServedFilenames, img ImageStatus) []string 
 
 // filenameMessage keeps render's words (contract §9) and says which URL
 // would answer 404 and why.
-func filenameMessage(sha, key string, missing, servedAs []string) string {
+func filenameMessage(sha osimage.SHA256, key string, missing, servedAs []string) string {
 	return fmt.Sprintf("image %s/%s is currently not served by mgmt cluster os-image-server under the filename %s: /images/%s/%s would answer 404 (the management os_images names this sha256 only as %s); give the image that filename in a key of the management os_images, or the management filename in the cluster's catalog",
 		sha, key, strings.Join(missing, ", "), sha, missing[0], strings.Join(servedAs, ", "))
 }
@@ -170,11 +170,24 @@ func (r Report) ConfigMap() (*corev1.ConfigMap, error) {
 	}, nil
 }
 
-// ParseStatus reads a status document back.
+// ParseStatus reads a status document back. An image whose sha256 is not
+// one (a status written by hand) is left out: it names no image.
 func ParseStatus(data string) (Report, error) {
 	var r Report
-	err := yaml.UnmarshalStrict([]byte(data), &r)
-	return r, err
+	if err := yaml.UnmarshalStrict([]byte(data), &r); err != nil {
+		return r, err
+	}
+	images := r.Images[:0]
+	for _, img := range r.Images {
+		sha, err := osimage.ParseSHA256(string(img.SHA256))
+		if err != nil {
+			continue
+		}
+		img.SHA256 = sha
+		images = append(images, img)
+	}
+	r.Images = images
+	return r, nil
 }
 
 func splitJoined(err error) []error {

@@ -28,7 +28,7 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := osimage.ServedSet{plain: {Available: true, ImageKey: "m"}}
+	served := osimage.ServedSet{osimage.SHA256(plain): {Available: true, ImageKey: "m"}}
 
 	// A copy without filenames (an older server, Sylva's): only the sha256
 	// can be compared.
@@ -36,7 +36,7 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 		t.Errorf("without filenames: %+v", r.Problems())
 	}
 
-	files := osimage.ServedFilenames{plain: {"mgmt.raw", "old.raw"}}
+	files := osimage.ServedFilenames{osimage.SHA256(plain): {"mgmt.raw", "old.raw"}}
 	r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil)
 	p := r.Problems()
 	if len(p) != 1 || p[0].State != StateNotServed || strings.Join(p[0].Filenames, ",") != "mine.raw,old.raw" {
@@ -54,11 +54,11 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 
 	// Served under both: all well, even while not available yet the state
 	// is not-available, not not-served.
-	files[plain] = []string{"mine.raw", "old.raw"}
+	files[osimage.SHA256(plain)] = []string{"mine.raw", "old.raw"}
 	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil); len(r.Problems()) != 0 {
 		t.Errorf("both filenames served: %+v", r.Problems())
 	}
-	served[plain] = osimage.ServedImage{Available: false, ImageKey: "m"}
+	served[osimage.SHA256(plain)] = osimage.ServedImage{Available: false, ImageKey: "m"}
 	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil); r.Count(StateNotAvailable) != 1 {
 		t.Errorf("not available yet: %+v", r)
 	}
@@ -66,14 +66,14 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 
 func TestPlanReportsAFilenameThatWouldNotBeServed(t *testing.T) {
 	a := sum("a")
-	needs := []Need{{SHA256: a, ImageKey: "k", Filename: "wc.raw", By: "t"}}
-	current := osimage.ServedSet{a: {Available: true}}
-	proposed := osimage.ServedOutput{Set: osimage.ServedSet{a: {Available: true}}, Filenames: osimage.ServedFilenames{a: {"mgmt.raw"}}}
+	needs := []Need{{SHA256: osimage.SHA256(a), ImageKey: "k", Filename: "wc.raw", By: "t"}}
+	current := osimage.ServedSet{osimage.SHA256(a): {Available: true}}
+	proposed := osimage.ServedOutput{Set: osimage.ServedSet{osimage.SHA256(a): {Available: true}}, Filenames: osimage.ServedFilenames{osimage.SHA256(a): {"mgmt.raw"}}}
 	p := Plan("ns", needs, current, proposed, nil)
 	if p.Verdict != WouldFail || !strings.Contains(p.Lines[0].Detail, a+"/k not served under the filename wc.raw (/images/"+a+"/wc.raw would answer 404") {
 		t.Errorf("plan: %+v", p)
 	}
-	proposed.Filenames[a] = []string{"mgmt.raw", "wc.raw"}
+	proposed.Filenames[osimage.SHA256(a)] = []string{"mgmt.raw", "wc.raw"}
 	if p := Plan("ns", needs, current, proposed, nil); p.Verdict != Unchanged {
 		t.Errorf("served under its filename: %+v", p)
 	}
@@ -85,7 +85,7 @@ func TestGatherReadsServedFilenames(t *testing.T) {
 		"served-filenames.yaml": "served_filenames:\n  " + sum("a") + ": [a.raw]\n",
 	}}
 	g := Gather("wc1", "copy", []corev1.ConfigMap{cm}, nil)
-	if served, known := g.Served.Filenames.Serves(sum("a"), "a.raw"); !served || !known || g.Unreadable != nil {
+	if served, known := g.Served.Filenames.Serves(osimage.SHA256(sum("a")), "a.raw"); !served || !known || g.Unreadable != nil {
 		t.Errorf("filenames: %v, unreadable %v", g.Served.Filenames, g.Unreadable)
 	}
 	cm.Data["served-filenames.yaml"] = "served_filenames: [\n"

@@ -72,7 +72,7 @@ func TestNeedsFromTemplatesAndValues(t *testing.T) {
 	}
 	got := map[string][]string{}
 	for _, n := range needs {
-		got[n.SHA256] = append(got[n.SHA256], n.By)
+		got[string(n.SHA256)] = append(got[string(n.SHA256)], n.By)
 	}
 	if len(got) != 3 {
 		t.Fatalf("want 3 images needed (old, plain, hardened), got %v", got)
@@ -99,19 +99,19 @@ func TestNeedsReportsWhatCannotBePicked(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), ".machine_deployments.md0.capm3: no OS image could be found matching selectors") {
 		t.Fatalf("want md0's pick error with the contract's words, got %v", err)
 	}
-	if len(needs) != 1 || needs[0].SHA256 != sum("plain") {
+	if len(needs) != 1 || needs[0].SHA256 != osimage.SHA256(sum("plain")) {
 		t.Errorf("the levels that can pick still count: %v", needs)
 	}
 }
 
 func TestCheckStates(t *testing.T) {
 	needs := []Need{
-		{SHA256: sum("a"), ImageKey: "a", By: "x"},
-		{SHA256: sum("b"), ImageKey: "b", By: "y"},
-		{SHA256: sum("c"), ImageKey: "c", By: "z"},
-		{SHA256: sum("c"), ImageKey: "c", By: "w"},
+		{SHA256: osimage.SHA256(sum("a")), ImageKey: "a", By: "x"},
+		{SHA256: osimage.SHA256(sum("b")), ImageKey: "b", By: "y"},
+		{SHA256: osimage.SHA256(sum("c")), ImageKey: "c", By: "z"},
+		{SHA256: osimage.SHA256(sum("c")), ImageKey: "c", By: "w"},
 	}
-	served := osimage.ServedSet{sum("a"): {Available: true, ImageKey: "m"}, sum("b"): {Available: false, ImageKey: "m2"}}
+	served := osimage.ServedSet{osimage.SHA256(sum("a")): {Available: true, ImageKey: "m"}, osimage.SHA256(sum("b")): {Available: false, ImageKey: "m2"}}
 	r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served}, true, errors.New("broken level"))
 	states := map[string]State{}
 	for _, img := range r.Images {
@@ -154,8 +154,8 @@ func TestCheckStates(t *testing.T) {
 
 func TestPlanVerdicts(t *testing.T) {
 	a, b, c := sum("a"), sum("b"), sum("c")
-	current := osimage.ServedSet{a: {Available: true}, b: {Available: true}}
-	proposed := osimage.ServedOutput{Set: osimage.ServedSet{a: {Available: false}, c: {}}}
+	current := osimage.ServedSet{osimage.SHA256(a): {Available: true}, osimage.SHA256(b): {Available: true}}
+	proposed := osimage.ServedOutput{Set: osimage.ServedSet{osimage.SHA256(a): {Available: false}, osimage.SHA256(c): {}}}
 	cases := []struct {
 		name  string
 		needs []string
@@ -173,14 +173,14 @@ func TestPlanVerdicts(t *testing.T) {
 	for _, tc := range cases {
 		var needs []Need
 		for _, s := range tc.needs {
-			needs = append(needs, Need{SHA256: s, ImageKey: "k", By: "t"})
+			needs = append(needs, Need{SHA256: osimage.SHA256(s), ImageKey: "k", By: "t"})
 		}
 		p := Plan("ns", needs, current, proposed, tc.err)
 		if p.Verdict != tc.want {
 			t.Errorf("%s: verdict %q, want %q (%+v)", tc.name, p.Verdict, tc.want, p)
 		}
 	}
-	p := Plan("ns", []Need{{SHA256: b, ImageKey: "k", By: "t"}}, current, proposed, nil)
+	p := Plan("ns", []Need{{SHA256: osimage.SHA256(b), ImageKey: "k", By: "t"}}, current, proposed, nil)
 	if p.Lines[0].Detail != b+"/k no longer served" {
 		t.Errorf("detail: %q", p.Lines[0].Detail)
 	}
@@ -205,7 +205,7 @@ func TestGather(t *testing.T) {
 	if len(g.Clusters) != 1 || g.Clusters[0].Source != "ConfigMap wc1/z-cluster" {
 		t.Errorf("clusters: %+v", g.Clusters)
 	}
-	if len(g.Catalog) != 2 || !g.ServedFound || !g.Served.Set[sum("plain")].Available {
+	if len(g.Catalog) != 2 || !g.ServedFound || !g.Served.Set[osimage.SHA256(sum("plain"))].Available {
 		t.Errorf("catalog %v, served %v %v", g.Catalog, g.Served, g.ServedFound)
 	}
 	if g.Unreadable == nil || !strings.Contains(g.Unreadable.Error(), "ConfigMap wc1/broken") {
@@ -234,7 +234,7 @@ func TestNeedsCatalogA(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, n := range needs {
-		got[n.By] = n.SHA256 + "/" + n.ImageKey
+		got[n.By] = string(n.SHA256) + "/" + n.ImageKey
 	}
 	if want := sum("plain") + "/plain"; got["ConfigMap wc1/values .control_plane.capm3"] != want {
 		t.Errorf("control plane needs %q, want %q (from os-images-info)", got["ConfigMap wc1/values .control_plane.capm3"], want)

@@ -11,75 +11,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-// The fleet's needs, published by the controller in the management
-// cluster's namespace for the image server (issue "fleet-driven serving"):
-// the server never reads workload namespaces, only this one document.
-const (
-	// FleetNeedsConfigMapName is the ConfigMap's default name.
-	FleetNeedsConfigMapName = "osimages-fleet-needs"
-	// FleetNeedsKey is its data key.
-	FleetNeedsKey = "needs.yaml"
-	// FleetNeedsLabel marks the ConfigMap as osimages' own: one of that
-	// name without it is a user's, which the controller never overwrites
-	// and the image server never reads.
-	FleetNeedsLabel = "osimages.sylva-project.org/fleet-needs"
-)
-
-// FleetNeeds is every image some workload cluster needs, by sha256.
-type FleetNeeds struct {
-	Images []FleetNeed `json:"images"`
-	// Refused are the needs left out of the document, and why: a
-	// namespace over its share of it, a record over the bound. The image
-	// server publishes them with its own refusals, so that they reach the
-	// namespace's osimages-status.
-	Refused osimage.RefusedNeeds `json:"refused,omitempty"`
-}
-
-// FleetNeed is one needed image and where it comes from.
-type FleetNeed struct {
-	SHA256 string `json:"sha256"`
-	// Sources are the records of the needing namespaces' own catalogs,
-	// one per distinct record (two namespaces may name one sha256 under
-	// other keys, URIs or registries), each with the namespaces that give
-	// it. A need whose record no catalog holds (a Metal3 object naming an
-	// image its catalog no longer lists) has no source: nothing says where
-	// its bytes are.
-	Sources []NeedSource `json:"sources,omitempty"`
-	// Namespaces are all the namespaces that need it, sorted.
-	Namespaces []string `json:"namespaces"`
-	// Filenames are, by namespace, the filenames its URLs ask for
-	// (/images/<sha256>/<filename>), sorted: each is served, whatever
-	// filename another namespace's record gives.
-	Filenames map[string][]string `json:"filenames,omitempty"`
-}
-
-// NeedSource is one record of a needed image, as os-images-info holds it,
-// cut down to the fields the image server reads (NeedFields).
-type NeedSource struct {
-	// Key is the image's key in those namespaces' os-images-info.
-	Key        string        `json:"key"`
-	Image      osimage.Image `json:"image"`
-	Namespaces []string      `json:"namespaces"`
-}
-
-// NeedFields are the fields of a record that the image server reads to
-// download, verify and serve an image: the only ones the document copies,
-// so that a field nobody reads (a long description, a multi-line
-// annotation) never takes its room.
-var NeedFields = []string{
-	osimage.FieldURI, osimage.FieldRegistryKey, osimage.FieldManifestDigest, osimage.FieldSHA256, osimage.FieldMD5,
-	osimage.FieldFilename, osimage.FieldImageFormat, osimage.FieldCompression, osimage.FieldArchiveSize, osimage.FieldSize,
-}
-
-// Bounds of the document. A record cut down to NeedFields is a few hundred
-// bytes; MaxNeedRecordBytes leaves room for long URIs and nothing more. The
-// needs of all namespaces share NeedsDocumentBudget, fairly (Aggregate):
-// the rest of the ConfigMap's 1 MiB is for the refusals.
-const (
-	MaxNeedRecordBytes  = 4 << 10
-	NeedsDocumentBudget = 768 << 10
-)
-
 // NamespaceNeeds is what one namespace contributes: the check's report of
 // it and its own catalog (A), nil when it has none.
 type NamespaceNeeds struct {
@@ -87,9 +18,9 @@ type NamespaceNeeds struct {
 	Catalog osimage.Catalog
 }
 
-// Aggregate is AggregateWithin NeedsDocumentBudget.
-func Aggregate(namespaces []NamespaceNeeds) FleetNeeds {
-	return AggregateWithin(namespaces, NeedsDocumentBudget)
+// Aggregate is AggregateWithin osimage.NeedsDocumentBudget.
+func Aggregate(namespaces []NamespaceNeeds) osimage.FleetNeeds {
+	return AggregateWithin(namespaces, osimage.NeedsDocumentBudget)
 }
 
 // contribution is what one namespace puts into the document.
@@ -105,7 +36,7 @@ type contribution struct {
 
 // nsNeed is one image a namespace needs.
 type nsNeed struct {
-	sha       string
+	sha       osimage.SHA256
 	filenames []string
 	// key and record are its own catalog's record, cut down; doc is the
 	// record's YAML; ok is false when it has none.
@@ -117,8 +48,8 @@ type nsNeed struct {
 // AggregateWithin gathers the needs of every namespace into the fleet's,
 // sorted by sha256, so that the same fleet always gives the same document.
 // A record is taken only when its sha256 is the one needed (a catalog
-// cannot make a need point at other bytes), and is cut down to NeedFields;
-// one still over MaxNeedRecordBytes is left out, and refused. A need whose
+// cannot make a need point at other bytes), and is cut down to osimage.NeedFields;
+// one still over osimage.MaxNeedRecordBytes is left out, and refused. A need whose
 // sha256 or a filename the served-image rule refuses is left out (the
 // check reports it in the namespace's status).
 //
@@ -128,7 +59,7 @@ type nsNeed struct {
 // refusal (osimage.RefusedDocumentShare), and the others are published as
 // if it were not there. So one tenant can never freeze the fleet's needs by
 // making the document too large.
-func AggregateWithin(namespaces []NamespaceNeeds, budget int) FleetNeeds {
+func AggregateWithin(namespaces []NamespaceNeeds, budget int) osimage.FleetNeeds {
 	var contribs []contribution
 	for _, n := range namespaces {
 		contribs = append(contribs, contribute(n))
@@ -140,9 +71,9 @@ func AggregateWithin(namespaces []NamespaceNeeds, budget int) FleetNeeds {
 // contribute reads what one namespace needs, and what it costs.
 func contribute(n NamespaceNeeds) contribution {
 	c := contribution{ns: n.Report.Namespace}
-	seen := map[string]bool{}
+	seen := map[osimage.SHA256]bool{}
 	for _, img := range n.Report.Images {
-		if _, err := osimage.ParseSHA256(img.SHA256); err != nil || seen[img.SHA256] {
+		if seen[img.SHA256] {
 			continue
 		}
 		seen[img.SHA256] = true
@@ -159,9 +90,9 @@ func contribute(n NamespaceNeeds) contribution {
 		}
 		if key, rec, ok := recordOf(n.Catalog, img); ok {
 			doc, _ := yaml.Marshal(rec)
-			if len(doc) > MaxNeedRecordBytes {
+			if len(doc) > osimage.MaxNeedRecordBytes {
 				c.refused = append(c.refused, osimage.RefusedNeed{SHA256: img.SHA256, Namespace: c.ns, Reason: osimage.RefusedInvalid,
-					Message: fmt.Sprintf("its record os_images.%s takes %d bytes once cut down to the fields the image server reads, over the bound of %d: shorten its uri", truncate(key), len(doc), MaxNeedRecordBytes)})
+					Message: fmt.Sprintf("its record os_images.%s takes %d bytes once cut down to the fields the image server reads, over the bound of %d: shorten its uri", truncate(key), len(doc), osimage.MaxNeedRecordBytes)})
 			} else {
 				need.key, need.doc, need.record, need.ok = key, string(doc), rec, true
 				c.bytes += len(key) + len(doc) + len(c.ns) + 32
@@ -209,7 +140,7 @@ func share(contribs []contribution, budget int) ([]contribution, osimage.Refused
 }
 
 // assemble builds the document of the admitted namespaces.
-func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds {
+func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.FleetNeeds {
 	type source struct {
 		key, doc string
 		image    osimage.Image
@@ -220,7 +151,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds 
 		sources   []*source
 		filenames map[string][]string
 	}
-	bySHA := map[string]*gathered{}
+	bySHA := map[osimage.SHA256]*gathered{}
 	for _, c := range admitted {
 		for _, n := range c.needs {
 			need := bySHA[n.sha]
@@ -246,10 +177,10 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds 
 			need.sources[i].ns = append(need.sources[i].ns, c.ns)
 		}
 	}
-	out := FleetNeeds{Images: []FleetNeed{}}
+	out := osimage.FleetNeeds{Images: []osimage.FleetNeed{}}
 	for _, sha := range slices.Sorted(maps.Keys(bySHA)) {
 		need := bySHA[sha]
-		fn := FleetNeed{SHA256: sha, Namespaces: slices.Sorted(slices.Values(need.ns)), Filenames: need.filenames}
+		fn := osimage.FleetNeed{SHA256: sha, Namespaces: slices.Sorted(slices.Values(need.ns)), Filenames: need.filenames}
 		slices.SortFunc(need.sources, func(a, b *source) int {
 			if c := strings.Compare(a.key, b.key); c != 0 {
 				return c
@@ -257,7 +188,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds 
 			return strings.Compare(a.doc, b.doc)
 		})
 		for _, s := range need.sources {
-			fn.Sources = append(fn.Sources, NeedSource{Key: s.key, Image: s.image, Namespaces: slices.Sorted(slices.Values(s.ns))})
+			fn.Sources = append(fn.Sources, osimage.NeedSource{Key: s.key, Image: s.image, Namespaces: slices.Sorted(slices.Values(s.ns))})
 		}
 		out.Images = append(out.Images, fn)
 	}
@@ -267,15 +198,15 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) FleetNeeds 
 }
 
 // recordOf finds the catalog record of a needed image, cut down to
-// NeedFields: under the key the check found, else under any key with
+// osimage.NeedFields: under the key the check found, else under any key with
 // that sha256.
 func recordOf(cat osimage.Catalog, img ImageStatus) (string, osimage.Image, bool) {
 	key := ""
-	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == img.SHA256 {
+	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == string(img.SHA256) {
 		key = img.ImageKey
 	} else {
 		for _, k := range cat.Keys() {
-			if cat[k].Get(osimage.FieldSHA256) == img.SHA256 {
+			if cat[k].Get(osimage.FieldSHA256) == string(img.SHA256) {
 				key = k
 				break
 			}
@@ -285,7 +216,7 @@ func recordOf(cat osimage.Catalog, img ImageStatus) (string, osimage.Image, bool
 		return "", nil, false
 	}
 	rec := osimage.Image{}
-	for _, f := range NeedFields {
+	for _, f := range osimage.NeedFields {
 		if v, ok := cat[key][f].(string); ok {
 			rec[f] = v
 		}
@@ -298,38 +229,4 @@ func truncate(s string) string {
 		return s[:64] + "..."
 	}
 	return s
-}
-
-// Data is the ConfigMap data of the fleet's needs. It refuses, with an
-// osimage.SizeError, needs that a ConfigMap cannot hold.
-func (f FleetNeeds) Data(what string) (map[string]string, error) {
-	doc, err := yaml.Marshal(f)
-	if err != nil {
-		return nil, err
-	}
-	data := map[string]string{FleetNeedsKey: string(doc)}
-	if err := osimage.CheckConfigMapSize(what, data, len(f.Images)); err != nil {
-		return nil, err
-	}
-	return data, nil
-}
-
-// ParseFleetNeeds reads the document back, refusing unknown fields. A need
-// whose sha256 is malformed, or a refusal of a namespace that is not one,
-// is dropped and named in dropped: one bad entry never costs the others
-// their needs. Only a document that does not parse at all is an error.
-func ParseFleetNeeds(data string) (f FleetNeeds, dropped []error, err error) {
-	if err := yaml.UnmarshalStrict([]byte(data), &f); err != nil {
-		return FleetNeeds{}, nil, fmt.Errorf("%s: %w", FleetNeedsKey, err)
-	}
-	images := f.Images[:0]
-	for _, img := range f.Images {
-		if _, err := osimage.ParseSHA256(img.SHA256); err != nil {
-			dropped = append(dropped, fmt.Errorf("%s: a need of %s is dropped: %w", FleetNeedsKey, strings.Join(img.Namespaces, ", "), err))
-			continue
-		}
-		images = append(images, img)
-	}
-	f.Images = images
-	return f, dropped, nil
 }

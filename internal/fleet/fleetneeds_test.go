@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,7 +15,7 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
 	}
 	wc1 := NamespaceNeeds{
-		Report: Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: a, ImageKey: "ubuntu"}, {SHA256: c, ImageKey: "gone"}}},
+		Report: Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu"}, {SHA256: osimage.SHA256(c), ImageKey: "gone"}}},
 		Catalog: osimage.Catalog{
 			"ubuntu": rec(a, "oci://r1/ubuntu:1"),
 			// A key that names other bytes than those needed is no
@@ -25,16 +24,16 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		},
 	}
 	wc2 := NamespaceNeeds{
-		Report:  Report{Namespace: "wc2", Images: []ImageStatus{{SHA256: a, ImageKey: "ubuntu-old"}}},
+		Report:  Report{Namespace: "wc2", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu-old"}}},
 		Catalog: osimage.Catalog{"ubuntu-old": rec(a, "oci://r2/ubuntu:1")},
 	}
 	wc3 := NamespaceNeeds{
 		// No key from the check: found by sha256.
-		Report:  Report{Namespace: "wc3", Images: []ImageStatus{{SHA256: a}}},
+		Report:  Report{Namespace: "wc3", Images: []ImageStatus{{SHA256: osimage.SHA256(a)}}},
 		Catalog: osimage.Catalog{"ubuntu": rec(a, "oci://r1/ubuntu:1")},
 	}
 	got := Aggregate([]NamespaceNeeds{wc3, wc2, wc1})
-	if len(got.Images) != 2 || got.Images[0].SHA256 != a || got.Images[1].SHA256 != c {
+	if len(got.Images) != 2 || got.Images[0].SHA256 != osimage.SHA256(a) || got.Images[1].SHA256 != osimage.SHA256(c) {
 		t.Fatalf("images: %+v", got.Images)
 	}
 	need := got.Images[0]
@@ -61,47 +60,15 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, _ := Aggregate([]NamespaceNeeds{wc1, wc2, wc3}).Data("x")
-	if data[FleetNeedsKey] != again[FleetNeedsKey] {
-		t.Errorf("the document depends on the order of the namespaces:\n%s\n%s", data[FleetNeedsKey], again[FleetNeedsKey])
+	if data[osimage.FleetNeedsKey] != again[osimage.FleetNeedsKey] {
+		t.Errorf("the document depends on the order of the namespaces:\n%s\n%s", data[osimage.FleetNeedsKey], again[osimage.FleetNeedsKey])
 	}
-	back, dropped, err := ParseFleetNeeds(data[FleetNeedsKey])
+	back, dropped, err := osimage.ParseFleetNeeds(data[osimage.FleetNeedsKey])
 	if err != nil || len(dropped) != 0 || len(back.Images) != 2 || back.Images[0].Sources[1].Key != "ubuntu-old" {
 		t.Fatalf("read back: %+v %v %v", back, dropped, err)
 	}
-	if _, _, err := ParseFleetNeeds("imagez: []\n"); err == nil {
+	if _, _, err := osimage.ParseFleetNeeds("imagez: []\n"); err == nil {
 		t.Error("an unknown field is accepted")
-	}
-}
-
-// A need whose sha256 is malformed is dropped alone, named, and the
-// others are read: one tenant's bad entry never costs the others their
-// needs (issue 23, item 4).
-func TestParseFleetNeedsDropsAMalformedNeedAlone(t *testing.T) {
-	good := strings.Repeat("a", 64)
-	doc := "images:\n- sha256: " + strings.ToUpper(good) + "\n  namespaces: [evil]\n- sha256: " + good + "\n  namespaces: [wc1]\n"
-	f, dropped, err := ParseFleetNeeds(doc)
-	if err != nil {
-		t.Fatalf("the whole document is refused for one need: %v", err)
-	}
-	if len(f.Images) != 1 || f.Images[0].SHA256 != good {
-		t.Errorf("needs kept: %+v", f.Images)
-	}
-	if len(dropped) != 1 || !strings.Contains(dropped[0].Error(), "evil") || !strings.Contains(dropped[0].Error(), "lowercase") {
-		t.Errorf("dropped: %v", dropped)
-	}
-}
-
-func TestFleetNeedsTooLarge(t *testing.T) {
-	var f FleetNeeds
-	for i := range 3000 {
-		sha := strings.Repeat("0", 60) + strings.Repeat("f", 4)
-		sha = sha[:60] + string(rune('a'+i%6)) + sha[61:]
-		f.Images = append(f.Images, FleetNeed{SHA256: sha, Namespaces: []string{strings.Repeat("n", 300)}})
-	}
-	_, err := f.Data("ConfigMap sylva-system/osimages-fleet-needs")
-	var size *osimage.SizeError
-	if !errors.As(err, &size) || !strings.Contains(err.Error(), "osimages-fleet-needs") {
-		t.Fatalf("want a size error naming the ConfigMap, got %v", err)
 	}
 }
 
@@ -112,7 +79,7 @@ func TestAggregateCopiesOnlyTheFieldsTheServerReads(t *testing.T) {
 	rec := osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: "disk.qcow2",
 		osimage.FieldSize: "100", "description": strings.Repeat("a line\n", 100_000), "os": "ubuntu", "flags": map[string]any{"x": true}}
 	got := Aggregate([]NamespaceNeeds{{
-		Report:  Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: sha, ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
+		Report:  Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
 		Catalog: osimage.Catalog{"ubuntu": rec},
 	}})
 	if len(got.Images) != 1 || len(got.Images[0].Sources) != 1 {
@@ -120,7 +87,7 @@ func TestAggregateCopiesOnlyTheFieldsTheServerReads(t *testing.T) {
 	}
 	img := got.Images[0].Sources[0].Image
 	for f := range img {
-		if !slices.Contains(NeedFields, f) {
+		if !slices.Contains(osimage.NeedFields, f) {
 			t.Errorf("field %s is copied", f)
 		}
 	}
@@ -143,7 +110,7 @@ func fleetOf(prefix string, n, images, uriBytes int) []NamespaceNeeds {
 			sha := fmt.Sprintf("%064x", i*1000+j+1)
 			key := fmt.Sprintf("img-%d", j)
 			uri := "oci://registry.example.org/" + strings.Repeat("p", max(uriBytes-30, 1)) + ":1"
-			nn.Report.Images = append(nn.Report.Images, ImageStatus{SHA256: sha, ImageKey: key, Filenames: []string{key + ".raw"}})
+			nn.Report.Images = append(nn.Report.Images, ImageStatus{SHA256: osimage.SHA256(sha), ImageKey: key, Filenames: []string{key + ".raw"}})
 			nn.Catalog[key] = osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: key + ".raw", osimage.FieldSize: "1000"}
 		}
 		out = append(out, nn)
@@ -179,14 +146,14 @@ func TestAggregateRefusesANamespaceOverItsShareAlone(t *testing.T) {
 	if r.Namespace != greedy.Report.Namespace || r.SHA256 != "" || r.Reason != osimage.RefusedDocumentShare || !strings.Contains(r.Message, "fair share") {
 		t.Errorf("refusal: %+v", r)
 	}
-	back, _, err := ParseFleetNeeds(data[FleetNeedsKey])
+	back, _, err := osimage.ParseFleetNeeds(data[osimage.FleetNeedsKey])
 	if err != nil || len(back.Refused) != 1 || len(back.Images) != 150 {
 		t.Fatalf("read back: %d images, %+v, %v", len(back.Images), back.Refused, err)
 	}
 
 	// Without it, the same namespaces give the same needs.
 	alone := Aggregate(fair)
-	if !slices.EqualFunc(alone.Images, got.Images, func(a, b FleetNeed) bool { return a.SHA256 == b.SHA256 }) {
+	if !slices.EqualFunc(alone.Images, got.Images, func(a, b osimage.FleetNeed) bool { return a.SHA256 == b.SHA256 }) {
 		t.Error("the namespace over its share changed what the others publish")
 	}
 
@@ -213,10 +180,10 @@ func TestAggregateRefusesANamespaceOverItsShareAlone(t *testing.T) {
 	}
 }
 
-// A record still over MaxNeedRecordBytes once cut down is left out and
+// A record still over osimage.MaxNeedRecordBytes once cut down is left out and
 // refused for its namespace; the need stays (without that source).
 func TestAggregateRefusesARecordOverTheBound(t *testing.T) {
-	nn := fleetOf("wc", 1, 1, MaxNeedRecordBytes+100)[0]
+	nn := fleetOf("wc", 1, 1, osimage.MaxNeedRecordBytes+100)[0]
 	got := Aggregate([]NamespaceNeeds{nn})
 	if len(got.Images) != 1 || len(got.Images[0].Sources) != 0 {
 		t.Fatalf("needs: %+v", got.Images)
@@ -227,19 +194,23 @@ func TestAggregateRefusesARecordOverTheBound(t *testing.T) {
 }
 
 // Each namespace's filenames are carried, and a malformed sha256 or
-// filename (a forged status) is left out (item 1, item 4).
+// filename (a forged status) is left out (item 1, item 4): the sha256 when
+// the status is read (ParseStatus), the filename when it is aggregated.
 func TestAggregateCarriesEachNamespacesFilenames(t *testing.T) {
 	sha := strings.Repeat("a", 64)
 	rec := func(name string) osimage.Image {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: name}
 	}
+	forged, err := ParseStatus("namespace: evil\nservedSet: copy\nservedSetFound: true\nimages:\n" +
+		"- {sha256: " + sha + ", imageKey: aaa, filenames: [evil.raw, ../x], state: served, neededBy: [x]}\n" +
+		"- {sha256: " + strings.ToUpper(sha) + ", imageKey: aaa, state: served, neededBy: [x]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := Aggregate([]NamespaceNeeds{
-		{Report: Report{Namespace: "victim", Images: []ImageStatus{{SHA256: sha, ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
+		{Report: Report{Namespace: "victim", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
 			Catalog: osimage.Catalog{"ubuntu": rec("good.raw")}},
-		{Report: Report{Namespace: "evil", Images: []ImageStatus{
-			{SHA256: sha, ImageKey: "aaa", Filenames: []string{"evil.raw", "../x"}},
-			{SHA256: strings.ToUpper(sha), ImageKey: "aaa"},
-		}}, Catalog: osimage.Catalog{"aaa": rec("evil.raw")}},
+		{Report: forged, Catalog: osimage.Catalog{"aaa": rec("evil.raw")}},
 	})
 	if len(got.Images) != 1 {
 		t.Fatalf("needs: %+v", got.Images)

@@ -24,7 +24,7 @@ import (
 
 // Need is one image that a workload cluster uses or will use.
 type Need struct {
-	SHA256 string
+	SHA256 osimage.SHA256
 	// ImageKey is the image's key in the cluster's own catalog, when known.
 	ImageKey string
 	// Filename is the filename its URL asks for (/images/<sha256>/<filename>),
@@ -66,9 +66,9 @@ type Inputs struct {
 func Needs(in Inputs) ([]Need, error) {
 	var needs []Need
 	errs := []error{in.Unreadable}
-	keyOf := func(cat osimage.Catalog, sha string) string {
+	keyOf := func(cat osimage.Catalog, sha osimage.SHA256) string {
 		for _, k := range cat.Keys() {
-			if cat[k][osimage.FieldSHA256] == sha {
+			if cat[k].Get(osimage.FieldSHA256) == string(sha) {
 				return k
 			}
 		}
@@ -105,7 +105,7 @@ func Needs(in Inputs) ([]Need, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 		}
 		for _, p := range picks {
-			needs = append(needs, Need{SHA256: string(p.SHA256), ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level})
+			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level})
 		}
 	}
 	return needs, errors.Join(errs...)
@@ -125,7 +125,7 @@ const (
 // group gathers needs by sha256, in sha256 order, each with its sorted
 // list of who needs it.
 func group(needs []Need) []ImageStatus {
-	by := map[string]*ImageStatus{}
+	by := map[osimage.SHA256]*ImageStatus{}
 	for _, n := range needs {
 		st := by[n.SHA256]
 		if st == nil {

@@ -44,7 +44,7 @@ type ClusterPlan struct {
 func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed osimage.ServedOutput, needErr error) ClusterPlan {
 	p := ClusterPlan{Namespace: namespace, Verdict: Unchanged}
 	for _, img := range group(needs) {
-		name := img.SHA256 + "/" + img.ImageKey
+		name := string(img.SHA256) + "/" + img.ImageKey
 		_, now := current[img.SHA256]
 		_, then := proposed.Set[img.SHA256]
 		missing := unservedFilenames(proposed.Filenames, img)

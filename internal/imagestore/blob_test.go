@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // TestBlobKeptBesideTheDownloadAndRemovedAtTheEnd: a blob kept (KeepBlob)
@@ -21,7 +23,7 @@ func TestBlobKeptBesideTheDownloadAndRemovedAtTheEnd(t *testing.T) {
 	defer s.Close()
 	sum := strings.Repeat("c", 64)
 
-	w, err := s.Create(sum)
+	w, err := s.Create(osimage.SHA256(sum))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +35,7 @@ func TestBlobKeptBesideTheDownloadAndRemovedAtTheEnd(t *testing.T) {
 	}
 	w.Abort()
 
-	w, err = s.Create(sum)
+	w, err = s.Create(osimage.SHA256(sum))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +89,7 @@ func TestBlobKeptBesideTheDownloadAndRemovedAtTheEnd(t *testing.T) {
 	if g := <-got; g != "ello" {
 		t.Errorf("tail of the blob from 1: %q, want %q", g, "ello")
 	}
-	if _, ok := s.Get(sum); !ok {
+	if _, ok := s.Get(osimage.SHA256(sum)); !ok {
 		t.Fatal("not committed")
 	}
 	filepath.WalkDir(s.Dir(), func(path string, de os.DirEntry, err error) error {
@@ -98,7 +100,7 @@ func TestBlobKeptBesideTheDownloadAndRemovedAtTheEnd(t *testing.T) {
 	})
 
 	// Abort fails the readers.
-	w, err = s.Create(strings.Repeat("d", 64))
+	w, err = s.Create(osimage.SHA256(strings.Repeat("d", 64)))
 	if err != nil {
 		t.Fatal(err)
 	}

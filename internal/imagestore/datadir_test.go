@@ -135,7 +135,7 @@ func TestOpenSetsAsideAnEntryWithOddMetadata(t *testing.T) {
 			content := devregistry.DiskContent(256<<10, 2)
 			odd := put(t, s, content, "odd.raw")
 			s.Close()
-			meta := filepath.Join(dir, imagesDir, odd.SHA256, MetadataName)
+			meta := filepath.Join(dir, imagesDir, string(odd.SHA256), MetadataName)
 			goodMeta, _ := os.ReadFile(meta)
 			unblock := tc.plant(t, meta, goodMeta)
 
@@ -150,10 +150,10 @@ func TestOpenSetsAsideAnEntryWithOddMetadata(t *testing.T) {
 			if got := readAll(t, s, good.SHA256); len(got) != int(good.Size) {
 				t.Errorf("the good image reads %d bytes", len(got))
 			}
-			if _, err := os.Lstat(filepath.Join(dir, imagesDir, odd.SHA256)); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Lstat(filepath.Join(dir, imagesDir, string(odd.SHA256))); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("the entry is still in images/: %v", err)
 			}
-			aside, _ := filepath.Glob(filepath.Join(dir, setAsideDir, odd.SHA256+"-*", "odd.raw"))
+			aside, _ := filepath.Glob(filepath.Join(dir, setAsideDir, string(odd.SHA256)+"-*", "odd.raw"))
 			if len(aside) != 1 {
 				t.Fatalf("set aside: %v; want the image file kept under %s", aside, setAsideDir)
 			}
@@ -161,7 +161,7 @@ func TestOpenSetsAsideAnEntryWithOddMetadata(t *testing.T) {
 				t.Errorf("the bytes set aside (%d) are not the image's", len(kept))
 			}
 			line := grepLine(logs.String(), "set aside")
-			for _, want := range []string{`"level":"WARN"`, odd.SHA256, filepath.Dir(aside[0]), tc.what, "downloaded again", "delete it"} {
+			for _, want := range []string{`"level":"WARN"`, string(odd.SHA256), filepath.Dir(aside[0]), tc.what, "downloaded again", "delete it"} {
 				if !strings.Contains(line, want) {
 					t.Errorf("log line %q: want it to say %q", line, want)
 				}
@@ -203,7 +203,7 @@ func TestOpenNeverBlocksOnAnOddImageFile(t *testing.T) {
 			defer s.Close()
 			content := devregistry.DiskContent(64<<10, 3)
 			e := put(t, s, content, "img.raw")
-			path := filepath.Join(dir, imagesDir, e.SHA256, "img.raw")
+			path := filepath.Join(dir, imagesDir, string(e.SHA256), "img.raw")
 			unblock := mkfifo(t, path)
 			within(t, by+" of a FIFO", unblock, func() {
 				if by == "Open" {
@@ -238,7 +238,7 @@ func TestOpenRefusesTopLevelSymlinks(t *testing.T) {
 				s := openStore(t, dir)
 				e := put(t, s, []byte("an image"), "img.raw")
 				s.Close()
-				os.Remove(filepath.Join(dir, imagesDir, e.SHA256, MetadataName))
+				os.Remove(filepath.Join(dir, imagesDir, string(e.SHA256), MetadataName))
 			}
 			if err := os.Symlink(elsewhere, filepath.Join(dir, name)); err != nil {
 				t.Fatal(err)

@@ -48,8 +48,8 @@ type checkpoint struct {
 // one. The Writer is used as one from Create; Kept and Checkpoint make it
 // continue across restarts, and Suspend leaves it for the next Resume. Only
 // one Writer from Resume may be open per sha256.
-func (s *Store) Resume(sha256 string) (*Writer, error) {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
+func (s *Store) Resume(sha256 osimage.SHA256) (*Writer, error) {
+	if err := named(sha256); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -100,8 +100,8 @@ func (s *Store) Resume(sha256 string) (*Writer, error) {
 // discarded whole, with a warning, before anything is read from it or
 // written through it, and the download starts again from byte 0. Removing
 // a symlink or a hard link removes that name only, never what it points to.
-func (s *Store) partialDirOf(sha256 string) (string, error) {
-	dir := filepath.Join(s.partial, sha256)
+func (s *Store) partialDirOf(sha256 osimage.SHA256) (string, error) {
+	dir := filepath.Join(s.partial, string(sha256))
 	reason, err := notAPartial(dir)
 	if err != nil {
 		return "", fmt.Errorf("image %s: reading its partial download: %w", sha256, err)
@@ -174,9 +174,6 @@ func readCheckpoint(path string) (checkpoint, error) {
 	}
 	if c.Offset < 0 || c.Source == "" {
 		return checkpoint{}, fmt.Errorf("checkpoint with offset %d and source %q", c.Offset, c.Source)
-	}
-	if _, err := osimage.ParseSHA256(c.SHA256); err != nil {
-		return checkpoint{}, err
 	}
 	return c, nil
 }
@@ -328,7 +325,7 @@ func (w *Writer) dropCheckpoint() error {
 
 // Partial is a download kept in partial/ by a Writer from Resume.
 type Partial struct {
-	SHA256 string
+	SHA256 osimage.SHA256
 	// Bytes is the disk space its files take.
 	Bytes int64
 }
@@ -341,18 +338,19 @@ func (s *Store) Partials() ([]Partial, error) {
 	}
 	var out []Partial
 	for _, de := range des {
-		if _, err := osimage.ParseSHA256(de.Name()); err != nil || !de.IsDir() {
+		sha, err := osimage.ParseSHA256(de.Name())
+		if err != nil || !de.IsDir() {
 			continue
 		}
-		out = append(out, Partial{SHA256: de.Name(), Bytes: diskUsage(filepath.Join(s.partial, de.Name()))})
+		out = append(out, Partial{SHA256: sha, Bytes: diskUsage(filepath.Join(s.partial, de.Name()))})
 	}
 	return out, nil
 }
 
 // RemovePartial removes the download of sha256 kept for a later Resume,
 // unless a Writer has it open.
-func (s *Store) RemovePartial(sha256 string) error {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
+func (s *Store) RemovePartial(sha256 osimage.SHA256) error {
+	if err := named(sha256); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -360,7 +358,7 @@ func (s *Store) RemovePartial(sha256 string) error {
 	if s.resuming[sha256] {
 		return fmt.Errorf("image %s: its download is in progress", sha256)
 	}
-	if err := os.RemoveAll(filepath.Join(s.partial, sha256)); err != nil {
+	if err := os.RemoveAll(filepath.Join(s.partial, string(sha256))); err != nil {
 		return fmt.Errorf("image %s: removing its partial download: %w", sha256, err)
 	}
 	return nil
@@ -374,7 +372,8 @@ func (s *Store) cleanPartials() error {
 		return fmt.Errorf("image store: reading %s: %w", s.partial, err)
 	}
 	for _, de := range des {
-		if _, committed := s.entries[de.Name()]; committed {
+		sha, err := osimage.ParseSHA256(de.Name())
+		if _, committed := s.entries[sha]; err == nil && committed {
 			if err := os.RemoveAll(filepath.Join(s.partial, de.Name())); err != nil {
 				return fmt.Errorf("image store: removing %s: %w", filepath.Join(s.partial, de.Name()), err)
 			}

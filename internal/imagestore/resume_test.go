@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // kept calls Kept and reads what it returns.
@@ -57,7 +58,7 @@ func TestResumeKeepsWhatWasCheckpointed(t *testing.T) {
 		t.Fatalf("a new download keeps %d bytes", off)
 	}
 	w.Write(content[:8])
-	if err := w.Checkpoint("src", 6, shaOf(content[:6])); err != nil {
+	if err := w.Checkpoint("src", 6, string(shaOf(content[:6]))); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Suspend(); err != nil {
@@ -74,7 +75,7 @@ func TestResumeKeepsWhatWasCheckpointed(t *testing.T) {
 		t.Fatal(err)
 	}
 	off, sum, data := kept(t, w, "src")
-	if off != 6 || sum != shaOf(content[:6]) || string(data) != "abcdef" || w.Size() != 6 {
+	if off != 6 || osimage.SHA256(sum) != shaOf(content[:6]) || string(data) != "abcdef" || w.Size() != 6 {
 		t.Fatalf("kept %d bytes %q of sha256 %s, writer at %d; want the 6 checkpointed", off, data, sum, w.Size())
 	}
 	w.Write(content[6:])
@@ -92,7 +93,7 @@ func TestResumeKeepsWhatWasCheckpointed(t *testing.T) {
 	other := shaOf([]byte("other"))
 	w, _ = s.Resume(other)
 	w.Write([]byte("12345"))
-	w.Checkpoint("mirror-a", 5, shaOf([]byte("12345")))
+	w.Checkpoint("mirror-a", 5, string(shaOf([]byte("12345"))))
 	w.Suspend()
 	w, _ = s.Resume(other)
 	if off, _, data := kept(t, w, "mirror-b"); off != 0 || data != nil || w.Size() != 0 {
@@ -119,7 +120,7 @@ func TestResumeContinuesTheKeptBlob(t *testing.T) {
 	}
 	bw.Write([]byte("BLOB"))
 	w.Write([]byte("imagebytes"))
-	if err := w.Checkpoint("blob sha256:x", 3, shaOf([]byte("BLO"))); err != nil {
+	if err := w.Checkpoint("blob sha256:x", 3, string(shaOf([]byte("BLO")))); err != nil {
 		t.Fatal(err)
 	}
 	w.Suspend()
@@ -133,7 +134,7 @@ func TestResumeContinuesTheKeptBlob(t *testing.T) {
 	}
 	bw, _ = w.BlobWriter("sha256:x", 8)
 	bw.Write([]byte("B!"))
-	blob, _ := os.ReadFile(filepath.Join(dir, partialDir, sha, blobName))
+	blob, _ := os.ReadFile(filepath.Join(dir, partialDir, string(sha), blobName))
 	if string(blob) != "BLOB!" {
 		t.Errorf("blob %q, want the kept 3 bytes and the 2 written", blob)
 	}
@@ -156,17 +157,17 @@ func TestResumeDiscardsWhatNoCheckpointVouchesFor(t *testing.T) {
 	w.Suspend()
 	w, _ = s.Resume(b)
 	w.Write([]byte("bb"))
-	w.Checkpoint("src", 2, shaOf([]byte("bb")))
+	w.Checkpoint("src", 2, string(shaOf([]byte("bb"))))
 	w.Suspend()
-	if err := os.WriteFile(filepath.Join(dir, partialDir, b, checkpointName), []byte("{not json"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, partialDir, string(b), checkpointName), []byte("{not json"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, sha := range []string{a, b} {
+	for _, sha := range []osimage.SHA256{a, b} {
 		w, _ := s.Resume(sha)
 		if off, _, _ := kept(t, w, "src"); off != 0 || w.Size() != 0 {
 			t.Errorf("%s: kept %d bytes", sha, off)
 		}
-		if fi, err := os.Stat(filepath.Join(dir, partialDir, sha, partialName)); err != nil || fi.Size() != 0 {
+		if fi, err := os.Stat(filepath.Join(dir, partialDir, string(sha), partialName)); err != nil || fi.Size() != 0 {
 			t.Errorf("%s: the partial file is not emptied: %v", sha, err)
 		}
 		w.Suspend()
@@ -180,7 +181,7 @@ func TestResumeDiscardsWhatNoCheckpointVouchesFor(t *testing.T) {
 	put(t, s, []byte("a"), "a.raw")
 	s.Close()
 	s = openStore(t, dir)
-	if left := entries(filepath.Join(dir, partialDir)); len(left) != 1 || left[0] != b {
+	if left := entries(filepath.Join(dir, partialDir)); len(left) != 1 || osimage.SHA256(left[0]) != b {
 		t.Errorf("partial/ holds %v, want only %s: a is committed", left, b)
 	}
 }
@@ -199,7 +200,7 @@ func TestResumeDiscardsAnOffsetPastTheBound(t *testing.T) {
 	sha := shaOf([]byte("bounded"))
 	w, _ := s.Resume(sha)
 	w.Write([]byte("bounded"))
-	w.Checkpoint("src", 1<<40, shaOf([]byte("bounded")))
+	w.Checkpoint("src", 1<<40, string(shaOf([]byte("bounded"))))
 	w.Suspend()
 	w, _ = s.Resume(sha)
 	defer w.Abort()
@@ -229,7 +230,7 @@ func suspended(t *testing.T, dir string, content []byte, cut int, blob bool) {
 	}
 	var out io.Writer = w
 	if blob {
-		bw, err := w.BlobWriter("sha256:"+shaOf(content), int64(len(content)))
+		bw, err := w.BlobWriter("sha256:"+string(shaOf(content)), int64(len(content)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +239,7 @@ func suspended(t *testing.T, dir string, content []byte, cut int, blob bool) {
 	if _, err := out.Write(content[:cut]); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Checkpoint("src", int64(cut), shaOf(content[:cut])); err != nil {
+	if err := w.Checkpoint("src", int64(cut), string(shaOf(content[:cut]))); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Suspend(); err != nil {
@@ -328,7 +329,7 @@ func TestResumeRefusesWhatTheStoreDidNotMake(t *testing.T) {
 				t.Fatal(err)
 			}
 			suspended(t, dir, content, len(content)/2, tc.blob)
-			pdir := filepath.Join(dir, partialDir, sha)
+			pdir := filepath.Join(dir, partialDir, string(sha))
 			unblock := tc.plant(t, pdir, victim, outside)
 
 			logs, withLogs := logged(t)
@@ -360,7 +361,7 @@ func TestResumeRefusesWhatTheStoreDidNotMake(t *testing.T) {
 				if tc.blob {
 					w.KeepBlob()
 					var bw io.Writer
-					if bw, err = w.BlobWriter("sha256:"+sha, int64(len(content))); err != nil {
+					if bw, err = w.BlobWriter("sha256:"+string(sha), int64(len(content))); err != nil {
 						return
 					}
 					if _, err = bw.Write(content); err != nil {
@@ -370,7 +371,7 @@ func TestResumeRefusesWhatTheStoreDidNotMake(t *testing.T) {
 				if _, err = w.Write(content); err != nil {
 					return
 				}
-				if err = w.Checkpoint("src", int64(len(content)), sha); err != nil {
+				if err = w.Checkpoint("src", int64(len(content)), string(sha)); err != nil {
 					return
 				}
 				err = w.Commit(Entry{Filename: "img.raw"})
@@ -395,7 +396,7 @@ func TestResumeRefusesWhatTheStoreDidNotMake(t *testing.T) {
 				t.Errorf("the directory outside the data directory holds %v, want only the victim", entries(outside))
 			}
 			line := grepLine(logs.String(), "partial download discarded")
-			if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, sha) || !strings.Contains(line, tc.what) {
+			if !strings.Contains(line, `"level":"WARN"`) || !strings.Contains(line, string(sha)) || !strings.Contains(line, tc.what) {
 				t.Errorf("log %q: want a warning naming the download and saying %q", logs.String(), tc.what)
 			}
 			if _, err := os.Lstat(pdir); !errors.Is(err, fs.ErrNotExist) {

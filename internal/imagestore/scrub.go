@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // ScrubChunk is the most a scrub reads at once: its memory, and the
@@ -31,7 +33,7 @@ const ScrubChunk = 1 << 20
 // that does not is dropped at once, logged as tampered with, and the error
 // wraps ErrTampered: the caller downloads it again. Any other error (I/O,
 // the throttle's) leaves the entry as it is.
-func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx context.Context, n int) error, now func() time.Time) (Entry, error) {
+func (s *Store) Scrub(ctx context.Context, sha256sum osimage.SHA256, throttle func(ctx context.Context, n int) error, now func() time.Time) (Entry, error) {
 	if now == nil {
 		now = time.Now
 	}
@@ -72,7 +74,7 @@ func (s *Store) Scrub(ctx context.Context, sha256sum string, throttle func(ctx c
 	switch {
 	case n != e.Size:
 		reason = fmt.Sprintf("scrub: image file %s has %d bytes, not the %d committed", e.Filename, n, e.Size)
-	case got != sha256sum:
+	case got != string(sha256sum):
 		reason = fmt.Sprintf("scrub: the content of %s hashes to sha256 %s", e.Filename, got)
 	}
 	if reason != "" {
@@ -101,7 +103,7 @@ func (s *Store) markScrubbed(e Entry, at time.Time) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	tmp, err := os.CreateTemp(s.tmp, "scrubbed-"+e.SHA256+"-")
+	tmp, err := os.CreateTemp(s.tmp, "scrubbed-"+string(e.SHA256)+"-")
 	if err != nil {
 		return Entry{}, fmt.Errorf("image %s: recording its scrub: %w", e.SHA256, err)
 	}
@@ -116,7 +118,7 @@ func (s *Store) markScrubbed(e Entry, at time.Time) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("image %s: recording its scrub: %w", e.SHA256, err)
 	}
-	dir := filepath.Join(s.images, e.SHA256)
+	dir := filepath.Join(s.images, string(e.SHA256))
 	s.mu.Lock()
 	if cur, ok := s.entries[e.SHA256]; !ok || !sameCommit(cur, e) {
 		s.mu.Unlock()

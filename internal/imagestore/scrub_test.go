@@ -63,7 +63,7 @@ func TestScrubDropsAFlippedByte(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	content := bytes.Repeat([]byte{7}, 3*ScrubChunk+5)
 	e := put(t, s, content, "disk.raw")
-	flipByte(t, filepath.Join(dir, imagesDir, e.SHA256, e.Filename), int64(len(content)-1))
+	flipByte(t, filepath.Join(dir, imagesDir, string(e.SHA256), e.Filename), int64(len(content)-1))
 	f, _, err := s.Open(e.SHA256)
 	if err != nil {
 		t.Fatalf("a flipped byte is not seen by Open (same size): %v", err)
@@ -76,7 +76,7 @@ func TestScrubDropsAFlippedByte(t *testing.T) {
 	if _, ok := s.Get(e.SHA256); ok {
 		t.Error("the corrupt entry is still listed")
 	}
-	if _, err := os.Stat(filepath.Join(dir, imagesDir, e.SHA256)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, imagesDir, string(e.SHA256))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the corrupt entry is still on disk: %v", err)
 	}
 	if line := grepLine(log.String(), "stored image dropped"); line == "" || !bytes.Contains([]byte(line), []byte("hashes to sha256")) {

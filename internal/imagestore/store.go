@@ -17,7 +17,7 @@
 package imagestore
 
 import (
-	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,7 +25,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -61,11 +60,11 @@ var ErrTampered = errors.New("the stored image was tampered with")
 
 // Entry is a committed, verified image.
 type Entry struct {
-	SHA256     string    `json:"sha256"`
-	MD5        string    `json:"md5,omitempty"`
-	Filename   string    `json:"filename"`
-	Size       int64     `json:"size"`
-	VerifiedAt time.Time `json:"verifiedAt"`
+	SHA256     osimage.SHA256 `json:"sha256"`
+	MD5        string         `json:"md5,omitempty"`
+	Filename   string         `json:"filename"`
+	Size       int64          `json:"size"`
+	VerifiedAt time.Time      `json:"verifiedAt"`
 	// ScrubbedAt is when a scrub last re-read the file and found it
 	// matching its sha256 (zero before the first).
 	ScrubbedAt time.Time `json:"scrubbedAt,omitzero"`
@@ -91,9 +90,9 @@ type Store struct {
 	log                       *slog.Logger
 
 	mu      sync.RWMutex
-	entries map[string]Entry
+	entries map[osimage.SHA256]Entry
 	// resuming holds the sha256s a Writer from Resume has open.
-	resuming map[string]bool
+	resuming map[osimage.SHA256]bool
 }
 
 // Open prepares dir (creating dir/images and dir/tmp), removes what an
@@ -122,8 +121,8 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		images:   filepath.Join(abs, imagesDir),
 		tmp:      filepath.Join(abs, tmpDir),
 		partial:  filepath.Join(abs, partialDir),
-		entries:  map[string]Entry{},
-		resuming: map[string]bool{},
+		entries:  map[osimage.SHA256]Entry{},
+		resuming: map[osimage.SHA256]bool{},
 		log:      slog.Default(),
 	}
 	for _, o := range opts {
@@ -223,175 +222,6 @@ func (s *Store) cleanTmp() error {
 	return nil
 }
 
-func (s *Store) scan() error {
-	des, err := os.ReadDir(s.images)
-	if err != nil {
-		return fmt.Errorf("image store: reading %s: %w", s.images, err)
-	}
-	for _, de := range des {
-		name := de.Name()
-		// Only names this package makes are touched; anything else an
-		// operator put there is neither listed nor removed.
-		if _, err := osimage.ParseSHA256(name); err != nil {
-			continue
-		}
-		e, err := s.load(name, de)
-		var invalid *invalidEntry
-		if errors.As(err, &invalid) && invalid.setAside {
-			if err := s.setAside(name, invalid.reason); err != nil {
-				return err
-			}
-			continue
-		}
-		if errors.As(err, &invalid) {
-			// Not a committed entry: a half-made directory (written by hand,
-			// or by a crashed older layout), or a committed one tampered
-			// with. Remove it so that a download can commit there.
-			if err := os.RemoveAll(filepath.Join(s.images, name)); err != nil {
-				return fmt.Errorf("image store: removing the invalid entry %s (%v): %w", filepath.Join(s.images, name), invalid, err)
-			}
-			s.log.Warn("stored image dropped: it is not what the store committed (tampered with, or written by hand); it will be downloaded again if selected",
-				"sha256", name, "path", filepath.Join(s.images, name), "reason", invalid.reason)
-			continue
-		}
-		if err != nil {
-			// An I/O error says nothing about the entry: keep it on disk
-			// rather than delete a good image.
-			return fmt.Errorf("image store: reading the entry %s: %w", filepath.Join(s.images, name), err)
-		}
-		s.entries[name] = e
-	}
-	return nil
-}
-
-// invalidEntry says why a directory of images/ is not a committed entry,
-// and whether to set it aside rather than remove it.
-type invalidEntry struct {
-	reason string
-	// setAside: the metadata is at fault, and the directory holds a file
-	// that may be the verified image: nothing tells it is not.
-	setAside bool
-}
-
-func (e *invalidEntry) Error() string { return e.reason }
-
-func invalidf(format string, args ...any) error {
-	return &invalidEntry{reason: fmt.Sprintf(format, args...)}
-}
-
-// load reads and checks the entry in images/<sha>. What a Commit cannot have
-// made is an *invalidEntry; other errors are I/O errors.
-func (s *Store) load(sha string, de fs.DirEntry) (Entry, error) {
-	if !de.IsDir() {
-		return Entry{}, invalidf("not a directory")
-	}
-	dir := filepath.Join(s.images, sha)
-	data, err := readRegular(filepath.Join(dir, MetadataName), maxMetadataBytes)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return Entry{}, badMetadata(dir, "no metadata")
-	case isOddFile(err):
-		return Entry{}, badMetadata(dir, "metadata: "+err.Error())
-	case err != nil:
-		return Entry{}, err
-	}
-	var e Entry
-	if err := json.Unmarshal(data, &e); err != nil {
-		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata: %v", err))
-	}
-	if e.SHA256 != sha {
-		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata names sha256 %s", e.SHA256))
-	}
-	if err := osimage.ValidateFilename(e.Filename); err != nil {
-		return Entry{}, badMetadata(dir, fmt.Sprintf("metadata: %v", err))
-	}
-	fi, err := os.Lstat(filepath.Join(dir, e.Filename))
-	if errors.Is(err, fs.ErrNotExist) {
-		return Entry{}, invalidf("no image file %s", e.Filename)
-	}
-	if err != nil {
-		return Entry{}, err
-	}
-	if reason := notCommitted(filepath.Join(dir, e.Filename), fi, e); reason != "" {
-		return Entry{}, invalidf("%s", reason)
-	}
-	return e, nil
-}
-
-// badMetadata is the *invalidEntry of the directory dir of images/ whose
-// metadata is at fault for reason: set aside when it holds a regular file
-// besides the metadata (which may be the verified image), removed when
-// there is nothing to lose.
-func badMetadata(dir, reason string) error {
-	des, _ := os.ReadDir(dir)
-	for _, de := range des {
-		if de.Name() != MetadataName && de.Type().IsRegular() {
-			return &invalidEntry{reason: reason, setAside: true}
-		}
-	}
-	return &invalidEntry{reason: reason}
-}
-
-// setAside moves the entry images/<sha> into set-aside/, not served and
-// not deleted: its metadata cannot be trusted, but nothing says its bytes
-// are not the verified image. The image is downloaded again if selected.
-func (s *Store) setAside(sha, reason string) error {
-	src := filepath.Join(s.images, sha)
-	aside := filepath.Join(s.dir, setAsideDir)
-	if err := makeOwnDir(aside); err != nil {
-		return fmt.Errorf("setting aside %s (%s): %w", src, reason, err)
-	}
-	// A name of its own: nothing set aside earlier is touched.
-	base := filepath.Join(aside, sha+"-"+time.Now().UTC().Format("20060102T150405Z"))
-	dst := base
-	for i := 2; ; i++ {
-		if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		dst = fmt.Sprintf("%s-%d", base, i)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		return fmt.Errorf("image store: setting aside %s (%s): %w", src, reason, err)
-	}
-	s.log.Warn("stored image set aside: its metadata is not what the store wrote, so its bytes are neither served nor deleted; it will be downloaded again if selected. Check the directory, then delete it to free its space",
-		"sha256", sha, "path", dst, "from", src, "reason", reason)
-	return nil
-}
-
-// reportSetAside reminds, at each Open, of the entries set aside that are
-// still there: they take disk space until an operator removes them.
-func (s *Store) reportSetAside() {
-	aside := filepath.Join(s.dir, setAsideDir)
-	des, err := os.ReadDir(aside)
-	if err != nil || len(des) == 0 {
-		return
-	}
-	names := make([]string, 0, len(des))
-	for _, de := range des {
-		names = append(names, de.Name())
-	}
-	s.log.Warn("the data directory holds stored images set aside (their metadata was not what the store wrote); they are not served. Check them, then delete them to free their space",
-		"path", aside, "entries", names)
-}
-
-// notCommitted says how fi, the image file of e at path, differs from
-// what a Commit makes, or "".
-func notCommitted(path string, fi fs.FileInfo, e Entry) string {
-	switch {
-	case !fi.Mode().IsRegular():
-		return notRegular(e, describe(path, fi))
-	case fi.Size() != e.Size:
-		return fmt.Sprintf("image file %s has %d bytes, not the %d committed", e.Filename, fi.Size(), e.Size)
-	}
-	return ""
-}
-
-// notRegular is the reason an image file that is what (an *oddFile's
-// what) is dropped.
-func notRegular(e Entry, what string) string {
-	return fmt.Sprintf("image file %s is not a regular file (%s)", e.Filename, what)
-}
-
 // List returns the committed entries, ordered by sha256.
 func (s *Store) List() []Entry {
 	s.mu.RLock()
@@ -400,12 +230,12 @@ func (s *Store) List() []Entry {
 		out = append(out, e)
 	}
 	s.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.SHA256, b.SHA256) })
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.SHA256, b.SHA256) })
 	return out
 }
 
 // Get returns the committed entry of sha256.
-func (s *Store) Get(sha256 string) (Entry, bool) {
+func (s *Store) Get(sha256 osimage.SHA256) (Entry, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	e, ok := s.entries[sha256]
@@ -417,15 +247,12 @@ func (s *Store) Get(sha256 string) (Entry, bool) {
 // file found replaced (a symlink, another kind of file, another size) is
 // never opened: its entry is dropped and logged, and the error wraps
 // ErrTampered.
-func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
-		return nil, Entry{}, err
-	}
+func (s *Store) Open(sha256 osimage.SHA256) (*os.File, Entry, error) {
 	e, ok := s.Get(sha256)
 	if !ok {
 		return nil, Entry{}, fmt.Errorf("image %s: %w", sha256, ErrNotFound)
 	}
-	dir := filepath.Join(s.images, sha256)
+	dir := filepath.Join(s.images, string(sha256))
 	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 		return nil, Entry{}, s.dropTampered(e, fmt.Sprintf("%s is not a directory (%s)", dir, fi.Mode().Type()))
 	}
@@ -461,7 +288,7 @@ func (s *Store) Open(sha256 string) (*os.File, Entry, error) {
 // logs it.
 func (s *Store) dropTampered(e Entry, reason string) error {
 	s.log.Warn("stored image dropped: it was tampered with after it was verified; it will be downloaded again if selected",
-		"sha256", e.SHA256, "path", filepath.Join(s.images, e.SHA256), "reason", reason)
+		"sha256", e.SHA256, "path", filepath.Join(s.images, string(e.SHA256)), "reason", reason)
 	err := fmt.Errorf("image %s: %w: %s", e.SHA256, ErrTampered, reason)
 	if derr := s.Delete(e.SHA256); derr != nil && !errors.Is(derr, ErrNotFound) {
 		return fmt.Errorf("%w; removing it: %v", err, derr)
@@ -472,20 +299,17 @@ func (s *Store) dropTampered(e Entry, reason string) error {
 // Delete removes the committed entry of sha256. Readers that have the file
 // open keep reading it; its space is freed when the last one closes it. A
 // crash during Delete leaves the entry either served or gone.
-func (s *Store) Delete(sha256 string) error {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
-		return err
-	}
+func (s *Store) Delete(sha256 osimage.SHA256) error {
 	s.mu.Lock()
 	if _, ok := s.entries[sha256]; !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("deleting image %s: %w", sha256, ErrNotFound)
 	}
-	trash, err := os.MkdirTemp(s.tmp, "deleted-"+sha256+"-")
+	trash, err := os.MkdirTemp(s.tmp, "deleted-"+string(sha256)+"-")
 	if err == nil {
 		// Moving the directory out in one rename makes the removal atomic;
 		// the slow part (unlinking a large file) happens outside images/.
-		err = os.Rename(filepath.Join(s.images, sha256), filepath.Join(trash, sha256))
+		err = os.Rename(filepath.Join(s.images, string(sha256)), filepath.Join(trash, string(sha256)))
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -527,11 +351,11 @@ func (s *Store) Available() (uint64, error) {
 
 // Create starts writing the image of sha256 into a staging directory. The
 // caller must Commit or Abort the Writer.
-func (s *Store) Create(sha256 string) (*Writer, error) {
-	if _, err := osimage.ParseSHA256(sha256); err != nil {
+func (s *Store) Create(sha256 osimage.SHA256) (*Writer, error) {
+	if err := named(sha256); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(s.tmp, sha256+"-")
+	dir, err := os.MkdirTemp(s.tmp, string(sha256)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("image %s: creating a staging directory: %w", sha256, err)
 	}
@@ -552,7 +376,7 @@ func (s *Store) commit(staging string, e Entry) error {
 		os.RemoveAll(staging)
 		return nil
 	}
-	final := filepath.Join(s.images, e.SHA256)
+	final := filepath.Join(s.images, string(e.SHA256))
 	if err := os.Rename(staging, final); err != nil {
 		return fmt.Errorf("image %s: moving into %s: %w", e.SHA256, s.images, err)
 	}
@@ -595,4 +419,14 @@ func WithLogger(log *slog.Logger) Option {
 			s.log = log
 		}
 	}
+}
+
+// named refuses the zero SHA256: every sha256 the store is given was
+// parsed where it came in (osimage.ParseSHA256), but "" would name the
+// store's own directories (images/, partial/).
+func named(sha osimage.SHA256) error {
+	if err := sha.Validate(); err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	return nil
 }

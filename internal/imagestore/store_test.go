@@ -17,11 +17,16 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-func shaOf(b []byte) string {
+func shaOf(b []byte) osimage.SHA256 {
 	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
+	sha, err := osimage.ParseSHA256(hex.EncodeToString(s[:]))
+	if err != nil {
+		panic(err)
+	}
+	return sha
 }
 
 func openStore(t *testing.T, dir string) *Store {
@@ -59,7 +64,7 @@ func put(t *testing.T, s *Store, content []byte, filename string) Entry {
 	return e
 }
 
-func readAll(t *testing.T, s *Store, sha string) []byte {
+func readAll(t *testing.T, s *Store, sha osimage.SHA256) []byte {
 	t.Helper()
 	f, _, err := s.Open(sha)
 	if err != nil {
@@ -104,7 +109,7 @@ func TestCommitSurvivesRestart(t *testing.T) {
 	}
 
 	// Zero blocks are holes: the file occupies about the random quarter.
-	fi, err := os.Stat(filepath.Join(dir, "images", e.SHA256, "ubuntu.raw"))
+	fi, err := os.Stat(filepath.Join(dir, "images", string(e.SHA256), "ubuntu.raw"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +162,7 @@ func TestCrashLeavesNothingServable(t *testing.T) {
 		}
 		return d
 	}
-	sha := func(s string) string { return shaOf([]byte(s)) }
+	sha := func(s string) string { return string(shaOf([]byte(s))) }
 	noMeta := mk(sha("no metadata"), map[string]string{"x.raw": "no metadata"})
 	badSize := mk(sha("bad size"), map[string]string{"x.raw": "bad size", MetadataName: `{"sha256":"` + sha("bad size") + `","filename":"x.raw","size":99}`})
 	otherSHA := mk(sha("other sha"), map[string]string{"x.raw": "other sha", MetadataName: `{"sha256":"` + sha("x") + `","filename":"x.raw","size":9}`})
@@ -254,7 +259,7 @@ func TestDeleteWhileReading(t *testing.T) {
 	wg.Wait()
 	close(results)
 	for r := range results {
-		if r != e.SHA256 {
+		if osimage.SHA256(r) != e.SHA256 {
 			t.Errorf("a reader of the deleted image got %s", r)
 		}
 	}
@@ -281,16 +286,31 @@ func TestDeleteWhileReading(t *testing.T) {
 func TestInvalidNamesAreRefused(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
-	for _, sha := range []string{"", "../../etc/passwd", strings.Repeat("a", 63), strings.Repeat("g", 64), strings.Repeat("a", 63) + "/", strings.Repeat("a", 65)} {
-		if _, err := s.Create(sha); err == nil || !strings.Contains(err.Error(), "sha256") {
-			t.Errorf("Create(%q) = %v, want an error about the sha256", sha, err)
+	// Every sha256 given was parsed where it came in (osimage.SHA256);
+	// the zero one would name the store's own directories.
+	if _, err := s.Resume(shaOf([]byte("kept"))); err != nil {
+		t.Fatal(err)
+	}
+	// A value converted by a bug, not parsed, never becomes a path.
+	for _, bad := range []osimage.SHA256{"", "../../etc/passwd", "..", "images", osimage.SHA256(strings.Repeat("A", 64))} {
+		if _, err := s.Create(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("Create(%q) = %v, want an error about the sha256", bad, err)
 		}
-		if _, _, err := s.Open(sha); err == nil {
-			t.Errorf("Open(%q) succeeded", sha)
+		if _, err := s.Resume(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("Resume(%q) = %v, want an error about the sha256", bad, err)
 		}
-		if err := s.Delete(sha); err == nil {
-			t.Errorf("Delete(%q) succeeded", sha)
+		if err := s.RemovePartial(bad); err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("RemovePartial(%q) = %v, want an error about the sha256", bad, err)
 		}
+		if _, _, err := s.Open(bad); err == nil {
+			t.Errorf("Open(%q) succeeded", bad)
+		}
+		if err := s.Delete(bad); err == nil {
+			t.Errorf("Delete(%q) succeeded", bad)
+		}
+	}
+	if ps, err := s.Partials(); err != nil || len(ps) != 1 {
+		t.Errorf("the partial download kept is gone: %+v %v", ps, err)
 	}
 	content := []byte("some image")
 	for _, name := range []string{"", ".", "..", "a/b", "/abs", "../up", "nul\x00byte", MetadataName, partialName, strings.Repeat("n", 256)} {
@@ -313,7 +333,7 @@ func TestInvalidNamesAreRefused(t *testing.T) {
 	// A sha256 has one spelling (osimage.ParseSHA256): an uppercase one
 	// names no entry.
 	e := put(t, s, content, "ok.raw")
-	if _, ok := s.Get(strings.ToUpper(e.SHA256)); ok {
+	if _, ok := s.Get(osimage.SHA256(strings.ToUpper(string(e.SHA256)))); ok {
 		t.Error("Get with an uppercase sha256 found the entry")
 	}
 }
@@ -476,7 +496,7 @@ func TestTamperedImagesAreDroppedLoudly(t *testing.T) {
 				}
 				content := devregistry.DiskContent(64<<10, 9)
 				e := put(t, s, content, "img.raw")
-				path := filepath.Join(dir, "images", e.SHA256, "img.raw")
+				path := filepath.Join(dir, "images", string(e.SHA256), "img.raw")
 				if when == "at start" {
 					s.Close()
 					tc.tamper(t, path, content)
@@ -497,7 +517,7 @@ func TestTamperedImagesAreDroppedLoudly(t *testing.T) {
 				if _, err := os.Lstat(filepath.Dir(path)); !errors.Is(err, fs.ErrNotExist) {
 					t.Errorf("the tampered entry is still on disk: %v", err)
 				}
-				line := grepLine(logs.String(), e.SHA256)
+				line := grepLine(logs.String(), string(e.SHA256))
 				if !strings.Contains(line, "stored image dropped") || !strings.Contains(line, tc.reason) || !strings.Contains(line, `"level":"WARN"`) {
 					t.Errorf("log %q: want a warning naming the image and the reason %q", logs.String(), tc.reason)
 				}

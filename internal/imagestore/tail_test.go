@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // A reader of the image in progress gets every byte written, waits for
@@ -18,7 +20,7 @@ func TestTailFollowsTheWriteToTheCommit(t *testing.T) {
 	}
 	defer s.Close()
 	sum := strings.Repeat("a", 64)
-	w, err := s.Create(sum)
+	w, err := s.Create(osimage.SHA256(sum))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +65,7 @@ func TestTailFailsWhenTheWriteIsAbandonedOrReset(t *testing.T) {
 	}
 	defer s.Close()
 	for _, end := range []string{"abort", "reset"} {
-		w, err := s.Create(strings.Repeat("b", 64))
+		w, err := s.Create(osimage.SHA256(strings.Repeat("b", 64)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,7 +40,7 @@ var ErrLimit = errors.New("the image is larger than the bound set for it")
 // discards.
 type Writer struct {
 	s      *Store
-	sha256 string
+	sha256 osimage.SHA256
 	dir    string
 	f      *os.File
 

@@ -57,16 +57,16 @@ func ImageOf(obj *unstructured.Unstructured) (Image, bool) {
 // checksum in uppercase, or a path the server would not answer, names no
 // image of osimages. An image given by hand with another checksum type and
 // other URLs has none.
-func (i Image) SHA256() (string, bool) {
+func (i Image) SHA256() (osimage.SHA256, bool) {
 	if i.ChecksumType == "sha256" || i.ChecksumType == "" {
 		if sha, err := osimage.ParseSHA256(i.Checksum); err == nil {
-			return string(sha), true
+			return sha, true
 		}
 	}
 	for _, ref := range []string{i.URL, i.Checksum} {
 		if u, err := url.Parse(ref); err == nil {
 			if f, ok := osimage.ParseImagePath(u.EscapedPath()); ok {
-				return string(f.SHA256), true
+				return f.SHA256, true
 			}
 		}
 	}
@@ -76,7 +76,7 @@ func (i Image) SHA256() (string, bool) {
 // ServedFile is the sha256 and the filename of an osimages URL
 // (/images/<sha256>/<filename>), and false for another URL: the file that
 // Ironic will ask the image server for.
-func (i Image) ServedFile() (sha, filename string, ok bool) {
+func (i Image) ServedFile() (sha osimage.SHA256, filename string, ok bool) {
 	u, err := url.Parse(i.URL)
 	if err != nil {
 		return "", "", false
@@ -85,7 +85,7 @@ func (i Image) ServedFile() (sha, filename string, ok bool) {
 	if !ok || f.Checksum != "" {
 		return "", "", false
 	}
-	return string(f.SHA256), f.Filename, true
+	return f.SHA256, f.Filename, true
 }
 
 // Ref names an object that references an image, as NS/NAME with its kind.

@@ -31,7 +31,7 @@ func TestImageSHA256(t *testing.T) {
 	}
 	for _, tc := range cases {
 		got, ok := tc.img.SHA256()
-		if got != tc.want || ok != (tc.want != "") {
+		if string(got) != tc.want || ok != (tc.want != "") {
 			t.Errorf("%+v: got %q %v, want %q", tc.img, got, ok, tc.want)
 		}
 	}

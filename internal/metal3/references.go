@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // References tracks, over the whole cluster, which Metal3 objects
@@ -27,8 +29,8 @@ type References struct {
 	log   *slog.Logger
 
 	mu    sync.Mutex
-	bySHA map[string]map[Ref]struct{}
-	byRef map[Ref]string
+	bySHA map[osimage.SHA256]map[Ref]struct{}
+	byRef map[Ref]osimage.SHA256
 
 	synced    atomic.Bool
 	informers []cache.SharedIndexInformer // under mu: Synced reads them while start sets them
@@ -39,7 +41,7 @@ func NewReferences(dyn dynamic.Interface, disco discovery.DiscoveryInterface, lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &References{dyn: dyn, disco: disco, log: log, bySHA: map[string]map[Ref]struct{}{}, byRef: map[Ref]string{}}
+	return &References{dyn: dyn, disco: disco, log: log, bySHA: map[osimage.SHA256]map[Ref]struct{}{}, byRef: map[Ref]osimage.SHA256{}}
 }
 
 // Synced says whether every reference in the cluster is known. Until it
@@ -61,7 +63,7 @@ func (r *References) Synced() bool {
 }
 
 // ReferencedBy returns the objects that reference sha256, sorted.
-func (r *References) ReferencedBy(sha256 string) []string {
+func (r *References) ReferencedBy(sha256 osimage.SHA256) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	refs := r.bySHA[sha256]
@@ -176,7 +178,7 @@ func (r *References) set(obj any) {
 		return
 	}
 	ref := Ref{Kind: u.GetKind(), Namespace: u.GetNamespace(), Name: u.GetName()}
-	sha := ""
+	var sha osimage.SHA256
 	if img, ok := ImageOf(u); ok {
 		sha, _ = img.SHA256()
 	}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -69,7 +70,7 @@ func TestReferencesFollowsMetal3Objects(t *testing.T) {
 	want := func(sha string, by ...string) {
 		t.Helper()
 		testenv.Eventually(t, fmt.Sprintf("%s referenced by %v", sha[:4], by), 30*time.Second, func() (bool, string) {
-			got := refs.ReferencedBy(sha)
+			got := refs.ReferencedBy(osimage.SHA256(sha))
 			return refs.Synced() && slices.Equal(got, by), fmt.Sprintf("synced %v, %v", refs.Synced(), got)
 		})
 	}

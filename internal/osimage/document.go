@@ -81,12 +81,12 @@ type ServedImage struct {
 }
 
 // ServedSet is capm3_os_image_server_images: image sha256 -> entry.
-type ServedSet map[string]ServedImage
+type ServedSet map[SHA256]ServedImage
 
-// Check says whether s serves the image of sha256 sha (key in (A)) and
+// Require says whether s serves the image of sha256 sha (key in (A)) and
 // has it available, with the error texts of contract §9 that rendering
 // fails with; the fleet check reports them too.
-func (s ServedSet) Check(sha, key string) error {
+func (s ServedSet) Require(sha SHA256, key string) error {
 	entry, ok := s[sha]
 	if !ok {
 		return fmt.Errorf("image %s/%s is currently not served by mgmt cluster os-image-server", sha, key)
@@ -111,16 +111,30 @@ func MarshalServed(s ServedSet) ([]byte, error) {
 }
 
 // ParseServed reads the values.yaml document of the served-images ConfigMap.
-// Unknown entry fields are refused, as the consumer's schema does.
+// Unknown entry fields are refused, as the consumer's schema does. An
+// entry whose key is not a sha256 (ParseSHA256) is left out: no image can
+// be looked up under it, since every sha256 looked up is a parsed one.
 func ParseServed(data []byte) (ServedSet, error) {
 	var doc servedDocument
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
 		return nil, fmt.Errorf("parsing capm3_os_image_server_images document: %w", err)
 	}
-	if doc.Images == nil {
-		doc.Images = ServedSet{}
+	return ParseKeys(doc.Images), nil
+}
+
+// ParseKeys returns the entries of decoded, a map just decoded from a
+// document (its keys taken as they came), whose key parses as a sha256
+// (ParseSHA256): the keys a document gives are parsed where it is read,
+// once, and a key that is not a sha256 is left out, since no image can be
+// looked up under it. The result is never nil.
+func ParseKeys[M ~map[SHA256]V, V any](decoded M) M {
+	out := make(M, len(decoded))
+	for raw, v := range decoded {
+		if sha, err := ParseSHA256(string(raw)); err == nil {
+			out[sha] = v
+		}
 	}
-	return doc.Images, nil
+	return out
 }
 
 // ValuesDocument returns the values.yaml document held by data: data itself

@@ -35,6 +35,11 @@ func ParseSHA256(s string) (SHA256, error) {
 	return SHA256(s), nil
 }
 
+// Validate says why s is not what ParseSHA256 gives: a value that reached
+// a SHA256 by a conversion. The store checks it again before it makes a
+// path of it, so that no bug elsewhere can lead it out of its directory.
+func (s SHA256) Validate() error { return checkHex(FieldSHA256, string(s), 64) }
+
 // ValidateMD5 says why s is not an md5 as the catalog records it: 32
 // lowercase hexadecimal digits.
 func ValidateMD5(s string) error { return checkHex(FieldMD5, s, 32) }
@@ -209,14 +214,15 @@ func (i Image) Path() (string, error) {
 // reported.
 func (i Image) ServedAt(name string) (SHA256, string, error) {
 	var errs []error
-	sha, err := i.StringField(FieldSHA256)
+	var sha SHA256
+	raw, err := i.StringField(FieldSHA256)
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("%s: %w", name, err))
-	case sha == "":
+	case raw == "":
 		errs = append(errs, fmt.Errorf("%s has no sha256, so it cannot be served for capm3", name))
 	default:
-		if _, err := ParseSHA256(sha); err != nil {
+		if sha, err = ParseSHA256(raw); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
@@ -234,5 +240,5 @@ func (i Image) ServedAt(name string) (SHA256, string, error) {
 	if len(errs) > 0 {
 		return "", "", errors.Join(errs...)
 	}
-	return SHA256(sha), filename, nil
+	return sha, filename, nil
 }

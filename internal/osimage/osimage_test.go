@@ -66,16 +66,50 @@ func TestInfoRoundTrip(t *testing.T) {
 }
 
 func TestServedIsStrict(t *testing.T) {
-	s, err := ParseServed([]byte("capm3_os_image_server_images:\n  abc: {available: true, image_key: k}\n"))
-	if err != nil || !s["abc"].Available || s["abc"].ImageKey != "k" {
+	abc := strings.Repeat("abc", 21) + "a"
+	s, err := ParseServed([]byte("capm3_os_image_server_images:\n  " + abc + ": {available: true, image_key: k}\n"))
+	if err != nil || !s[SHA256(abc)].Available || s[SHA256(abc)].ImageKey != "k" {
 		t.Fatalf("%v %v", s, err)
 	}
-	if _, err := ParseServed([]byte("capm3_os_image_server_images:\n  abc: {available: true, image_key: k, url: x}\n")); err == nil {
+	if _, err := ParseServed([]byte("capm3_os_image_server_images:\n  " + abc + ": {available: true, image_key: k, url: x}\n")); err == nil {
 		t.Error("an entry with a third field is accepted; the consumer's schema refuses it")
 	}
-	doc, _ := MarshalServed(ServedSet{"abc": {Available: false, ImageKey: "k"}})
-	if string(doc) != "capm3_os_image_server_images:\n  abc:\n    available: false\n    image_key: k\n" {
+	doc, _ := MarshalServed(ServedSet{SHA256(abc): {Available: false, ImageKey: "k"}})
+	if string(doc) != "capm3_os_image_server_images:\n  "+abc+":\n    available: false\n    image_key: k\n" {
 		t.Errorf("served document:\n%s", doc)
+	}
+}
+
+// The documents are where a sha256 enters: each key or field that becomes
+// a SHA256 is parsed there, and one that is not a sha256 is left out (no
+// image can be looked up under it), the rest read as written.
+func TestDocumentsParseTheirSHA256s(t *testing.T) {
+	good := strings.Repeat("ab", 32)
+	bad := []string{"abc", strings.ToUpper(good), good + "0"}
+	var served, files, refused strings.Builder
+	served.WriteString("capm3_os_image_server_images:\n  " + good + ": {available: true, image_key: k}\n")
+	files.WriteString("served_filenames:\n  " + good + ": [a.raw]\n")
+	refused.WriteString("refused_needs:\n- {sha256: " + good + ", namespace: a, reason: storage, message: m}\n- {sha256: '', namespace: b, reason: document-share, message: m}\n")
+	for _, b := range bad {
+		served.WriteString("  " + b + ": {available: true, image_key: k}\n")
+		files.WriteString("  " + b + ": [a.raw]\n")
+		refused.WriteString("- {sha256: " + b + ", namespace: c, reason: storage, message: m}\n")
+	}
+	s, err := ParseServed([]byte(served.String()))
+	if err != nil || len(s) != 1 || !s[SHA256(good)].Available {
+		t.Errorf("served set: %v %v", s, err)
+	}
+	f, err := ParseServedFilenames([]byte(files.String()))
+	if err != nil || len(f) != 1 || len(f[SHA256(good)]) != 1 {
+		t.Errorf("served filenames: %v %v", f, err)
+	}
+	r, err := ParseRefusedNeeds([]byte(refused.String()))
+	if err != nil || len(r) != 2 || r[0].SHA256 != SHA256(good) || r[1].SHA256 != "" {
+		t.Errorf("refused needs: %+v %v", r, err)
+	}
+	needs, dropped, err := ParseFleetNeeds("images: []\nrefused:\n" + strings.TrimPrefix(refused.String(), "refused_needs:\n"))
+	if err != nil || len(needs.Refused) != 2 || len(dropped) != len(bad) || !strings.Contains(dropped[0].Error(), "namespace c") {
+		t.Errorf("refusals of the fleet's needs: %+v, dropped %v, %v", needs.Refused, dropped, err)
 	}
 }
 

@@ -46,7 +46,7 @@ const (
 type RefusedNeed struct {
 	// SHA256 is the image refused; "" refuses every need of the
 	// namespace (RefusedDocumentShare).
-	SHA256    string `json:"sha256"`
+	SHA256    SHA256 `json:"sha256"`
 	Namespace string `json:"namespace"`
 	// Reason is a short word for metrics, one of the Refused* constants.
 	Reason string `json:"reason"`
@@ -67,13 +67,13 @@ func (r RefusedNeeds) Sort() {
 		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
 			return c
 		}
-		return strings.Compare(a.SHA256, b.SHA256)
+		return strings.Compare(string(a.SHA256), string(b.SHA256))
 	})
 }
 
 // For returns the refusal of sha256 for namespace, if any: its own, else
 // one of every need of the namespace.
-func (r RefusedNeeds) For(namespace, sha string) (RefusedNeed, bool) {
+func (r RefusedNeeds) For(namespace string, sha SHA256) (RefusedNeed, bool) {
 	var all *RefusedNeed
 	for i, n := range r {
 		switch {
@@ -98,11 +98,31 @@ func MarshalRefusedNeeds(r RefusedNeeds) ([]byte, error) {
 	return yaml.Marshal(refusedNeedsDocument{Refused: r})
 }
 
-// ParseRefusedNeeds reads the refused-needs.yaml document.
+// ParseRefusedNeeds reads the refused-needs.yaml document. A refusal whose
+// sha256 is neither "" nor a sha256 is left out: it refuses no image.
 func ParseRefusedNeeds(data []byte) (RefusedNeeds, error) {
 	var doc refusedNeedsDocument
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
 		return nil, fmt.Errorf("parsing refused_needs document: %w", err)
 	}
-	return doc.Refused, nil
+	refused, _ := parseRefused(doc.Refused)
+	return refused, nil
+}
+
+// parseRefused parses the sha256 of each refusal of a document just
+// decoded: it returns those whose sha256 is "" or parses, and why each
+// other is left out.
+func parseRefused(decoded RefusedNeeds) (kept RefusedNeeds, left []error) {
+	for _, r := range decoded {
+		if r.SHA256 != "" {
+			sha, err := ParseSHA256(string(r.SHA256))
+			if err != nil {
+				left = append(left, fmt.Errorf("a refusal of namespace %s is dropped: %w", r.Namespace, err))
+				continue
+			}
+			r.SHA256 = sha
+		}
+		kept = append(kept, r)
+	}
+	return kept, left
 }

@@ -19,7 +19,7 @@ const ServedFilenamesKey = "served-filenames.yaml"
 
 // ServedFilenames maps the sha256 of each image of the served set to the
 // filenames it is served under (/images/<sha256>/<filename>), sorted.
-type ServedFilenames map[string][]string
+type ServedFilenames map[SHA256][]string
 
 type servedFilenamesDocument struct {
 	Filenames ServedFilenames `json:"served_filenames"`
@@ -33,22 +33,20 @@ func MarshalServedFilenames(f ServedFilenames) ([]byte, error) {
 	return yaml.Marshal(servedFilenamesDocument{Filenames: f})
 }
 
-// ParseServedFilenames reads the served-filenames.yaml document.
+// ParseServedFilenames reads the served-filenames.yaml document. As in
+// ParseServed, an entry whose key is not a sha256 is left out.
 func ParseServedFilenames(data []byte) (ServedFilenames, error) {
 	var doc servedFilenamesDocument
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
 		return nil, fmt.Errorf("parsing served_filenames document: %w", err)
 	}
-	if doc.Filenames == nil {
-		doc.Filenames = ServedFilenames{}
-	}
-	return doc.Filenames, nil
+	return ParseKeys(doc.Filenames), nil
 }
 
 // Serves says whether the image of sha256 sha is served under filename.
 // known is false when f says nothing of sha (a served set published without
 // filenames, by an older server or by Sylva's own): then nobody can tell.
-func (f ServedFilenames) Serves(sha, filename string) (served, known bool) {
+func (f ServedFilenames) Serves(sha SHA256, filename string) (served, known bool) {
 	names, ok := f[sha]
 	if !ok {
 		return false, false

@@ -64,3 +64,18 @@ func truncateValue(s string) string {
 	}
 	return s
 }
+
+// FormatBytes writes n bytes in binary units for messages: "512 B",
+// "1.5 GiB".
+func FormatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

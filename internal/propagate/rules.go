@@ -161,3 +161,12 @@ func parseRule(fr fileRule) (Rule, []error) {
 	}
 	return Rule{Name: fr.Name, Source: src, Target: fr.Target, Selector: sel}, nil
 }
+
+// LoadRulesOrDefault reads the rules file path, or returns Sylva's one
+// rule when path is "".
+func LoadRulesOrDefault(path string) ([]Rule, error) {
+	if path == "" {
+		return DefaultRules(), nil
+	}
+	return LoadRules(path)
+}

@@ -74,7 +74,7 @@ func publish(t *testing.T, reg *devregistry.Registry, repo string, content []byt
 func sourceOf(uri string, f osimage.Image) Source {
 	size, _ := strconv.ParseInt(f.Get(osimage.FieldSize), 10, 64)
 	archive, _ := strconv.ParseInt(f.Get(osimage.FieldArchiveSize), 10, 64)
-	return Source{URI: uri, SHA256: f.Get(osimage.FieldSHA256), MD5: f.Get(osimage.FieldMD5), Compression: f.Get(osimage.FieldCompression), Size: size, ArchiveSize: archive}
+	return Source{URI: uri, SHA256: osimage.SHA256(f.Get(osimage.FieldSHA256)), MD5: f.Get(osimage.FieldMD5), Compression: f.Get(osimage.FieldCompression), Size: size, ArchiveSize: archive}
 }
 
 func openStore(t *testing.T) *imagestore.Store {
@@ -99,9 +99,9 @@ func (m *memDest) Reset() error {
 	return nil
 }
 
-func shaHex(b []byte) string {
+func shaHex(b []byte) osimage.SHA256 {
 	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
+	return osimage.SHA256(hex.EncodeToString(s[:]))
 }
 
 // assertStored checks that the store holds exactly content under sha256.
@@ -116,7 +116,7 @@ func assertStored(t *testing.T, s *imagestore.Store, content []byte) {
 	if _, err := f.WriteTo(h); err != nil {
 		t.Fatal(err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 || e.Size != int64(len(content)) {
+	if got := hex.EncodeToString(h.Sum(nil)); osimage.SHA256(got) != e.SHA256 || e.Size != int64(len(content)) {
 		t.Fatalf("stored file: sha256 %s, size %d; want %s, %d", got, e.Size, e.SHA256, len(content))
 	}
 }
@@ -268,7 +268,7 @@ func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename
 		return imagestore.Entry{}, Result{}, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
 	if e, ok := store.Get(src.SHA256); ok {
-		return e, Result{SHA256: e.SHA256, MD5: e.MD5, Size: e.Size}, nil
+		return e, Result{SHA256: string(e.SHA256), MD5: e.MD5, Size: e.Size}, nil
 	}
 	w, err := store.Create(src.SHA256)
 	if err != nil {
@@ -279,10 +279,10 @@ func (p *Puller) PullInto(ctx context.Context, store *imagestore.Store, filename
 	if err != nil {
 		return imagestore.Entry{}, res, err
 	}
-	e := imagestore.Entry{SHA256: res.SHA256, MD5: res.MD5, Filename: filename, Size: res.Size, VerifiedAt: time.Now()}
+	e := imagestore.Entry{SHA256: osimage.SHA256(res.SHA256), MD5: res.MD5, Filename: filename, Size: res.Size, VerifiedAt: time.Now()}
 	if err := w.Commit(e); err != nil {
 		return imagestore.Entry{}, res, fmt.Errorf("pulling %s: %w", display(src.URI), err)
 	}
-	e, _ = store.Get(res.SHA256)
+	e, _ = store.Get(osimage.SHA256(res.SHA256))
 	return e, res, nil
 }

@@ -27,8 +27,9 @@ type Source struct {
 	// URI is oci://host/repo:tag (or @digest), or an http(s):// URL.
 	URI string
 	// SHA256 and MD5 are the expected digests of the served (decompressed)
-	// file, in hex. SHA256 is required; an empty MD5 is not checked.
-	SHA256, MD5 string
+	// file. SHA256 is required; an empty MD5 is not checked.
+	SHA256 osimage.SHA256
+	MD5    string
 	// Compression is "gz" when the artifact layer or download is a gzip
 	// archive of the file, "" when it is the file.
 	Compression string
@@ -340,9 +341,6 @@ func normalize(src *Source) error {
 	if src.SHA256 == "" {
 		return fmt.Errorf("pulling %s: no sha256 given: the image needs a sha256 field to be verified", display(src.URI))
 	}
-	if _, err := osimage.ParseSHA256(src.SHA256); err != nil {
-		return fmt.Errorf("pulling %s: %w", display(src.URI), err)
-	}
 	if src.MD5 != "" {
 		if err := osimage.ValidateMD5(src.MD5); err != nil {
 			return fmt.Errorf("pulling %s: %w", display(src.URI), err)
@@ -504,8 +502,8 @@ func verify(src Source, obj object, got passResult) error {
 	if src.Size > 0 && got.size != src.Size {
 		return &VerifyError{What: WhatSize, Expected: strconv.FormatInt(src.Size, 10), Actual: strconv.FormatInt(got.size, 10)}
 	}
-	if got.sha256 != src.SHA256 {
-		return &VerifyError{What: WhatSHA256, Expected: src.SHA256, Actual: got.sha256}
+	if got.sha256 != string(src.SHA256) {
+		return &VerifyError{What: WhatSHA256, Expected: string(src.SHA256), Actual: got.sha256}
 	}
 	if src.MD5 != "" && got.md5 != src.MD5 {
 		return &VerifyError{What: WhatMD5, Expected: src.MD5, Actual: got.md5}

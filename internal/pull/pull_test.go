@@ -72,7 +72,7 @@ func TestPullOCIArtifacts(t *testing.T) {
 			if e.Filename != "ubuntu.raw" || e.MD5 != hex.EncodeToString(m[:]) || e.Size != int64(len(content)) {
 				t.Errorf("entry = %+v", e)
 			}
-			if res.BlobDigest != pub.LayerDigest.String() || res.SHA256 != src.SHA256 || res.MD5 != src.MD5 || res.Size != src.Size {
+			if res.BlobDigest != pub.LayerDigest.String() || osimage.SHA256(res.SHA256) != src.SHA256 || res.MD5 != src.MD5 || res.Size != src.Size {
 				t.Errorf("result = %+v, published %+v", res, pub)
 			}
 			if res.NetworkBytes != src.ArchiveSize || res.Resumes != 0 || res.Restarts != 0 {
@@ -209,7 +209,7 @@ func TestPullRefusesWrongMetadata(t *testing.T) {
 			if tc.what == WhatSHA256 {
 				// The store is addressed by the expected sha256: nothing
 				// may land there.
-				src.SHA256 = wrongSHA
+				src.SHA256 = osimage.SHA256(wrongSHA)
 			}
 			_, _, err := fastPuller(ociClient(t, oci.Options{Insecure: true})).PullInto(context.Background(), store, "img.raw", src, nil)
 			v := verifyError(t, err, tc.what)
@@ -574,14 +574,14 @@ func TestPullReportsArtifactErrors(t *testing.T) {
 		if err := repo.Tag(ctx, m, "1.0"); err != nil {
 			t.Fatal(err)
 		}
-		_, err = p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/two-layers:1.0", SHA256: strings.Repeat("0", 64)}, &memDest{}, nil)
+		_, err = p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/two-layers:1.0", SHA256: osimage.SHA256(strings.Repeat("0", 64))}, &memDest{}, nil)
 		if err == nil || !strings.Contains(err.Error(), "2 layers") || !strings.Contains(err.Error(), "exactly one") {
 			t.Fatalf("error = %v", err)
 		}
 	})
 
 	t.Run("missing tag", func(t *testing.T) {
-		_, err := p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/nothing:1.0", SHA256: strings.Repeat("0", 64)}, &memDest{}, nil)
+		_, err := p.Pull(ctx, Source{URI: "oci://" + reg.Host + "/dib/nothing:1.0", SHA256: osimage.SHA256(strings.Repeat("0", 64))}, &memDest{}, nil)
 		if err == nil || !strings.Contains(err.Error(), "dib/nothing:1.0") {
 			t.Fatalf("error = %v", err)
 		}
@@ -594,18 +594,17 @@ func TestPullReportsArtifactErrors(t *testing.T) {
 			want string
 		}{
 			{Source{URI: "oci://x/y:1"}, "no sha256"},
-			{Source{URI: "oci://x/y:1", SHA256: "abc"}, "64 lowercase hex"},
-			{Source{URI: "oci://x/y:1", SHA256: sha, MD5: "xyz"}, "32 lowercase hex"},
-			{Source{URI: "oci://x/y:1", SHA256: sha, Compression: "xz"}, `compression "xz"`},
-			{Source{URI: "ftp://x/y", SHA256: sha}, "oci://, http:// or https://"},
-			{Source{URI: "oci://x/y", SHA256: sha}, "no tag or digest"},
+			{Source{URI: "oci://x/y:1", SHA256: osimage.SHA256(sha), MD5: "xyz"}, "32 lowercase hex"},
+			{Source{URI: "oci://x/y:1", SHA256: osimage.SHA256(sha), Compression: "xz"}, `compression "xz"`},
+			{Source{URI: "ftp://x/y", SHA256: osimage.SHA256(sha)}, "oci://, http:// or https://"},
+			{Source{URI: "oci://x/y", SHA256: osimage.SHA256(sha)}, "no tag or digest"},
 		} {
 			_, err := p.Pull(ctx, tc.src, &memDest{}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.src.URI) {
 				t.Errorf("Pull(%+v) = %v, want an error with %q naming the URI", tc.src, err, tc.want)
 			}
 		}
-		if _, _, err := p.PullInto(ctx, openStore(t), "../x", Source{URI: "oci://x/y:1", SHA256: sha}, nil); err == nil || !strings.Contains(err.Error(), "filename") {
+		if _, _, err := p.PullInto(ctx, openStore(t), "../x", Source{URI: "oci://x/y:1", SHA256: osimage.SHA256(sha)}, nil); err == nil || !strings.Contains(err.Error(), "filename") {
 			t.Errorf("PullInto with filename ../x = %v", err)
 		}
 	})

@@ -55,7 +55,7 @@ var errKept = errors.New("the partial download kept from before the restart does
 func sourceID(src Source, obj object) string {
 	switch {
 	case src.Compression == "":
-		return "file sha256:" + src.SHA256
+		return "file sha256:" + string(src.SHA256)
 	case obj.digest != "":
 		return "blob " + obj.digest.String()
 	}

@@ -254,7 +254,7 @@ func TestPullDiscardsADamagedPartial(t *testing.T) {
 			p := fastPuller(ociClient(t, oci.Options{Insecure: true}))
 			dir := t.TempDir()
 			interrupted(t, dir, p, src, tap, blobSize/2)
-			if err := tc.damage(filepath.Join(dir, "partial", src.SHA256, kept)); err != nil {
+			if err := tc.damage(filepath.Join(dir, "partial", string(src.SHA256), kept)); err != nil {
 				t.Fatal(err)
 			}
 			firstSent, firstRequests := tap.sent.Load(), len(tap.requests())
@@ -375,7 +375,7 @@ func TestPullDiscardsKeptBytesLongerThanTheDownload(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Write(content[:1000])
-	if err := w.Checkpoint(sourceID(src, object{}), int64(len(content))+100, shaHex(content[:1000])); err != nil {
+	if err := w.Checkpoint(sourceID(src, object{}), int64(len(content))+100, string(shaHex(content[:1000]))); err != nil {
 		t.Fatal(err)
 	}
 	w.Suspend()
@@ -412,7 +412,7 @@ func TestPullCancelledWhileCheckingKeptBytes(t *testing.T) {
 	}
 	w, _ := store.Resume(src.SHA256)
 	w.Write(content[:kept])
-	if err := w.Checkpoint(sourceID(src, object{}), kept, shaHex(content[:kept])); err != nil {
+	if err := w.Checkpoint(sourceID(src, object{}), kept, string(shaHex(content[:kept]))); err != nil {
 		t.Fatal(err)
 	}
 	w.Suspend()
@@ -493,7 +493,7 @@ func TestPullStartsAgainFromAPoisonedPartial(t *testing.T) {
 			if _, err := bw.Write(poisoned); err != nil {
 				t.Fatal(err)
 			}
-			if err := w.Checkpoint(sourceID(src, object{digest: pub.LayerDigest}), int64(cut), shaHex(poisoned)); err != nil {
+			if err := w.Checkpoint(sourceID(src, object{digest: pub.LayerDigest}), int64(cut), string(shaHex(poisoned))); err != nil {
 				t.Fatal(err)
 			}
 			w.Suspend()

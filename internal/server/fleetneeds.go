@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // The fleet's needs (--serve-fleet-needs): the images the server serves
@@ -101,14 +101,14 @@ func (c fleetNeedsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // StoredSizes are the images stored, sha256 -> bytes: what the fleet's
-// needs may keep (selection.FleetNeeds admits them first) and what takes
+// needs may keep (servedset.FleetNeeds admits them first) and what takes
 // room already.
-func (s *Server) StoredSizes() map[string]int64 {
+func (s *Server) StoredSizes() map[osimage.SHA256]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]int64{}
+	out := map[osimage.SHA256]int64{}
 	for sum, img := range s.images {
-		if img.stored {
+		if img.Stored {
 			out[sum] = img.entry.Size
 		}
 	}
@@ -125,8 +125,8 @@ func claimsBefore(a, b *image, inProgress map[string]int) bool {
 	if a.IsNeed() != b.IsNeed() {
 		return !a.IsNeed()
 	}
-	if a.gaveWay != b.gaveWay {
-		return !a.gaveWay
+	if a.GaveWay != b.GaveWay {
+		return !a.GaveWay
 	}
 	if !a.IsNeed() {
 		return a.Key < b.Key
@@ -154,7 +154,7 @@ func leastBusy(img *image, inProgress map[string]int) int {
 func (s *Server) needsInProgressLocked() map[string]int {
 	out := map[string]int{}
 	for _, img := range s.images {
-		if img.phase == PhaseDownloading || img.phase == PhaseVerifying {
+		if img.Phase == PhaseDownloading || img.Phase == PhaseVerifying {
 			for _, ns := range img.ForNamespaces {
 				out[ns]++
 			}
@@ -174,7 +174,7 @@ func recordID(key string, img osimage.Image) string {
 // first of its records that has not failed in this round of attempts.
 // Once every record failed (and the backoff passed), a new round starts
 // from the first.
-func (img *image) attempt() selection.Wanted {
+func (img *image) attempt() servedset.Wanted {
 	w := img.Wanted
 	if len(w.Records) == 0 {
 		return w
@@ -194,9 +194,9 @@ func (img *image) attempt() selection.Wanted {
 // failed with err, and says whether another record is left to try in
 // this round: then img is queued again at once, not failed, for a record
 // that names a wrong tag must not hold back a good one.
-func (s *Server) nextRecordLocked(img *image, w selection.Wanted, err error) bool {
+func (s *Server) nextRecordLocked(img *image, w servedset.Wanted, err error) (reason string, ok bool) {
 	if len(img.Records) < 2 {
-		return false
+		return "", false
 	}
 	if img.recordFailed == nil {
 		img.recordFailed = map[string]string{}
@@ -204,14 +204,11 @@ func (s *Server) nextRecordLocked(img *image, w selection.Wanted, err error) boo
 	img.recordFailed[recordID(w.Key, w.Image)] = err.Error()
 	for _, r := range img.Records {
 		if _, failed := img.recordFailed[recordID(r.Key, r.Image)]; !failed {
-			img.phase = PhaseQueued
-			img.received = 0
-			img.reason = fmt.Sprintf("the record %s failed (%v); trying the record %s", w.Key, err, r.Key)
 			s.log.Warn("download failed from one record of a fleet need; trying the next", "sha256", img.SHA256, "failedKey", w.Key, "nextKey", r.Key, "error", err)
-			return true
+			return fmt.Sprintf("the record %s failed (%v); trying the record %s", w.Key, err, r.Key), true
 		}
 	}
-	return false
+	return "", false
 }
 
 // downloadRefusalsLocked are, for the fleet needs that failed from every
@@ -221,13 +218,13 @@ func (s *Server) nextRecordLocked(img *image, w selection.Wanted, err error) boo
 func (s *Server) downloadRefusalsLocked() osimage.RefusedNeeds {
 	var out osimage.RefusedNeeds
 	for sum, img := range s.images {
-		if !img.selected || img.stored || img.phase != PhaseFailed || !img.IsNeed() {
+		if !img.Selected || img.Stored || img.Phase != PhaseFailed || !img.IsNeed() {
 			continue
 		}
 		for _, r := range img.Records {
 			why, failed := img.recordFailed[recordID(r.Key, r.Image)]
 			if !failed && len(img.Records) == 1 {
-				why, failed = img.reason, img.reason != ""
+				why, failed = img.Reason, img.Reason != ""
 			}
 			if !failed {
 				continue

@@ -16,11 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -43,11 +43,11 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := kube.ObjectKey{Namespace: ns, Name: fleet.FleetNeedsConfigMapName}
+	key := kube.ObjectKey{Namespace: ns, Name: osimage.FleetNeedsConfigMapName}
 	var mu sync.Mutex
-	var loaded []Loaded
+	var loaded []serverio.Loaded
 	var refusals []error
-	in := Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, FleetNeedsConfigMap: &key, Client: k.Client, Poll: time.Hour,
+	in := serverio.Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, FleetNeedsConfigMap: &key, Client: k.Client, Poll: time.Hour,
 		Report: func(err error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -57,18 +57,18 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 		}}
 	done := make(chan error, 1)
 	go func() {
-		done <- in.Watch(ctx, nil, func(l Loaded) error {
+		done <- in.Watch(ctx, nil, func(l serverio.Loaded) error {
 			mu.Lock()
 			defer mu.Unlock()
 			loaded = append(loaded, l)
 			return nil
 		})
 	}()
-	last := func() (Loaded, int, int) {
+	last := func() (serverio.Loaded, int, int) {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(loaded) == 0 {
-			return Loaded{}, 0, len(refusals)
+			return serverio.Loaded{}, 0, len(refusals)
 		}
 		return loaded[len(loaded)-1], len(loaded), len(refusals)
 	}
@@ -77,24 +77,24 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 		return n == 1 && l.Needs != nil && len(l.Needs.Images) == 0, ""
 	})
 	sha := strings.Repeat("a", 64)
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: map[string]string{fleet.FleetNeedsLabel: ""}},
-		Data: map[string]string{fleet.FleetNeedsKey: "images:\n- sha256: " + sha + "\n  namespaces: [wc1]\n"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name, Labels: map[string]string{osimage.FleetNeedsLabel: ""}},
+		Data: map[string]string{osimage.FleetNeedsKey: "images:\n- sha256: " + sha + "\n  namespaces: [wc1]\n"}}
 	if _, err := k.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the need reaches apply", 10*time.Second, func() (bool, string) {
 		l, n, _ := last()
-		return n == 2 && l.Needs != nil && len(l.Needs.Images) == 1 && l.Needs.Images[0].SHA256 == sha, ""
+		return n == 2 && l.Needs != nil && len(l.Needs.Images) == 1 && l.Needs.Images[0].SHA256.String() == sha, ""
 	})
 	update := func(labels map[string]string, doc string) {
 		t.Helper()
-		cm.Labels, cm.Data[fleet.FleetNeedsKey] = labels, doc
+		cm.Labels, cm.Data[osimage.FleetNeedsKey] = labels, doc
 		var err error
 		if cm, err = k.Client.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ours := map[string]string{fleet.FleetNeedsLabel: ""}
+	ours := map[string]string{osimage.FleetNeedsLabel: ""}
 	update(ours, "images:\n- sha256: "+strings.ToUpper(sha)+"\n  namespaces: [evil]\n- sha256: "+sha+"\n  namespaces: [wc1]\n")
 	testenv.Eventually(t, "a malformed need is dropped alone", 10*time.Second, func() (bool, string) {
 		l, n, _ := last()
@@ -108,7 +108,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 	update(nil, "images:\n- sha256: "+sha+"\n  namespaces: [wc1]\n")
 	testenv.Eventually(t, "a document without osimages' label is not used", 10*time.Second, func() (bool, string) {
 		l, n, r := last()
-		return n == 5 && r == 0 && l.Needs == nil && l.NeedsError != nil && strings.Contains(l.NeedsError.Error(), fleet.FleetNeedsLabel), fmt.Sprintf("%+v", l)
+		return n == 5 && r == 0 && l.Needs == nil && l.NeedsError != nil && strings.Contains(l.NeedsError.Error(), osimage.FleetNeedsLabel), fmt.Sprintf("%+v", l)
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -117,7 +117,7 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 }
 
 // asNeed makes w a fleet need of namespaces, served from records.
-func asNeed(w selection.Wanted, records []selection.Record, namespaces ...string) selection.Wanted {
+func asNeed(w servedset.Wanted, records []servedset.Record, namespaces ...string) servedset.Wanted {
 	w.Records = records
 	w.Key, w.Image = records[0].Key, records[0].Image
 	w.ForNamespaces = namespaces
@@ -140,7 +140,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	bad := good.Image.Clone()
 	bad["uri"], bad["filename"] = "oci://example/ubuntu:does-not-exist", "evil.raw"
 	src.failURI["oci://example/ubuntu:does-not-exist"] = errors.New("manifest unknown: tag does-not-exist")
-	need := asNeed(good, []selection.Record{
+	need := asNeed(good, []servedset.Record{
 		{Key: "aaa", Image: bad, Namespaces: []string{"evil"}},
 		{Key: "ubuntu", Image: good.Image, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
@@ -149,7 +149,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	h.want(need)
 	h.waitPhase(good.SHA256, PhaseReady)
 	for _, name := range []string{"ubuntu.raw", "evil.raw"} {
-		resp, body := h.get("/images/" + good.SHA256 + "/" + name)
+		resp, body := h.get(osimage.ImagePath(good.SHA256, name))
 		if resp.StatusCode != http.StatusOK || string(body) != strings.Repeat("u", 64) {
 			t.Errorf("%s: HTTP %d", name, resp.StatusCode)
 		}
@@ -166,7 +166,7 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	other["uri"] = "oci://example/other:1"
 	src2.failURI[img.Image.Get("uri")] = errors.New("unauthorized: the victim's registry wants credentials")
 	src2.failURI["oci://example/other:1"] = errors.New("manifest unknown: tag 1")
-	need = asNeed(img, []selection.Record{
+	need = asNeed(img, []servedset.Record{
 		{Key: "aaa", Image: other, Namespaces: []string{"evil"}},
 		{Key: "img", Image: img.Image, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
@@ -191,10 +191,10 @@ func TestTheManagementSelectionComesBeforeTheFleetsNeeds(t *testing.T) {
 	src := newFakeSource()
 	mgmt := src.add("zzz-mgmt", []byte(strings.Repeat("m", 60)), false)
 	tenant := src.add("aaa-tenant", []byte(strings.Repeat("t", 60)), false)
-	for _, w := range []selection.Wanted{mgmt, tenant} {
+	for _, w := range []servedset.Wanted{mgmt, tenant} {
 		w.Image["archive-size"] = "1"
 	}
-	need := asNeed(tenant, []selection.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need, mgmt)
 	h.waitPhase(mgmt.SHA256, PhaseReady)
@@ -214,10 +214,10 @@ func TestANeedGivesWayToAManagementImageWaitingForSpace(t *testing.T) {
 	src := newFakeSource()
 	tenant := src.add("tenant", []byte(strings.Repeat("t", 60)), true)
 	mgmt := src.add("mgmt", []byte(strings.Repeat("m", 60)), false)
-	for _, w := range []selection.Wanted{mgmt, tenant} {
+	for _, w := range []servedset.Wanted{mgmt, tenant} {
 		w.Image["archive-size"] = "1"
 	}
-	need := asNeed(tenant, []selection.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need)
 	h.waitPhase(need.SHA256, PhaseDownloading)
@@ -244,7 +244,7 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 	s := New(Config{Store: store})
 	var refused osimage.RefusedNeeds
 	for i := range 3000 {
-		refused = append(refused, osimage.RefusedNeed{SHA256: fmt.Sprintf("%064x", i), Namespace: fmt.Sprintf("wc-%02d", i%40),
+		refused = append(refused, osimage.RefusedNeed{SHA256: osimage.SHA256(fmt.Sprintf("%064x", i)), Namespace: fmt.Sprintf("wc-%02d", i%40),
 			Reason: osimage.RefusedImages, Message: strings.Repeat("m", 100)})
 	}
 	s.SetRefusedNeeds(refused)
@@ -257,17 +257,17 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 		t.Errorf("the refusals take %d bytes", len(doc))
 	}
 	for i := range 40 {
-		if _, ok := got.For(fmt.Sprintf("wc-%02d", i), fmt.Sprintf("%064x", i)); !ok {
+		if _, ok := got.For(fmt.Sprintf("wc-%02d", i), osimage.SHA256(fmt.Sprintf("%064x", i))); !ok {
 			t.Errorf("the first refusal of wc-%02d is left out", i)
 		}
 	}
 
 	// A served set that leaves no room: published without them.
-	wanted := map[string]selection.Wanted{}
+	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 2200 {
-		sha := fmt.Sprintf("%064x", 10000+i)
+		sha := osimage.SHA256(fmt.Sprintf("%064x", 10000+i))
 		name := fmt.Sprintf("%05d-%s.raw", i, strings.Repeat("x", 240))
-		wanted[sha] = selection.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha, "filename": name}}
+		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha.String(), "filename": name}}
 	}
 	s.SetDesired(wanted, nil)
 	s.mu.Lock()

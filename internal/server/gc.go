@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // Garbage collection: stored images deselected for longer than the grace
@@ -35,9 +38,9 @@ func (s *Server) CollectGarbage() {
 		return
 	}
 	now := s.cfg.Now()
-	var victims []string
+	var victims []osimage.SHA256
 	for sum, img := range s.images {
-		if !img.selected && img.stored && now.Sub(img.deselectedAt) >= s.cfg.GCGrace {
+		if !img.Selected && img.Stored && now.Sub(img.DeselectedAt) >= s.cfg.GCGrace {
 			victims = append(victims, sum)
 		}
 	}
@@ -47,7 +50,7 @@ func (s *Server) CollectGarbage() {
 			s.log.Warn("garbage collection postponed: the Metal3 objects that may reference images are not all known yet", "candidates", len(victims))
 			return
 		}
-		victims = slices.DeleteFunc(victims, func(sum string) bool {
+		victims = slices.DeleteFunc(victims, func(sum osimage.SHA256) bool {
 			by := strings.Join(refs.ReferencedBy(sum), ", ")
 			s.mu.Lock()
 			img, ok := s.images[sum]
@@ -68,8 +71,9 @@ func (s *Server) CollectGarbage() {
 			continue
 		}
 		s.mu.Lock()
-		if img, ok := s.images[sum]; ok && !img.selected {
-			delete(s.images, sum)
+		if img, ok := s.images[sum]; ok {
+			img.entry = imagestore.Entry{}
+			s.changeLocked(sum, img, collected{})
 		}
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)
@@ -93,7 +97,7 @@ func (s *Server) collectPartials() {
 	for _, p := range partials {
 		s.mu.Lock()
 		img, ok := s.images[p.SHA256]
-		wanted := ok && img.selected && !img.stored
+		wanted := ok && img.Selected && !img.Stored
 		s.mu.Unlock()
 		if wanted {
 			continue
@@ -116,8 +120,8 @@ func (s *Server) LastCollection() time.Time {
 }
 
 // keptByLocked names what keeps a deselected, stored image.
-func (s *Server) keptByLocked(sum string, img *image) []string {
-	if img.selected || !img.stored || s.cfg.References == nil {
+func (s *Server) keptByLocked(sum osimage.SHA256, img *image) []string {
+	if img.Selected || !img.Stored || s.cfg.References == nil {
 		return nil
 	}
 	return s.cfg.References.ReferencedBy(sum)
@@ -128,5 +132,5 @@ func (s *Server) keptByLocked(sum string, img *image) []string {
 // them all, as just after a start): such an image stays served, as it
 // stays stored, since a host may be booting from it.
 func (s *Server) referencesUnknownLocked(img *image) bool {
-	return !img.selected && img.stored && s.cfg.References != nil && !s.cfg.References.Synced()
+	return !img.Selected && img.Stored && s.cfg.References != nil && !s.cfg.References.Synced()
 }

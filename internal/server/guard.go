@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // inputsGuard is what the server knows of its inputs: when the inputs in
@@ -17,9 +18,9 @@ import (
 type inputsGuard struct {
 	mu        sync.Mutex
 	accepted  time.Time
-	refusal   *RefusedError
+	refusal   *serverio.RefusedError
 	refusedAt time.Time
-	counts    map[Refusal]int
+	counts    map[serverio.Refusal]int
 }
 
 // InputsStatus is the state of the inputs, as the status page shows it.
@@ -28,10 +29,10 @@ type InputsStatus struct {
 	Accepted time.Time
 	// Refused is the refusal of the newest inputs read, nil when they are
 	// the ones in force; RefusedAt is when they were refused.
-	Refused   *RefusedError
+	Refused   *serverio.RefusedError
 	RefusedAt time.Time
 	// Refusals counts the refusals since the start, by reason.
-	Refusals map[Refusal]int
+	Refusals map[serverio.Refusal]int
 }
 
 // ReportInputs records the fate of the newest inputs read: nil when they
@@ -45,9 +46,9 @@ func (s *Server) ReportInputs(err error) {
 		g.accepted, g.refusal = now, nil
 		return
 	}
-	r := refused(err)
+	r := serverio.AsRefused(err)
 	if g.counts == nil {
-		g.counts = map[Refusal]int{}
+		g.counts = map[serverio.Refusal]int{}
 	}
 	g.counts[r.Reason]++
 	g.refusal, g.refusedAt = r, now
@@ -58,22 +59,22 @@ func (s *Server) InputsStatus() InputsStatus {
 	g := &s.inputs
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	counts := make(map[Refusal]int, len(allRefusals))
-	for _, r := range allRefusals {
+	counts := make(map[serverio.Refusal]int, len(serverio.Refusals))
+	for _, r := range serverio.Refusals {
 		counts[r] = g.counts[r]
 	}
 	return InputsStatus{Accepted: g.accepted, Refused: g.refusal, RefusedAt: g.refusedAt, Refusals: counts}
 }
 
 // Admit decides whether wanted, the selection of new inputs, may replace
-// the served set. It refuses (a *RefusedError) a set that would not fit in
+// the served set. It refuses (a *serverio.RefusedError) a set that would not fit in
 // the served-images ConfigMap, and, unless Config.AllowEmpty, an empty set
 // while images are served: an emptied or half-written os_images, or values
 // that lost their selectors, must not take every image away. Before the
 // first set is in force, what is served is what the publisher published
 // last (a restart on broken inputs is refused too), or, when that cannot be
 // read, what the store holds.
-func (s *Server) Admit(ctx context.Context, wanted map[string]selection.Wanted) error {
+func (s *Server) Admit(ctx context.Context, wanted map[osimage.SHA256]servedset.Wanted) error {
 	// The largest the output can be: every entry still "available: false".
 	out := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}}
 	for sum, w := range wanted {
@@ -83,7 +84,7 @@ func (s *Server) Admit(ctx context.Context, wanted map[string]selection.Wanted) 
 	if _, err := out.ConfigMapData("the served set"); err != nil {
 		var tooLarge *osimage.SizeError
 		if errors.As(err, &tooLarge) {
-			return &RefusedError{Reason: RefusalTooLarge, Err: fmt.Errorf("the inputs select too many images: %w", err)}
+			return &serverio.RefusedError{Reason: serverio.RefusalTooLarge, Err: fmt.Errorf("the inputs select too many images: %w", err)}
 		}
 		return err
 	}
@@ -94,7 +95,7 @@ func (s *Server) Admit(ctx context.Context, wanted map[string]selection.Wanted) 
 	if n == 0 {
 		return nil
 	}
-	return &RefusedError{Reason: RefusalEmpty, Err: fmt.Errorf(
+	return &serverio.RefusedError{Reason: serverio.RefusalEmpty, Err: fmt.Errorf(
 		"the inputs select no image, while %d are %s: refused, so that an emptied or half-written os_images, or values that lost their selectors, cannot take every image away; check the os_images document and the selectors of the values, or, to empty the served set on purpose, run the server with --allow-empty",
 		n, where)}
 }
@@ -105,10 +106,10 @@ func (s *Server) servedNow(ctx context.Context) (int, string) {
 	ready := s.ready
 	selected, stored := 0, 0
 	for _, img := range s.images {
-		if img.selected {
+		if img.Selected {
 			selected++
 		}
-		if img.stored {
+		if img.Stored {
 			stored++
 		}
 	}

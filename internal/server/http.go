@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sylva-projects/osimages/internal/httpsend"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -53,7 +54,7 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Metrics != nil {
 		h = s.cfg.Metrics.instrument(h)
 	}
-	return s.sendDeadline(h)
+	return httpsend.Deadline(s.cfg.SendTimeout, h)
 }
 
 // HTTPServer is an http.Server for Handler, with the timeouts a server
@@ -65,20 +66,8 @@ func (s *Server) HTTPServer() *http.Server {
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		ConnContext:       ConnContext,
+		ConnContext:       httpsend.ConnContext,
 	}
-}
-
-// sendDeadline gives every response a write deadline of SendTimeout, so
-// that a client that stops reading cannot hold a connection and a
-// goroutine for ever. A large response extends it as it goes (see
-// progressWriter): what is bounded is the time without progress, not the
-// time of the download.
-func (s *Server) sendDeadline(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.SendTimeout))
-		next.ServeHTTP(w, r)
-	})
 }
 
 func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
@@ -89,7 +78,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	sum, file := string(req.SHA256), req.Name()
+	sum, file := req.SHA256, req.Name()
 	info, ok := s.lookup(sum)
 	if !ok || !info.served {
 		http.NotFound(w, r)
@@ -105,7 +94,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 	var checksum string
 	switch suffix {
 	case ".sha256sum":
-		checksum = sum
+		checksum = string(sum)
 	case ".md5sum":
 		checksum = info.md5
 	}
@@ -124,7 +113,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 		// and conditional requests treat it as the image.
 		body := checksum + "  " + name + "\n"
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("ETag", `"`+sum+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
+		w.Header().Set("ETag", `"`+string(sum)+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
 		http.ServeContent(w, r, file, info.verifiedAt, strings.NewReader(body))
 		return
 	}
@@ -132,7 +121,7 @@ func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveStored sends the stored, verified file of sum.
-func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string) {
+func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
 	f, entry, err := s.cfg.Store.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it: download it again.
@@ -147,7 +136,7 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string)
 		return
 	}
 	defer f.Close()
-	w.Header().Set("ETag", `"`+sum+`"`)
+	w.Header().Set("ETag", `"`+string(sum)+`"`)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
 		// Go's ServeContent answers bytes=-0 with a 206 whose
@@ -160,8 +149,8 @@ func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum string)
 	}
 	// http.ServeContent answers HEAD exactly as GET (with Content-Length),
 	// Range and conditional requests, and sends an *os.File with sendfile.
-	defer corked(r)()
-	http.ServeContent(&progressWriter{ResponseWriter: w, timeout: s.cfg.SendTimeout}, r, entry.Filename, entry.VerifiedAt, f)
+	defer httpsend.Corked(r)()
+	http.ServeContent(&httpsend.Writer{ResponseWriter: w, Timeout: s.cfg.SendTimeout}, r, entry.Filename, entry.VerifiedAt, f)
 }
 
 // withoutEmptySuffixes removes the suffix ranges of length 0 ("-0") from a

@@ -14,7 +14,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
@@ -27,6 +27,7 @@ func TestIdentityAgreesAcrossCatalogServerRender(t *testing.T) {
 	content := []byte(strings.Repeat("identity", 512))
 	h := sha256.Sum256(content)
 	sum := hex.EncodeToString(h[:])
+	id := osimage.SHA256(sum)
 	tests := []struct {
 		name, sha, filename string
 		ok                  bool
@@ -72,11 +73,11 @@ func TestIdentityAgreesAcrossCatalogServerRender(t *testing.T) {
 				"capm3":          map[string]any{"image_key": "img", "image_provisioning_host": "192.0.2.10"},
 			}
 			ts, renderErr := capm3.Render(capm3.Input{Values: cluster, Catalog: cat,
-				Served: osimage.ServedSet{tt.sha: {Available: true, ImageKey: "img"}}})
+				Served: osimage.ServedSet{osimage.SHA256(tt.sha): {Available: true, ImageKey: "img"}}})
 			renderOK := renderErr == nil
 
-			mgmt := values.Values{selection.AdditionalSelectorsKey: map[string]any{"it": map[string]any{"_os_images_key_": "img"}}}
-			wanted, selErr := selection.Select(mgmt, cat)
+			mgmt := values.Values{servedset.AdditionalSelectorsKey: map[string]any{"it": map[string]any{"_os_images_key_": "img"}}}
+			wanted, selErr := servedset.Select(mgmt, cat)
 			serverOK := selErr == nil && len(wanted) == 1
 
 			if catalogOK != tt.ok || renderOK != tt.ok || serverOK != tt.ok {
@@ -96,10 +97,10 @@ func TestIdentityAgreesAcrossCatalogServerRender(t *testing.T) {
 				t.Errorf("render's URL %s reads as path %q, query %q, fragment %q", u, u.Path, u.RawQuery, u.Fragment)
 			}
 			src := newFakeSource()
-			src.content[sum] = content
+			src.content[id] = content
 			hs := start(t, t.TempDir(), src, nil)
 			hs.srv.SetDesired(wanted, nil)
-			hs.waitPhase(sum, PhaseReady)
+			hs.waitPhase(id, PhaseReady)
 			resp, body := hs.get(u.EscapedPath())
 			if resp.StatusCode != http.StatusOK || string(body) != string(content) {
 				t.Fatalf("GET %s (render's URL): %d, %d bytes", u.EscapedPath(), resp.StatusCode, len(body))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -64,19 +65,19 @@ func TestWatchedConfigMapIsReadFromTheInformer(t *testing.T) {
 	vals := filepath.Join(dir, "values.yaml")
 	writeInputs(t, filepath.Join(dir, "unused.yaml"), vals, "", "os_image_server_additional_selectors:\n  all: {os: ubuntu}\n")
 	var mu sync.Mutex
-	var seen []Loaded
-	loaded := func() (int, Loaded) {
+	var seen []serverio.Loaded
+	loaded := func() (int, serverio.Loaded) {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(seen) == 0 {
-			return 0, Loaded{}
+			return 0, serverio.Loaded{}
 		}
 		return len(seen), seen[len(seen)-1]
 	}
-	in := Inputs{OSImagesConfigMap: &key, Client: client, ValueFiles: []string{vals}, Poll: 20 * time.Millisecond}
+	in := serverio.Inputs{OSImagesConfigMap: &key, Client: client, ValueFiles: []string{vals}, Poll: 20 * time.Millisecond}
 	watchErr := make(chan error, 1)
 	go func() {
-		watchErr <- in.Watch(ctx, nil, func(l Loaded) error {
+		watchErr <- in.Watch(ctx, nil, func(l serverio.Loaded) error {
 			mu.Lock()
 			defer mu.Unlock()
 			seen = append(seen, l)

@@ -17,7 +17,8 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -33,15 +34,15 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
 	for _, name := range a.Filenames {
-		resp, body := h.get("/images/" + a.SHA256 + "/" + name)
+		resp, body := h.get("/images/" + a.SHA256.String() + "/" + name)
 		if resp.StatusCode != http.StatusOK || string(body) != string(content) {
 			t.Errorf("GET %s: %d, %d bytes", name, resp.StatusCode, len(body))
 		}
-		resp, body = h.get("/images/" + a.SHA256 + "/" + name + ".sha256sum")
-		if want := a.SHA256 + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
+		resp, body = h.get("/images/" + a.SHA256.String() + "/" + name + ".sha256sum")
+		if want := a.SHA256.String() + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.sha256sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
-		resp, body = h.get("/images/" + a.SHA256 + "/" + name + ".md5sum")
+		resp, body = h.get("/images/" + a.SHA256.String() + "/" + name + ".md5sum")
 		if want := a.Image.Get("md5") + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.md5sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
@@ -50,11 +51,11 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 		t.Errorf("servedFile: %q %q %v", name, suffix, ok)
 	}
 	for _, name := range []string{"other.raw", "good.raw.sha512sum", "renamed"} {
-		if resp, _ := h.get("/images/" + a.SHA256 + "/" + name); resp.StatusCode != http.StatusNotFound {
+		if resp, _ := h.get("/images/" + a.SHA256.String() + "/" + name); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s: %d, want 404", name, resp.StatusCode)
 		}
 	}
-	if _, page := h.get("/"); !strings.Contains(string(page), `href="/images/`+a.SHA256+`/renamed.raw"`) {
+	if _, page := h.get("/"); !strings.Contains(string(page), `href="/images/`+a.SHA256.String()+`/renamed.raw"`) {
 		t.Errorf("the status page does not list the second filename:\n%s", page)
 	}
 }
@@ -87,7 +88,7 @@ func newTestStore(t *testing.T) *imagestore.Store {
 	return store
 }
 
-func catalogDoc(t *testing.T, ws ...selection.Wanted) string {
+func catalogDoc(t *testing.T, ws ...servedset.Wanted) string {
 	t.Helper()
 	cat := osimage.Catalog{}
 	for _, w := range ws {
@@ -117,11 +118,11 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	in := Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, Poll: 10 * time.Millisecond, Report: h.srv.ReportInputs}
+	in := serverio.Inputs{OSImagesFile: osImages, ValueFiles: []string{vals}, Poll: 10 * time.Millisecond, Report: h.srv.ReportInputs}
 	watchErr := make(chan error, 1)
 	go func() {
-		watchErr <- in.Watch(ctx, nil, func(l Loaded) error {
-			wanted, _ := selection.Select(l.Values, l.Catalog)
+		watchErr <- in.Watch(ctx, nil, func(l serverio.Loaded) error {
+			wanted, _ := servedset.Select(l.Values, l.Catalog)
 			if err := h.srv.Admit(ctx, wanted); err != nil {
 				return err
 			}
@@ -133,17 +134,17 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, osImages, values string
-		reason                 Refusal
+		reason                 serverio.Refusal
 		says                   string
 	}{
-		{"emptied os_images file", "", goodValues, RefusalEmpty, "the inputs select no image, while 1 are served"},
-		{"os_images: null (half-written)", "os_images:\n", goodValues, RefusalEmpty, "--allow-empty"},
-		{"os_images: {}", "os_images: {}\n", goodValues, RefusalEmpty, "select no image"},
-		{"os_image typed for os_images", strings.Replace(goodImages, "os_images:", "os_image:", 1), goodValues, RefusalNearMiss, "os_image: did you mean os_images?"},
-		{"unparsable", "os_images: [\n", goodValues, RefusalUnreadable, "os-images.yaml: not YAML"},
-		{"emptied values", goodImages, "", RefusalEmpty, "select no image"},
-		{"misspelt additional selectors", goodImages, strings.Replace(goodValues, "selectors", "selector", 1), RefusalNearMiss, "os_image_server_additional_selector: did you mean os_image_server_additional_selectors?"},
-		{"values typo of a cosign key", goodImages, goodValues + "os_images_oci_registries:\n  sylva: {url: oci://r/x, cosign_public_key: k}\n", RefusalNearMiss, "did you mean cosign_publickey?"},
+		{"emptied os_images file", "", goodValues, serverio.RefusalEmpty, "the inputs select no image, while 1 are served"},
+		{"os_images: null (half-written)", "os_images:\n", goodValues, serverio.RefusalEmpty, "--allow-empty"},
+		{"os_images: {}", "os_images: {}\n", goodValues, serverio.RefusalEmpty, "select no image"},
+		{"os_image typed for os_images", strings.Replace(goodImages, "os_images:", "os_image:", 1), goodValues, serverio.RefusalNearMiss, "os_image: did you mean os_images?"},
+		{"unparsable", "os_images: [\n", goodValues, serverio.RefusalUnreadable, "os-images.yaml: not YAML"},
+		{"emptied values", goodImages, "", serverio.RefusalEmpty, "select no image"},
+		{"misspelt additional selectors", goodImages, strings.Replace(goodValues, "selectors", "selector", 1), serverio.RefusalNearMiss, "os_image_server_additional_selector: did you mean os_image_server_additional_selectors?"},
+		{"values typo of a cosign key", goodImages, goodValues + "os_images_oci_registries:\n  sylva: {url: oci://r/x, cosign_public_key: k}\n", serverio.RefusalNearMiss, "did you mean cosign_publickey?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeInputs(t, osImages, vals, tc.osImages, tc.values)
@@ -177,7 +178,7 @@ func TestWatchRefusesBrokenInputs(t *testing.T) {
 		})
 	}
 	st := h.srv.InputsStatus()
-	if st.Refusals[RefusalEmpty] != 4 || st.Refusals[RefusalNearMiss] != 3 || st.Refusals[RefusalUnreadable] != 1 {
+	if st.Refusals[serverio.RefusalEmpty] != 4 || st.Refusals[serverio.RefusalNearMiss] != 3 || st.Refusals[serverio.RefusalUnreadable] != 1 {
 		t.Errorf("each refusal counts once: %v", st.Refusals)
 	}
 	// The image stayed selected all along: no garbage collection.
@@ -199,17 +200,17 @@ func TestWatchFailsAtStartWithoutGoodInputs(t *testing.T) {
 	vals := filepath.Join(dir, "values.yaml")
 	os.WriteFile(vals, []byte("{}\n"), 0o644)
 	for _, tc := range []struct {
-		in   Inputs
+		in   serverio.Inputs
 		says string
 	}{
-		{Inputs{OSImagesFile: filepath.Join(dir, "missing.yaml"), ValueFiles: []string{vals}}, "no such file"},
-		{Inputs{OSImagesFile: vals, ValueFiles: []string{filepath.Join(dir, "missing.yaml")}}, "reading values file"},
+		{serverio.Inputs{OSImagesFile: filepath.Join(dir, "missing.yaml"), ValueFiles: []string{vals}}, "no such file"},
+		{serverio.Inputs{OSImagesFile: vals, ValueFiles: []string{filepath.Join(dir, "missing.yaml")}}, "reading values file"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := tc.in.Watch(ctx, nil, func(Loaded) error { return nil })
+		err := tc.in.Watch(ctx, nil, func(serverio.Loaded) error { return nil })
 		cancel()
-		var r *RefusedError
-		if !errors.As(err, &r) || r.Reason != RefusalUnreadable || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "no last good ones") {
+		var r *serverio.RefusedError
+		if !errors.As(err, &r) || r.Reason != serverio.RefusalUnreadable || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "no last good ones") {
 			t.Errorf("Watch at start: %v, want an unreadable refusal saying %q", err, tc.says)
 		}
 	}
@@ -222,7 +223,7 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 	output := filepath.Join(t.TempDir(), "served.yaml")
 	cfg := func(allowEmpty bool) Config {
 		store := newTestStore(t)
-		return Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: output}, AllowEmpty: allowEmpty}
+		return Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: output}, AllowEmpty: allowEmpty}
 	}
 	ctx := context.Background()
 	if err := New(cfg(false)).Admit(ctx, nil); err != nil {
@@ -230,8 +231,8 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 	}
 	os.WriteFile(output, []byte("capm3_os_image_server_images:\n  "+hexSum("a")+": {available: true, image_key: a}\n"), 0o644)
 	err := New(cfg(false)).Admit(ctx, nil)
-	var r *RefusedError
-	if !errors.As(err, &r) || r.Reason != RefusalEmpty || !strings.Contains(err.Error(), "1 are published at the output") {
+	var r *serverio.RefusedError
+	if !errors.As(err, &r) || r.Reason != serverio.RefusalEmpty || !strings.Contains(err.Error(), "1 are published at the output") {
 		t.Errorf("want an empty refusal naming the published set, got %v", err)
 	}
 	if err := New(cfg(true)).Admit(ctx, nil); err != nil {
@@ -242,14 +243,14 @@ func TestAdmitComparesWithThePublishedSetAtStart(t *testing.T) {
 // TestAdmitRefusesASetTooLargeForAConfigMap names the size and the count.
 func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	srv := New(Config{Store: newTestStore(t), Pull: newFakeSource().pull})
-	wanted := map[string]selection.Wanted{}
+	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
-		wanted[sum] = selection.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
+		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
-	var r *RefusedError
-	if !errors.As(err, &r) || r.Reason != RefusalTooLarge || !strings.Contains(err.Error(), "for 6000 images, over the 1048576 bytes") {
+	var r *serverio.RefusedError
+	if !errors.As(err, &r) || r.Reason != serverio.RefusalTooLarge || !strings.Contains(err.Error(), "for 6000 images, over the 1048576 bytes") {
 		t.Fatalf("want a too-large refusal naming the count, got %v", err)
 	}
 	var size *osimage.SizeError
@@ -281,7 +282,7 @@ func TestServedOutputDocuments(t *testing.T) {
 		t.Fatal(err)
 	}
 	var raw map[string]map[string]map[string]any
-	if err := yaml.Unmarshal([]byte(data[osimage.ValuesKey]), &raw); err != nil || len(raw["capm3_os_image_server_images"][hexSum("a")]) != 2 {
+	if err := yaml.Unmarshal([]byte(data[osimage.ValuesKey]), &raw); err != nil || len(raw["capm3_os_image_server_images"][hexSum("a").String()]) != 2 {
 		t.Errorf("values.yaml: %v %v", raw, err)
 	}
 	files, err := osimage.ParseServedFilenames([]byte(data[osimage.ServedFilenamesKey]))
@@ -299,7 +300,7 @@ func TestServedOutputDocuments(t *testing.T) {
 	}
 }
 
-func hexSum(s string) string {
+func hexSum(s string) osimage.SHA256 {
 	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:])
+	return osimage.SHA256(hex.EncodeToString(h[:]))
 }

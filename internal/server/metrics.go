@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // Metrics are the server's Prometheus metrics, on a registry of their own.
@@ -92,7 +94,7 @@ func (m *Metrics) bind(s *Server) {
 	}})
 	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {
 		st := s.InputsStatus()
-		for _, r := range allRefusals {
+		for _, r := range serverio.Refusals {
 			v := 0.0
 			if st.Refused != nil && st.Refused.Reason == r {
 				v = 1
@@ -115,7 +117,7 @@ func (m *Metrics) bind(s *Server) {
 			if len(st.KeptBy) > 0 {
 				// The first referrer names one culprit in the label; the
 				// value counts them all.
-				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), st.SHA256, st.Key, st.KeptBy[0])
+				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), string(st.SHA256), st.Key, st.KeptBy[0])
 			}
 		}
 		for k, n := range counts {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -33,7 +34,7 @@ func TestOutputConfigMapIsRestored(t *testing.T) {
 	a := src.add("ubuntu-a", []byte("image a"), false)
 	logs := &logLines{}
 	h := start(t, t.TempDir(), src, func(c *Config) {
-		c.Publisher = ConfigMapPublisher{Client: k.Client, Key: key}
+		c.Publisher = serverio.ConfigMapPublisher{Client: k.Client, Key: key}
 		c.Logger = logs.logger()
 	})
 	h.want(a)

@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // keepPartialDir leaves a checkpointed partial download of sha256 in the
 // store of dir, as a server killed in the middle of it does.
-func keepPartialDir(t *testing.T, dir, sha256 string) {
+func keepPartialDir(t *testing.T, dir string, sha256 osimage.SHA256) {
 	t.Helper()
 	store, err := imagestore.Open(dir)
 	if err != nil {
@@ -29,7 +30,7 @@ func keepPartialDir(t *testing.T, dir, sha256 string) {
 		t.Fatal(err)
 	}
 	w.Write([]byte("kept"))
-	if err := w.Checkpoint("src", 4, sha256); err != nil {
+	if err := w.Checkpoint("src", 4, sha256.String()); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Suspend(); err != nil {
@@ -37,8 +38,8 @@ func keepPartialDir(t *testing.T, dir, sha256 string) {
 	}
 }
 
-func partialExists(dir, sha256 string) bool {
-	_, err := os.Stat(filepath.Join(dir, "partial", sha256))
+func partialExists(dir string, sha256 osimage.SHA256) bool {
+	_, err := os.Stat(filepath.Join(dir, "partial", sha256.String()))
 	return err == nil
 }
 
@@ -55,7 +56,7 @@ func TestPartialsOfUnselectedImagesAreCollected(t *testing.T) {
 	src.fail[flaky.SHA256] = errors.New("GET: connection refused")
 	src.fail[refused.SHA256] = &pull.VerifyError{What: pull.WhatSHA256, Expected: "x", Actual: "y"}
 	dir := t.TempDir()
-	for _, w := range []string{gone.SHA256, flaky.SHA256, refused.SHA256} {
+	for _, w := range []osimage.SHA256{gone.SHA256, flaky.SHA256, refused.SHA256} {
 		keepPartialDir(t, dir, w)
 	}
 	h := start(t, dir, src, nil)
@@ -90,7 +91,7 @@ func TestCheckingKeptBytesIsNotAStall(t *testing.T) {
 			src := newFakeSource()
 			img := src.add("kept", []byte("an image continued from a partial download"), false)
 			other := src.add("waiting", []byte("an image waiting for the slot"), false)
-			pullKept := func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+			pullKept := func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 				if w.SHA256 != img.SHA256 {
 					return src.pull(ctx, w, dst, progress)
 				}

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -25,10 +23,6 @@ const (
 )
 
 var serverPhases = []ServerPhase{ServerStarting, ServerWaitingForCatalog, ServerServing}
-
-// ErrNoCatalogYet marks inputs whose catalog is not written yet (Inputs.Load
-// wraps it): the ConfigMap does not exist or holds no values.yaml.
-var ErrNoCatalogYet = errors.New("no catalog yet")
 
 // Condition says, the way Kubernetes conditions do, whether the server has
 // loaded its catalog, and if not why.

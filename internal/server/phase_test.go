@@ -1,7 +1,6 @@
 package server
 
 import (
-	"github.com/sylva-projects/osimages/internal/selection"
 	"html"
 	"net/http"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // TestWaitingForCatalogIsAPhase: before any catalog, the server is up and
@@ -110,7 +111,7 @@ func TestChecksumFilesAreCacheable(t *testing.T) {
 // path segment in the status page's link, and the link leads to the image.
 func TestStatusPageLinksEscapeFilenames(t *testing.T) {
 	src := newFakeSource()
-	var ws []selection.Wanted
+	var ws []servedset.Wanted
 	for i, name := range []string{"a#1.raw", "b?x=1.raw", "c%41.raw", "d e+(1).raw"} {
 		w := src.add("img"+strconv.Itoa(i), []byte("bytes of "+name), false)
 		w.Image["filename"] = name

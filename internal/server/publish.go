@@ -41,7 +41,7 @@ func (s *Server) outputLocked() osimage.ServedOutput {
 func (s *Server) servedLocked() osimage.ServedSet {
 	out := osimage.ServedSet{}
 	for sum, img := range s.images {
-		if img.selected {
+		if img.Selected {
 			out[sum] = osimage.ServedImage{Available: s.availableLocked(sum, img), ImageKey: img.Key}
 		}
 	}
@@ -64,7 +64,7 @@ func (s *Server) publishLoop(ctx context.Context) {
 		s.mu.Lock()
 		ready := s.ready && s.publishesLocked() && s.someReplicaReadyLocked()
 		served := s.outputLocked()
-		s.lastAvailable = map[string]bool{}
+		s.lastAvailable = map[osimage.SHA256]bool{}
 		for sum, e := range served.Set {
 			s.lastAvailable[sum] = e.Available
 		}

@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 )
 
@@ -39,7 +40,7 @@ func (s *Server) worker(ctx context.Context) {
 
 // next claims the image that needs a download now, in claim order
 // (claimsBefore): the management selection first, then the fleet's needs.
-func (s *Server) next() (string, bool) {
+func (s *Server) next() (osimage.SHA256, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.claimableLocked() {
@@ -59,34 +60,30 @@ func (s *Server) next() (string, bool) {
 	if best == nil {
 		return "", false
 	}
-	best.phase = PhaseDownloading
 	// Where this attempt fills from is chosen by fill; the source of an
 	// earlier one would tell peers it keeps no layer (replicas.go).
 	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
-	best.lastByte = time.Now()
-	best.reason = ""
-	best.attempts++
-	// Another worker may be kicked for the rest of the queue.
-	s.signal(s.kick)
+	// Another worker is kicked for the rest of the queue.
+	s.changeLocked(best.SHA256, best, claimed{})
 	return best.SHA256, true
 }
 
-func (s *Server) download(ctx context.Context, sum string) {
+func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	img := s.images[sum]
 	w := img.attempt()
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
 	img.yield = func(err error) { cancel(err) }
-	if !img.selected {
+	if !img.Selected {
 		// Deselected between its claim by next and now, when there was no
 		// download to cancel yet.
 		cancel(errDeselected)
 	}
 	s.mu.Unlock()
 	defer cancel(nil)
-	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.attempts)
+	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
 	s.signal(s.changed)
 
 	bound, need, err := s.bounds(w)
@@ -95,9 +92,7 @@ func (s *Server) download(ctx context.Context, sum string) {
 	}
 	var entry imagestore.Entry
 	if err == nil {
-		stop := s.watch(dctx, sum, cancel)
-		entry, err = s.pullInto(dctx, w, bound, stop)
-		stop()
+		entry, err = s.pullInto(dctx, w, bound)
 	}
 	s.releaseSpace(sum)
 	cause := context.Cause(dctx)
@@ -105,56 +100,50 @@ func (s *Server) download(ctx context.Context, sum string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img.cancel, img.yield = nil, nil
-	switch {
-	case err == nil:
-		img.phase = PhaseReady
-		img.stored = true
+	if err == nil {
 		img.entry = entry
-		img.attempts = 0
-		img.gaveWay = false
 		img.badPeers = nil
 		img.recordFailed = nil
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
-	case !img.selected:
+		s.changeLocked(sum, img, downloaded{})
+		return
+	}
+	end := downloadEnded{Why: endedFailed, Reason: err.Error()}
+	switch {
+	case !img.Selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
-		delete(s.images, sum)
+		end.Why = endedByDeselection
 	case ctx.Err() != nil:
 		// Shutdown: not a failed attempt. The worker stops after this.
-		img.phase = PhaseQueued
-		img.attempts--
-		img.received = 0
 		s.log.Info("download interrupted by shutdown; its partial file is kept, to be continued at the next start", "sha256", sum, "key", w.Key)
+		end.Why = endedByShutdown
 	case errors.As(err, new(*spaceWait)):
-		img.phase = PhaseQueued
-		img.attempts--
-		img.reason = err.Error()
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
-	case errors.As(cause, new(*gaveWayError)), errors.As(cause, new(*yieldError)):
-		img.phase = PhaseQueued
-		img.attempts--
-		img.gaveWay = true
-		img.received = 0
-		img.reason = cause.Error()
-		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", cause.Error())
-	default:
-		if errors.As(cause, new(*stallError)) {
-			err = fmt.Errorf("%w; the attempt ended with: %v", cause, err)
+		end.Why = endedWaitingForSpace
+	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
+		end.Why = endedGivingWay
+		if slow := new(*fill.SlowError); errors.As(err, slow) {
+			end.Reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
+		} else {
+			end.Reason = cause.Error()
 		}
-		if s.nextRecordLocked(img, w, err) {
+		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", end.Reason)
+	default:
+		if next, ok := s.nextRecordLocked(img, w, err); ok {
+			end.Why, end.Reason = endedForNextRecord, next
 			break
 		}
-		img.phase = PhaseFailed
-		img.reason = err.Error()
-		img.nextTry = s.cfg.Now().Add(s.backoff(img.attempts))
+		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
 		if s.cfg.Metrics != nil && isVerifyError(err) {
 			s.cfg.Metrics.verifyFailures.Inc()
 		}
-		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.attempts, "retryAt", img.nextTry.Format(time.RFC3339), "error", err)
+		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
-	s.signal(s.changed)
-	if ctx.Err() == nil {
-		s.signal(s.kick)
+	if end.Why == endedByShutdown || end.Why == endedGivingWay || end.Why == endedForNextRecord {
+		// The next attempt starts its count again.
+		img.received = 0
 	}
+	s.changeLocked(sum, img, end)
 }
 
 // pullInto downloads w into the store's partial file of its sha256,
@@ -162,8 +151,8 @@ func (s *Server) download(ctx context.Context, sum string) {
 // kept there, and commits it once verified. A download refused for its
 // content, or deselected, leaves nothing behind; one cut short otherwise
 // (a shutdown, a network failure, a stall) keeps its partial file for the
-// next attempt. pulled is called once the network part is over.
-func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, pulled func()) (imagestore.Entry, error) {
+// next attempt.
+func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) (imagestore.Entry, error) {
 	dst, err := s.cfg.Store.Resume(w.SHA256)
 	if err != nil {
 		return imagestore.Entry{}, err
@@ -177,8 +166,8 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
 	s.mu.Unlock()
+	s.broadcast()
 	res, source, err := s.fill(ctx, w, dst, progress)
-	pulled()
 	if res.KeptDiscarded != "" {
 		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
 		if s.cfg.Metrics != nil {
@@ -193,12 +182,12 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 	}
 	md5, size := res.MD5, res.Size
 	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
-		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, bytesIEC(bound))
+		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, osimage.FormatBytes(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
-		s.images[w.SHA256].phase = PhaseVerifying
+		s.changeLocked(w.SHA256, s.images[w.SHA256], verifying{})
 		s.mu.Unlock()
 		err = dst.Commit(entry)
 	}
@@ -221,36 +210,34 @@ func (s *Server) pullInto(ctx context.Context, w selection.Wanted, bound int64, 
 }
 
 // progressOf is the pull.Progress of the download of w: it keeps the
-// image's state (bytes received, last sign of life, phase) and the
-// downloaded-bytes metric. The first report is where the download starts:
-// bytes kept by an earlier attempt were not downloaded now, and until a
-// report says otherwise they are read back and checked.
-func (s *Server) progressOf(w selection.Wanted) func(received, total int64) {
-	last, started, checking := int64(0), false, false
+// image's state (bytes received, phase) and the downloaded-bytes metric.
+// The first report is where the download starts: bytes kept by an earlier
+// attempt were not downloaded now. The fill's rule (fill.Rule) judges
+// stalls and rates from the same reports.
+func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
+	last, started := int64(0), false
 	return func(received, total int64) {
 		if !started {
 			started, last = true, received
-			checking = received > 0
-			if checking {
+			if received > 0 {
 				s.log.Info("download continues from the partial file kept, once it is checked", "sha256", w.SHA256, "key", w.Key, "keptBytes", received)
 			}
-		} else if checking && received != last {
-			checking = false
 		}
 		s.mu.Lock()
 		img := s.images[w.SHA256]
-		if received > img.received || checking {
-			img.lastByte = time.Now()
-		}
-		img.checkingKept = checking
+		// Peers wait for a download's first bytes and for its end.
+		changed := (img.received == 0) != (received == 0)
 		img.received = received
 		if total > 0 {
 			img.total = total
 		}
-		if img.total > 0 && received >= img.total {
-			img.phase = PhaseVerifying
+		if img.total > 0 && received >= img.total && img.Phase == PhaseDownloading {
+			s.changeLocked(w.SHA256, img, verifying{})
 		}
 		s.mu.Unlock()
+		if changed {
+			s.broadcast()
+		}
 		if s.cfg.Metrics != nil && received > last {
 			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
 		}
@@ -284,21 +271,40 @@ func isVerifyError(err error) bool {
 // forgetStored notes that the stored file of sum is gone (the store found
 // it tampered with and dropped it), for reason: a selected image is queued
 // again.
-func (s *Server) forgetStored(sum, reason string) {
+func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]
-	if !ok || !img.stored {
+	if !ok || !img.Stored {
 		return
 	}
-	img.stored = false
 	img.entry = imagestore.Entry{}
-	if !img.selected {
-		delete(s.images, sum)
-		return
+	s.changeLocked(sum, img, storedLost{Reason: reason})
+}
+
+// errDeselected ends the download of an image that is no longer selected.
+var errDeselected = errors.New("the image was deselected")
+
+// dueLocked says whether img needs a download now.
+func (s *Server) dueLocked(img *image, now time.Time) bool {
+	if !img.Selected || img.Stored || img.WaitingForSpace {
+		return false
 	}
-	img.phase = PhaseQueued
-	img.reason = reason
-	s.signal(s.kick)
-	s.signal(s.changed)
+	return img.Phase == PhaseQueued || img.Phase == PhaseFailed && !now.Before(img.NextTry)
+}
+
+// waitingLocked says whether an image other than sum, that never gave way,
+// waits for a download slot while every slot is taken.
+func (s *Server) waitingLocked(sum osimage.SHA256) bool {
+	now := s.cfg.Now()
+	busy, waiting := 0, false
+	for other, img := range s.images {
+		switch {
+		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
+			busy++
+		case other != sum && !img.GaveWay && s.dueLocked(img, now):
+			waiting = true
+		}
+	}
+	return waiting && busy >= s.cfg.Concurrency
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // An image deselected after a worker claimed it, but before its download
@@ -24,15 +26,15 @@ func TestDeselectedBetweenClaimAndDownload(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	src := newFakeSource()
 	a := src.add("ubuntu-a", []byte("a bytes, long enough"), true)
-	srv := New(Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: t.TempDir() + "/served.yaml"},
+	srv := New(Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: t.TempDir() + "/served.yaml"},
 		Concurrency: 1, GCGrace: time.Hour, FreeSpaceMargin: 1, Metrics: NewMetrics()})
 
-	srv.SetDesired(map[string]selection.Wanted{a.SHA256: a}, nil)
+	srv.SetDesired(map[osimage.SHA256]servedset.Wanted{a.SHA256: a}, nil)
 	sum, ok := srv.next()
 	if !ok || sum != a.SHA256 {
 		t.Fatalf("next claimed %q, %v", sum, ok)
 	}
-	srv.SetDesired(map[string]selection.Wanted{}, nil)
+	srv.SetDesired(map[osimage.SHA256]servedset.Wanted{}, nil)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

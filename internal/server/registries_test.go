@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -26,8 +27,8 @@ func TestRegistriesFollowTheValuesInForce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	regs := NewRegistries(clients, DefaultStallTimeout, nil)
-	pull := regs.Pull()
+	regs := fill.NewRegistries(clients, DefaultStallTimeout, nil)
+	pull := regs.Fill()
 	try := func(what string) error {
 		t.Helper()
 		store, err := imagestore.Open(t.TempDir())

@@ -20,11 +20,12 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -66,16 +67,16 @@ func (l *logLines) String() string {
 }
 
 // attempts is the attempt counter of an image.
-func (h *harness) attempts(sum string) int {
+func (h *harness) attempts(sum osimage.SHA256) int {
 	h.srv.mu.Lock()
 	defer h.srv.mu.Unlock()
 	if img, ok := h.srv.images[sum]; ok {
-		return img.attempts
+		return img.Attempts
 	}
 	return -1
 }
 
-func (h *harness) status(sum string) Status {
+func (h *harness) status(sum osimage.SHA256) Status {
 	statuses, _ := h.srv.Statuses()
 	for _, st := range statuses {
 		if st.SHA256 == sum {
@@ -110,7 +111,7 @@ func TestShutdownEndsDownloads(t *testing.T) {
 	if n := src.pulls.Load(); n != 2 {
 		t.Errorf("%d pulls: a cancelled download was claimed again", n)
 	}
-	for _, w := range []selection.Wanted{a, b} {
+	for _, w := range []servedset.Wanted{a, b} {
 		if st := h.status(w.SHA256); st.Phase != PhaseQueued || h.attempts(w.SHA256) != 0 {
 			t.Errorf("%s: phase %s, %d attempts; want queued with the cancelled attempt not counted", w.Key, st.Phase, h.attempts(w.SHA256))
 		}
@@ -125,8 +126,8 @@ func TestShutdownEndsDownloads(t *testing.T) {
 		t.Errorf("files left in tmp/: %v", left)
 	}
 	// Kept for the next start, which continues what was checkpointed.
-	for _, w := range []selection.Wanted{a, b} {
-		if _, err := os.Stat(filepath.Join(dir, "partial", w.SHA256)); err != nil {
+	for _, w := range []servedset.Wanted{a, b} {
+		if _, err := os.Stat(filepath.Join(dir, "partial", w.SHA256.String())); err != nil {
 			t.Errorf("%s: the partial download is not kept for the next start: %v", w.Key, err)
 		}
 	}
@@ -160,7 +161,7 @@ func emptyDockerConfig(t *testing.T) string {
 }
 
 // publish pushes img under dib/<key>:1.0 and returns its record.
-func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImage) selection.Wanted {
+func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImage) servedset.Wanted {
 	t.Helper()
 	img.Repository, img.Tag = "dib/"+key, "1.0"
 	p, err := s.reg.Publish(context.Background(), img)
@@ -169,13 +170,17 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	}
 	fields := p.Fields.Clone()
 	fields[osimage.FieldURI] = "oci://" + p.Ref
-	return selection.Wanted{SHA256: fields.Get(osimage.FieldSHA256), Key: key, Image: fields, SelectedBy: []string{"test"}}
+	sha, err := fields.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return servedset.Wanted{SHA256: sha, Key: key, Image: fields, SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
 	t.Helper()
 	return start(t, dir, newFakeSource(), func(c *Config) {
-		c.Pull = PullWith(func() *pull.Puller { return s.puller }, nil)
+		c.Pull = fill.PullWith(func() *pull.Puller { return s.puller }, nil)
 		if tweak != nil {
 			tweak(c)
 		}
@@ -202,7 +207,7 @@ func TestSlowDownloadGivesWay(t *testing.T) {
 	if got, _ := h.get(imageURL(good)); got.StatusCode != 200 {
 		t.Errorf("good image: %d", got.StatusCode)
 	}
-	if n := logs.count("download gave way to the queue", slow.SHA256, "below --min-rate 1.0 MiB/s"); n != 1 {
+	if n := logs.count("download gave way to the queue", slow.SHA256.String(), "below --min-rate 1.0 MiB/s"); n != 1 {
 		t.Errorf("%d give-way lines for the trickled image, want 1:\n%s", n, logs)
 	}
 	// Alone in the queue, the slow image has its slot back, and keeps it.
@@ -265,7 +270,7 @@ func TestHostileSourcesNeverStarveTheQueue(t *testing.T) {
 // before a byte is pulled.
 func TestSizeRules(t *testing.T) {
 	src := newFakeSource()
-	var bad []selection.Wanted
+	var bad []servedset.Wanted
 	for i, tc := range []struct{ field, value, want string }{
 		{"size", "lots", `os_images.bad-0.size "lots" is not a decimal integer`},
 		{"size", "2.097152e6", `os_images.bad-1.size "2.097152e6" is not a decimal integer`},
@@ -405,7 +410,7 @@ func TestStalledClientIsCut(t *testing.T) {
 	slow := dial()
 	defer slow.Close()
 	began := time.Now()
-	if n, sum := body(slow, 25*time.Millisecond); n != int64(len(content)) || sum != a.SHA256 {
+	if n, sum := body(slow, 25*time.Millisecond); n != int64(len(content)) || sum != a.SHA256.String() {
 		t.Fatalf("a steady client got %d bytes (sha256 %s) in %v", n, sum, time.Since(began))
 	}
 	t.Logf("a steady client got the image in %v", time.Since(began))
@@ -454,15 +459,15 @@ func TestKeptIsLoggedOncePerChange(t *testing.T) {
 	h.waitPhase(a.SHA256, PhaseReady)
 	h.want()
 	h.clock.advance(2 * time.Hour)
-	refs.set(true, map[string][]string{a.SHA256: {"Metal3MachineTemplate wc1/t1"}})
+	refs.set(true, map[osimage.SHA256][]string{a.SHA256: {"Metal3MachineTemplate wc1/t1"}})
 	for range 20 {
 		h.srv.CollectGarbage()
 	}
-	refs.set(true, map[string][]string{a.SHA256: {"Metal3MachineTemplate wc1/t1", "Metal3MachineTemplate wc1/t2"}})
+	refs.set(true, map[osimage.SHA256][]string{a.SHA256: {"Metal3MachineTemplate wc1/t1", "Metal3MachineTemplate wc1/t2"}})
 	for range 20 {
 		h.srv.CollectGarbage()
 	}
-	if n := logs.count("image kept", a.SHA256); n != 2 {
+	if n := logs.count("image kept", a.SHA256.String()); n != 2 {
 		t.Errorf("%d \"image kept\" lines for 40 collections and one change of referrers, want 2:\n%s", n, logs)
 	}
 }
@@ -477,7 +482,7 @@ func TestTamperedImageIsDownloadedAgain(t *testing.T) {
 	h := start(t, dir, src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
-	path := filepath.Join(dir, "images", a.SHA256, a.Filename())
+	path := filepath.Join(dir, "images", a.SHA256.String(), a.Filename())
 	other := filepath.Join(t.TempDir(), "other")
 	os.WriteFile(other, []byte("not the verified!!"), 0o644)
 	os.Remove(path)

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // The scrub: one image at a time, each stored image is re-hashed once per
@@ -34,7 +35,7 @@ const maxScrubFailures = 10
 // scrubState is what the server knows of its scrub.
 type scrubState struct {
 	// current is the sha256 being scrubbed, or "".
-	current string
+	current osimage.SHA256
 	// upToDate is when the scrub last found every stored image checked
 	// within the interval.
 	upToDate time.Time
@@ -44,14 +45,15 @@ type scrubState struct {
 	failures []ScrubFailure
 	// retryAt holds images whose scrub failed for another reason (I/O):
 	// they are tried again then, not in a loop.
-	retryAt map[string]time.Time
+	retryAt map[osimage.SHA256]time.Time
 }
 
 // ScrubFailure is an image the scrub found changed.
 type ScrubFailure struct {
-	At          time.Time
-	SHA256, Key string
-	Reason      string
+	At     time.Time
+	SHA256 osimage.SHA256
+	Key    string
+	Reason string
 }
 
 // ScrubStatus is the scrub as the status page shows it.
@@ -59,7 +61,7 @@ type ScrubStatus struct {
 	Enabled  bool
 	Interval time.Duration
 	Rate     int64
-	Current  string
+	Current  osimage.SHA256
 	UpToDate time.Time
 	Bytes    int64
 	Failures []ScrubFailure
@@ -113,14 +115,14 @@ func (s *Server) scrubLoop(ctx context.Context) {
 
 // nextScrub picks the stored image checked longest ago, if it is due; else
 // it says how long until one is.
-func (s *Server) nextScrub() (string, time.Duration) {
+func (s *Server) nextScrub() (osimage.SHA256, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
-	var best string
+	var best osimage.SHA256
 	var bestDue time.Time
 	for sum, img := range s.images {
-		if !img.stored || img.phase != PhaseReady {
+		if !img.Stored || img.Phase != PhaseReady {
 			continue
 		}
 		due := s.scrubDue(img.entry, now)
@@ -158,7 +160,7 @@ func (s *Server) scrubDue(e imagestore.Entry, now time.Time) time.Time {
 	return checked.Add(s.cfg.ScrubInterval)
 }
 
-func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context.Context, int) error) {
+func (s *Server) scrubOne(ctx context.Context, sum osimage.SHA256, throttle func(context.Context, int) error) {
 	start := time.Now()
 	entry, err := s.cfg.Store.Scrub(ctx, sum, throttle, s.cfg.Now)
 	s.mu.Lock()
@@ -171,7 +173,7 @@ func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context
 	}
 	switch {
 	case err == nil:
-		if known && img.stored {
+		if known && img.Stored {
 			img.entry = entry
 		}
 		s.mu.Unlock()
@@ -200,7 +202,7 @@ func (s *Server) scrubOne(ctx context.Context, sum string, throttle func(context
 		// An I/O error says nothing of the content: keep the image, and
 		// try again later rather than in a loop.
 		if s.scrub.retryAt == nil {
-			s.scrub.retryAt = map[string]time.Time{}
+			s.scrub.retryAt = map[osimage.SHA256]time.Time{}
 		}
 		s.scrub.retryAt[sum] = s.cfg.Now().Add(min(s.cfg.ScrubInterval, time.Hour))
 		s.mu.Unlock()

@@ -61,7 +61,7 @@ func TestScrubReplacesAFlippedByte(t *testing.T) {
 	src.gates[a.SHA256] = make(chan struct{})
 	src.mu.Unlock()
 
-	path := filepath.Join(dir, "images", a.SHA256, a.Filename())
+	path := filepath.Join(dir, "images", a.SHA256.String(), a.Filename())
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -97,10 +97,10 @@ func TestScrubReplacesAFlippedByte(t *testing.T) {
 	if v := h.metricValue("osimages_scrub_failures_total"); v != "1" {
 		t.Errorf("osimages_scrub_failures_total %q, want 1", v)
 	}
-	if _, body := h.get("/"); !strings.Contains(string(body), `id="scrub-failures"`) || !strings.Contains(string(body), a.SHA256) {
+	if _, body := h.get("/"); !strings.Contains(string(body), `id="scrub-failures"`) || !strings.Contains(string(body), a.SHA256.String()) {
 		t.Errorf("the status page does not report the failure:\n%s", body)
 	}
-	if logs.count("scrub failed", a.SHA256) != 1 {
+	if logs.count("scrub failed", a.SHA256.String()) != 1 {
 		t.Errorf("no warning of the scrub failure:\n%s", logs)
 	}
 	if _, err := os.Stat(path); err == nil {
@@ -236,7 +236,7 @@ func TestScrubDatesInTheFutureAreDueNow(t *testing.T) {
 			h.waitPhase(a.SHA256, PhaseReady)
 			future := h.clock.Now().Add(365 * day)
 			h.stop()
-			meta := filepath.Join(dir, "images", a.SHA256, ".osimages.json")
+			meta := filepath.Join(dir, "images", a.SHA256.String(), ".osimages.json")
 			var m map[string]any
 			data, err := os.ReadFile(meta)
 			if err == nil {
@@ -270,7 +270,7 @@ func TestScrubDatesInTheFutureAreDueNow(t *testing.T) {
 			if got := h2.status(a.SHA256).CheckedAt; !got.Equal(h2.clock.Now()) {
 				t.Errorf("checked at %s, want now (%s): the next scrub must be an interval from now", got, h2.clock.Now())
 			}
-			if logs.count("in the future", a.SHA256, future.Format(time.RFC3339)) != 1 {
+			if logs.count("in the future", a.SHA256.String(), future.Format(time.RFC3339)) != 1 {
 				t.Errorf("want one line saying the date is in the future:\n%s", logs)
 			}
 		})

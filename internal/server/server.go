@@ -1,56 +1,65 @@
+// Package server is the image server's state: the table of the images it
+// serves, each with its lifecycle (lifecycle.go); the download queue, the
+// disk space it reserves, the collection of what is no longer selected and
+// the scrub of what is stored; what it publishes, and its HTTP face (the
+// image URLs, the status page, the metrics). Where the bytes come from is
+// package fill's; how replicas share them, package replica's.
 package server
 
 import (
 	"context"
 	"log/slog"
 	"maps"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
+	utilclock "k8s.io/utils/clock"
+
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
-// Phase is where an image stands.
-type Phase string
+// Phase is where an image stands; replicas tell each other theirs.
+type Phase = replica.Phase
 
 // The phases of an image, in the order a successful one goes through.
 const (
-	PhaseQueued      Phase = "queued"
-	PhaseDownloading Phase = "downloading"
-	PhaseVerifying   Phase = "verifying"
-	PhaseReady       Phase = "ready"
-	PhaseFailed      Phase = "failed"
+	PhaseQueued      = replica.PhaseQueued
+	PhaseDownloading = replica.PhaseDownloading
+	PhaseVerifying   = replica.PhaseVerifying
+	PhaseReady       = replica.PhaseReady
+	PhaseFailed      = replica.PhaseFailed
 )
 
 // Store is the content-addressed storage the server fills and serves from.
 type Store interface {
 	List() []imagestore.Entry
-	Open(sha256 string) (*os.File, imagestore.Entry, error)
+	Open(sha256 osimage.SHA256) (*os.File, imagestore.Entry, error)
 	// Resume opens the partial download of sha256, kept from an earlier
 	// attempt or process, or starts one.
-	Resume(sha256 string) (*imagestore.Writer, error)
+	Resume(sha256 osimage.SHA256) (*imagestore.Writer, error)
 	// Partials lists the partial downloads kept; RemovePartial removes one.
 	Partials() ([]imagestore.Partial, error)
-	RemovePartial(sha256 string) error
-	Delete(sha256 string) error
+	RemovePartial(sha256 osimage.SHA256) error
+	Delete(sha256 osimage.SHA256) error
 	Available() (uint64, error)
 	Used() int64
 	// Scrub re-hashes a stored image (scrub.go); a mismatch drops it and
 	// wraps imagestore.ErrTampered.
-	Scrub(ctx context.Context, sha256 string, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
+	Scrub(ctx context.Context, sha256 osimage.SHA256, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
 // reports the verified md5 and size of the file written, and what was kept
 // from an earlier pull into dst (a Writer from Store.Resume). progress gets
 // the network bytes received and the total expected (0 when unknown).
-type PullFunc func(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error)
+type PullFunc func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(received, total int64)) (pull.Result, error)
 
 // References tells which objects still reference an image. A deselected
 // image that is referenced is kept on disk and served, however long ago it
@@ -61,13 +70,19 @@ type References interface {
 	// collected before.
 	Synced() bool
 	// ReferencedBy names the objects that reference sha256, as KIND NS/NAME.
-	ReferencedBy(sha256 string) []string
+	ReferencedBy(sha256 osimage.SHA256) []string
 }
 
 // Publisher writes the served set, and the filenames of its images,
 // wherever consumers read them.
 type Publisher interface {
 	Publish(ctx context.Context, out osimage.ServedOutput) error
+}
+
+// PublishedReader is a Publisher that can tell what it published last,
+// even before this process published anything.
+type PublishedReader interface {
+	Published(ctx context.Context) (osimage.ServedSet, error)
 }
 
 // OutputWatcher is a Publisher whose output others can change: a ConfigMap
@@ -133,7 +148,7 @@ type Config struct {
 	// Replicas, when set, are the other servers of the Service: images
 	// are filled from them first, one replica per image pulls from the
 	// registry, and only the leader (SetLeader) publishes (replicas.go).
-	Replicas Replicas
+	Replicas replica.Replicas
 	// PeerTimeout is how long a peer may show no progress before another
 	// source takes over (0 means DefaultPeerTimeout).
 	PeerTimeout time.Duration
@@ -147,8 +162,12 @@ type Config struct {
 	// DefaultScrubRate).
 	ScrubRate int64
 
-	// Now is the clock, for tests.
+	// Now is the clock of dates (verified, deselected, retry at), for
+	// tests.
 	Now func() time.Time
+	// Clock measures durations: the fill rules' stalls and rates, and the
+	// peers' settle; nil is the real clock.
+	Clock utilclock.WithTicker
 }
 
 // Defaults of Config, and of serve's flags.
@@ -164,30 +183,18 @@ const (
 	DefaultScrubRate       = 50 << 20
 )
 
+// MinScrubInterval is the shortest ScrubInterval but 0 (off). The scrub
+// looks for bit rot, which takes days; an interval of nanoseconds re-read
+// small images in a loop and logged each pass.
+const MinScrubInterval = time.Minute
+
 // image is the server's record of one image, selected or kept on disk.
 type image struct {
-	selection.Wanted
-	phase           Phase
+	servedset.Wanted
+	// life is where the image stands; only transition changes it
+	// (lifecycle.go).
+	life
 	received, total int64
-	// lastByte is when the download in progress last received a byte (or
-	// started, or showed it was alive while checking the bytes kept by an
-	// earlier attempt), on the monotonic clock.
-	lastByte time.Time
-	// checkingKept: the download reads back and checks the bytes kept by
-	// an earlier attempt; no network byte comes, and it is not slow.
-	checkingKept bool
-	reason       string
-	attempts     int
-	nextTry      time.Time
-	// gaveWay is set when a download of the image was too slow and gave
-	// way to the queue: it is tried again after the images that did not.
-	gaveWay bool
-	// waitingForSpace is set while the image waits for space reserved by
-	// downloads in progress: it is not claimed until one of them ends.
-	waitingForSpace bool
-	selected        bool
-	deselectedAt    time.Time
-	stored          bool
 	entry           imagestore.Entry
 	cancel          context.CancelFunc
 	// yield ends the download in progress with a cause that puts it back
@@ -214,7 +221,7 @@ type Server struct {
 	log *slog.Logger
 
 	mu        sync.Mutex
-	images    map[string]*image
+	images    map[osimage.SHA256]*image
 	ready     bool   // the first desired set is known
 	waiting   string // before ready: why there is no catalog yet
 	selectErr error
@@ -230,21 +237,17 @@ type Server struct {
 	// inputs is what is known of the inputs (guard.go).
 	inputs inputsGuard
 
-	// With Replicas (replicas.go): what was last read of each ready peer,
-	// whether a first round was read, whether this replica leads, whether
-	// it was found ready once; when each ready peer was first seen ready,
-	// and which images were available at the last count (leader or not).
-	peerViews     map[string]peerView
-	readySeen     map[string]time.Time
-	lastAvailable map[string]bool
-	peersKnown    bool
-	// listedIDs are the replicas listed at the last read, changed at
-	// listedChangedAt.
-	listedIDs       []string
-	listedChangedAt time.Time
-	leader          bool
-	readyOnce       bool
-	peerPuller      *pull.Puller
+	// With Replicas (replicas.go): what is known of the peers, whether
+	// this replica leads, whether it was found ready once, and which
+	// images were available at the last count (leader or not).
+	view          *replica.View
+	leader        bool
+	readyOnce     bool
+	lastAvailable map[osimage.SHA256]bool
+	peerPuller    *pull.Puller
+	// notify is closed at each change of an image's state (Changed).
+	notifyMu sync.Mutex
+	notify   chan struct{}
 	// scrub is the state of the scrub (scrub.go).
 	scrub scrubState
 	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
@@ -291,31 +294,33 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = utilclock.RealClock{}
+	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
 	}
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		images:  map[string]*image{},
+		images:  map[osimage.SHA256]*image{},
 		kick:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
-		peerPuller: &pull.Puller{
-			HTTP: &http.Client{Transport: peerTransport()}, IdleTimeout: cfg.PeerTimeout,
-			MaxRetries: 2, Backoff: 200 * time.Millisecond, MaxBackoff: time.Second,
-		},
+		notify:  make(chan struct{}),
+	}
+	if cfg.Replicas != nil {
+		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
+		s.peerPuller = replica.NewPuller(cfg.PeerTimeout)
 	}
 	now := cfg.Now()
 	for _, e := range cfg.Store.List() {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted:       selection.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
-			phase:        PhaseReady,
-			stored:       true,
-			entry:        e,
-			deselectedAt: now,
-			source:       SourceStore,
+			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
+			life:   life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
+			entry:  e,
+			source: fill.FromStore,
 		}
 	}
 	if cfg.Metrics != nil {
@@ -329,7 +334,7 @@ func New(cfg Config) *Server {
 // stop being served (a download of theirs is cancelled; their file is
 // collected after the grace period). selectErr is what selection could not
 // do, shown on the status page.
-func (s *Server) SetDesired(wanted map[string]selection.Wanted, selectErr error) {
+func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -338,39 +343,29 @@ func (s *Server) SetDesired(wanted map[string]selection.Wanted, selectErr error)
 	for sum, w := range wanted {
 		img, ok := s.images[sum]
 		if !ok {
-			img = &image{phase: PhaseQueued}
+			img = &image{life: life{Phase: PhaseQueued}}
 			s.images[sum] = img
 			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "selectedBy", w.SelectedBy)
 		}
 		img.Wanted = w
-		img.selected = true
-		img.deselectedAt = time.Time{}
 		img.keptBy = ""
-		if img.phase == PhaseFailed {
-			// New inputs may well fix what failed: try again now.
-			img.nextTry = time.Time{}
-			img.attempts = 0
-		}
+		s.changeLocked(sum, img, selected{})
 	}
 	for sum, img := range s.images {
-		if _, ok := wanted[sum]; ok || !img.selected {
+		if _, ok := wanted[sum]; ok || !img.Selected {
 			continue
 		}
-		img.selected = false
-		img.deselectedAt = now
-		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.phase)
-		if img.cancel != nil {
-			img.cancel()
-		}
-		if !img.stored && img.phase != PhaseDownloading && img.phase != PhaseVerifying {
-			delete(s.images, sum)
-		}
+		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.Phase)
+		s.changeLocked(sum, img, deselected{At: now})
 	}
 	s.signal(s.kick)
 	s.signal(s.changed)
 }
 
 func (s *Server) signal(ch chan struct{}) {
+	if ch == s.changed {
+		s.broadcast()
+	}
 	select {
 	case ch <- struct{}{}:
 	default:
@@ -392,8 +387,13 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() { s.gcLoop(ctx) })
-	if s.cfg.Replicas != nil {
-		wg.Go(func() { s.pollPeers(ctx, nil) })
+	if s.view != nil {
+		wg.Go(func() {
+			s.view.Poll(ctx, nil, func() {
+				s.signal(s.changed)
+				s.signal(s.kick)
+			})
+		})
 	}
 	wg.Go(func() { s.scrubLoop(ctx) })
 	wg.Wait()
@@ -402,13 +402,14 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Status is one image as the status page and the metrics show it.
 type Status struct {
-	SHA256, Key, Filename, URI string
-	Phase                      Phase
-	Selected                   bool
-	Received, Total, Size      int64
-	Reason                     string
-	NextTry                    time.Time
-	DeselectedAt               time.Time
+	SHA256                osimage.SHA256
+	Key, Filename, URI    string
+	Phase                 Phase
+	Selected              bool
+	Received, Total, Size int64
+	Reason                string
+	NextTry               time.Time
+	DeselectedAt          time.Time
 	// KeptBy names the objects that still reference a deselected image,
 	// which is therefore kept and served.
 	KeptBy []string
@@ -429,13 +430,13 @@ func (s *Server) Statuses() ([]Status, error) {
 	for _, sum := range slices.Sorted(maps.Keys(s.images)) {
 		img := s.images[sum]
 		size := img.Int64Field(osimage.FieldSize)
-		if img.stored {
+		if img.Stored {
 			size = img.entry.Size
 		}
 		out = append(out, Status{
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
-			Phase: img.phase, Selected: img.selected, Received: img.received, Total: img.total, Size: size,
-			Reason: img.reason, NextTry: img.nextTry, DeselectedAt: img.deselectedAt,
+			Phase: img.Phase, Selected: img.Selected, Received: img.received, Total: img.total, Size: size,
+			Reason: img.Reason, NextTry: img.NextTry, DeselectedAt: img.DeselectedAt,
 			KeptBy: s.keptByLocked(sum, img), ReferencesUnknown: s.referencesUnknownLocked(img),
 			CheckedAt: img.entry.CheckedAt(),
 		})
@@ -474,13 +475,13 @@ type lookup struct {
 	verifiedAt     time.Time
 }
 
-func (s *Server) lookup(sum string) (lookup, bool) {
+func (s *Server) lookup(sum osimage.SHA256) (lookup, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]
 	if !ok {
 		return lookup{}, false
 	}
-	served := img.selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.stored, phase: img.phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
+	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
+	return lookup{served: served, stored: img.Stored, phase: img.Phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }

@@ -17,10 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/httpsend"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -29,38 +31,38 @@ import (
 // server's decisions are under test, over real sockets.
 type fakeSource struct {
 	mu      sync.Mutex
-	content map[string][]byte        // sha256 -> bytes
-	gates   map[string]chan struct{} // sha256 -> closed when the pull may finish
-	fail    map[string]error
+	content map[osimage.SHA256][]byte
+	gates   map[osimage.SHA256]chan struct{} // closed when the pull may finish
+	fail    map[osimage.SHA256]error
 	// failURI fails the pulls of a record by its uri.
 	failURI map[string]error
 	pulls   atomic.Int32
 }
 
 func newFakeSource() *fakeSource {
-	return &fakeSource{content: map[string][]byte{}, gates: map[string]chan struct{}{}, fail: map[string]error{}, failURI: map[string]error{}}
+	return &fakeSource{content: map[osimage.SHA256][]byte{}, gates: map[osimage.SHA256]chan struct{}{}, fail: map[osimage.SHA256]error{}, failURI: map[string]error{}}
 }
 
-// add registers an image and returns its selection.Wanted record.
-func (f *fakeSource) add(key string, content []byte, gated bool) selection.Wanted {
+// add registers an image and returns its servedset.Wanted record.
+func (f *fakeSource) add(key string, content []byte, gated bool) servedset.Wanted {
 	s := sha256.Sum256(content)
 	m := md5.Sum(content)
-	sum := hex.EncodeToString(s[:])
+	sum := osimage.SHA256(hex.EncodeToString(s[:]))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.content[sum] = content
 	if gated {
 		f.gates[sum] = make(chan struct{})
 	}
-	return selection.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: osimage.Image{
-		"sha256": sum, "md5": hex.EncodeToString(m[:]), "filename": key + ".raw",
+	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: osimage.Image{
+		"sha256": sum.String(), "md5": hex.EncodeToString(m[:]), "filename": key + ".raw",
 		"size": fmt.Sprint(len(content)), "archive-size": fmt.Sprint(len(content)), "uri": "oci://example/" + key + ":1",
 	}}
 }
 
-func (f *fakeSource) release(sum string) { close(f.gates[sum]) }
+func (f *fakeSource) release(sum osimage.SHA256) { close(f.gates[sum]) }
 
-func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
+func (f *fakeSource) pull(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress func(int64, int64)) (pull.Result, error) {
 	f.pulls.Add(1)
 	f.mu.Lock()
 	content, gate, failure := f.content[w.SHA256], f.gates[w.SHA256], f.fail[w.SHA256]
@@ -87,7 +89,7 @@ func (f *fakeSource) pull(ctx context.Context, w selection.Wanted, dst *imagesto
 		return pull.Result{}, err
 	}
 	progress(int64(len(content)), int64(len(content)))
-	return pull.Result{SHA256: w.SHA256, MD5: w.Image.Get("md5"), Size: int64(len(content))}, nil
+	return pull.Result{SHA256: w.SHA256.String(), MD5: w.Image.Get("md5"), Size: int64(len(content))}, nil
 }
 
 type clock struct {
@@ -127,7 +129,7 @@ func start(t *testing.T, dir string, src *fakeSource, tweak func(*Config)) *harn
 	}
 	h := &harness{t: t, src: src, store: store, output: filepath.Join(t.TempDir(), "served.yaml"),
 		clock: &clock{now: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)}, done: make(chan struct{})}
-	cfg := Config{Store: store, Pull: src.pull, Publisher: FilePublisher{Path: h.output}, Concurrency: 2,
+	cfg := Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: h.output}, Concurrency: 2,
 		GCGrace: time.Hour, FreeSpaceMargin: 1, RetryBase: 50 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		Metrics: NewMetrics(), Now: h.clock.Now}
 	if tweak != nil {
@@ -135,7 +137,7 @@ func start(t *testing.T, dir string, src *fakeSource, tweak func(*Config)) *harn
 	}
 	h.srv = New(cfg)
 	h.http = httptest.NewUnstartedServer(h.srv.Handler())
-	h.http.Config.ConnContext = ConnContext
+	h.http.Config.ConnContext = httpsend.ConnContext
 	h.http.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -155,8 +157,8 @@ func (h *harness) stop() {
 	h.cancel = nil
 }
 
-func (h *harness) want(ws ...selection.Wanted) {
-	m := map[string]selection.Wanted{}
+func (h *harness) want(ws ...servedset.Wanted) {
+	m := map[osimage.SHA256]servedset.Wanted{}
 	for _, w := range ws {
 		m[w.SHA256] = w
 	}
@@ -190,7 +192,7 @@ func (h *harness) do(method, path string, header ...string) (*http.Response, []b
 }
 
 // waitPhase waits until the image reaches phase.
-func (h *harness) waitPhase(sum string, phase Phase) {
+func (h *harness) waitPhase(sum osimage.SHA256, phase Phase) {
 	h.t.Helper()
 	testenv.Poll(h.t, fmt.Sprintf("image %s reaching %s", sum[:12], phase), 10*time.Second, 5*time.Millisecond, func() (bool, string) {
 		statuses, _ := h.srv.Statuses()
@@ -220,7 +222,7 @@ func (h *harness) waitOutput(what string, cond func(osimage.ServedSet) bool) osi
 	return last
 }
 
-func (h *harness) waitPublished(sum string, available bool) osimage.ServedSet {
+func (h *harness) waitPublished(sum osimage.SHA256, available bool) osimage.ServedSet {
 	h.t.Helper()
 	return h.waitOutput(fmt.Sprintf("had %s available=%v", sum[:12], available), func(s osimage.ServedSet) bool {
 		e, ok := s[sum]
@@ -228,12 +230,12 @@ func (h *harness) waitPublished(sum string, available bool) osimage.ServedSet {
 	})
 }
 
-func (h *harness) waitUnpublished(sum string) {
+func (h *harness) waitUnpublished(sum osimage.SHA256) {
 	h.t.Helper()
-	h.waitOutput("dropped "+sum[:12], func(s osimage.ServedSet) bool { _, ok := s[sum]; return !ok })
+	h.waitOutput("dropped "+sum.String()[:12], func(s osimage.ServedSet) bool { _, ok := s[sum]; return !ok })
 }
 
-func imageURL(w selection.Wanted) string { return "/images/" + w.SHA256 + "/" + w.Filename() }
+func imageURL(w servedset.Wanted) string { return "/images/" + w.SHA256.String() + "/" + w.Filename() }
 
 func TestServeLifecycle(t *testing.T) {
 	src := newFakeSource()
@@ -263,7 +265,7 @@ func TestServeLifecycle(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != string(content) {
 		t.Fatalf("GET: %d, %d bytes", resp.StatusCode, len(body))
 	}
-	if resp.Header.Get("ETag") != `"`+a.SHA256+`"` || resp.Header.Get("Last-Modified") == "" {
+	if resp.Header.Get("ETag") != `"`+a.SHA256.String()+`"` || resp.Header.Get("Last-Modified") == "" {
 		t.Errorf("headers: %v", resp.Header)
 	}
 	head, headBody := h.do(http.MethodHead, imageURL(a))
@@ -275,7 +277,7 @@ func TestServeLifecycle(t *testing.T) {
 		resp.Header.Get("Content-Range") != fmt.Sprintf("bytes 100-199/%d", len(content)) {
 		t.Errorf("Range: %d %q", resp.StatusCode, resp.Header.Get("Content-Range"))
 	}
-	if resp, _ := h.get(imageURL(a), "If-None-Match", `"`+a.SHA256+`"`); resp.StatusCode != http.StatusNotModified {
+	if resp, _ := h.get(imageURL(a), "If-None-Match", `"`+a.SHA256.String()+`"`); resp.StatusCode != http.StatusNotModified {
 		t.Errorf("If-None-Match: %d", resp.StatusCode)
 	}
 	if resp, _ := h.get(imageURL(a), "If-Modified-Since", h.clock.Now().Add(time.Hour).UTC().Format(http.TimeFormat)); resp.StatusCode != http.StatusNotModified {
@@ -284,13 +286,13 @@ func TestServeLifecycle(t *testing.T) {
 	if resp, body := h.get(imageURL(a), "Range", "bytes=0-9", "If-Range", `"other"`); resp.StatusCode != 200 || len(body) != len(content) {
 		t.Errorf("If-Range with another ETag must send the whole file: %d", resp.StatusCode)
 	}
-	if _, body := h.get(imageURL(a) + ".sha256sum"); string(body) != a.SHA256+"  ubuntu-a.raw\n" {
+	if _, body := h.get(imageURL(a) + ".sha256sum"); string(body) != a.SHA256.String()+"  ubuntu-a.raw\n" {
 		t.Errorf(".sha256sum: %q", body)
 	}
 	if _, body := h.get(imageURL(a) + ".md5sum"); string(body) != a.Image.Get("md5")+"  ubuntu-a.raw\n" {
 		t.Errorf(".md5sum: %q", body)
 	}
-	if resp, _ := h.get("/images/" + a.SHA256 + "/other-name.raw"); resp.StatusCode != 404 {
+	if resp, _ := h.get("/images/" + a.SHA256.String() + "/other-name.raw"); resp.StatusCode != 404 {
 		t.Errorf("another file name under a served sha256: %d", resp.StatusCode)
 	}
 	if resp, _ := h.get("/images/" + strings.Repeat("0", 64) + "/x.raw"); resp.StatusCode != 404 {
@@ -323,24 +325,24 @@ func TestTraversalIsNeverServed(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secret, []byte("TOP-SECRET-CONTENT"), 0o600)
 	// A symlink planted next to the stored image is not a served name.
-	imgDir := filepath.Join(dir, "images", a.SHA256)
+	imgDir := filepath.Join(dir, "images", a.SHA256.String())
 	if err := os.Symlink(secret, filepath.Join(imgDir, "link.raw")); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{
-		"/images/" + a.SHA256 + "/../../../../etc/passwd",
-		"/images/" + a.SHA256 + "/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
-		"/images/" + a.SHA256 + "/..%2f..%2f" + a.SHA256 + "%2f" + a.Filename(),
+		"/images/" + a.SHA256.String() + "/../../../../etc/passwd",
+		"/images/" + a.SHA256.String() + "/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+		"/images/" + a.SHA256.String() + "/..%2f..%2f" + a.SHA256.String() + "%2f" + a.Filename(),
 		"/images/..%2f..%2fetc/passwd",
-		"/images/" + a.SHA256 + "/link.raw",
-		"/images/" + a.SHA256 + "/" + secret,
-		"/images/" + a.SHA256 + "/%2F" + strings.TrimPrefix(secret, "/"),
+		"/images/" + a.SHA256.String() + "/link.raw",
+		"/images/" + a.SHA256.String() + "/" + secret,
+		"/images/" + a.SHA256.String() + "/%2F" + strings.TrimPrefix(secret, "/"),
 		"//etc/passwd",
-		"/images/" + a.SHA256,
-		"/images/" + a.SHA256 + "/",
-		"/images/" + strings.ToUpper(a.SHA256) + "/" + a.Filename(),
-		"/images/" + a.SHA256 + "/" + a.Filename() + "/",
-		"/images/" + a.SHA256 + "/" + a.Filename() + "%00",
+		"/images/" + a.SHA256.String(),
+		"/images/" + a.SHA256.String() + "/",
+		"/images/" + strings.ToUpper(a.SHA256.String()) + "/" + a.Filename(),
+		"/images/" + a.SHA256.String() + "/" + a.Filename() + "/",
+		"/images/" + a.SHA256.String() + "/" + a.Filename() + "%00",
 	} {
 		req, _ := http.NewRequest(http.MethodGet, h.http.URL, nil)
 		req.URL.Opaque = p // sent as written, unnormalised by the client
@@ -508,16 +510,16 @@ func TestDeselectCancelsDownload(t *testing.T) {
 type staticRefs struct {
 	mu     sync.Mutex
 	synced bool
-	refs   map[string][]string
+	refs   map[osimage.SHA256][]string
 }
 
 func (r *staticRefs) Synced() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.synced }
-func (r *staticRefs) ReferencedBy(sum string) []string {
+func (r *staticRefs) ReferencedBy(sum osimage.SHA256) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.refs[sum]
 }
-func (r *staticRefs) set(synced bool, refs map[string][]string) {
+func (r *staticRefs) set(synced bool, refs map[osimage.SHA256][]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.synced, r.refs = synced, refs
@@ -551,7 +553,7 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 	if _, page := h.get("/"); !strings.Contains(string(page), "kept and served until the Metal3 objects that may reference it are all known") {
 		t.Errorf("status page does not say why the image is kept:\n%s", page)
 	}
-	refs.set(true, map[string][]string{a.SHA256: {"Metal3MachineTemplate wc1/wc1-md0-abc"}})
+	refs.set(true, map[osimage.SHA256][]string{a.SHA256: {"Metal3MachineTemplate wc1/wc1-md0-abc"}})
 	h.srv.CollectGarbage()
 	if _, ok := h.store.Get(a.SHA256); !ok {
 		t.Fatal("a referenced image was collected")
@@ -563,7 +565,7 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 	if resp, body := h.get(imageURL(a)); resp.StatusCode != 200 || string(body) != "a bytes" {
 		t.Errorf("a referenced image must stay served: %d %q", resp.StatusCode, body)
 	}
-	if resp, body := h.get(imageURL(a) + ".sha256sum"); resp.StatusCode != 200 || !strings.HasPrefix(string(body), a.SHA256) {
+	if resp, body := h.get(imageURL(a) + ".sha256sum"); resp.StatusCode != 200 || !strings.HasPrefix(string(body), a.SHA256.String()) {
 		t.Errorf("its checksum too: %d %q", resp.StatusCode, body)
 	}
 	resp, page := h.get("/")
@@ -571,7 +573,7 @@ func TestReferencedImagesAreKeptAndServed(t *testing.T) {
 		t.Errorf("status page does not say why the image is kept:\n%s", page)
 	}
 	_, metrics := h.get("/metrics")
-	if !strings.Contains(string(metrics), `osimages_images_kept_referenced{key="ubuntu-a",referenced_by="Metal3MachineTemplate wc1/wc1-md0-abc",sha256="`+a.SHA256+`"} 1`) {
+	if !strings.Contains(string(metrics), `osimages_images_kept_referenced{key="ubuntu-a",referenced_by="Metal3MachineTemplate wc1/wc1-md0-abc",sha256="`+a.SHA256.String()+`"} 1`) {
 		t.Errorf("metric missing:\n%s", grepLines(string(metrics), "kept"))
 	}
 

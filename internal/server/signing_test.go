@@ -13,10 +13,11 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
 	"github.com/sylva-projects/osimages/internal/testenv"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -75,7 +76,7 @@ func newSignedSetup(t *testing.T) signedSetup {
 
 // publish pushes an image under dib/<key>:1.0 and returns its record as the
 // catalog would write it (fields, uri, registry key, manifest digest).
-func (s signedSetup) publish(t *testing.T, key string, seed uint64) (selection.Wanted, devregistry.Published) {
+func (s signedSetup) publish(t *testing.T, key string, seed uint64) (servedset.Wanted, devregistry.Published) {
 	t.Helper()
 	p, err := s.reg.Publish(context.Background(), devregistry.DiskImage{
 		Repository: "dib/" + key, Tag: "1.0", Gzip: true, Content: devregistry.DiskContent(256<<10, seed),
@@ -87,7 +88,11 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (selection.W
 	img[osimage.FieldURI] = "oci://" + p.Ref
 	img[osimage.FieldRegistryKey] = "sylva"
 	img[osimage.FieldManifestDigest] = p.ManifestDigest.String()
-	return selection.Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: key, Image: img, SelectedBy: []string{"test"}}, p
+	sha, err := img.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return servedset.Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -110,13 +115,13 @@ func (s signedSetup) trust(t *testing.T, extra string) func() (signature.Policy,
 func (s signedSetup) start(t *testing.T, trust func() (signature.Policy, error)) *harness {
 	t.Helper()
 	return start(t, t.TempDir(), newFakeSource(), func(c *Config) {
-		c.Pull = PullWith(func() *pull.Puller { return s.puller }, trust)
+		c.Pull = fill.PullWith(func() *pull.Puller { return s.puller }, trust)
 		// A refused image is not retried during the test.
 		c.RetryBase, c.RetryMax = 1<<40, 1<<40
 	})
 }
 
-func reasonOf(h *harness, sum string) string {
+func reasonOf(h *harness, sum osimage.SHA256) string {
 	statuses, _ := h.srv.Statuses()
 	for _, st := range statuses {
 		if st.SHA256 == sum {
@@ -152,7 +157,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		w    selection.Wanted
+		w    servedset.Wanted
 		p    devregistry.Published
 		want string
 	}{
@@ -227,7 +232,11 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	for k, v := range moved.Fields {
 		fresh.Image[k] = v
 	}
-	fresh.SHA256 = moved.Fields.Get(osimage.FieldSHA256)
+	sha, err := moved.Fields.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.SHA256 = sha
 	h.want(fresh)
 	h.waitPhase(fresh.SHA256, PhaseReady)
 }

@@ -5,7 +5,7 @@ import (
 	"math"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // Disk space: what each download may take, reserved before it starts, so
@@ -15,7 +15,7 @@ import (
 // declared size, or MaxImageSize when it declares none) and what its
 // download reserves on disk (that bound plus archive-size). Malformed sizes
 // and a size above MaxImageSize are refused.
-func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
+func (s *Server) bounds(w servedset.Wanted) (bound, need int64, err error) {
 	size, err := w.Image.Size(osimage.FieldSize)
 	if err != nil {
 		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
@@ -26,7 +26,7 @@ func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
 	}
 	if size > s.cfg.MaxImageSize {
 		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
-			w.Key, bytesIEC(size), size, bytesIEC(s.cfg.MaxImageSize))
+			w.Key, osimage.FormatBytes(size), size, osimage.FormatBytes(s.cfg.MaxImageSize))
 	}
 	bound = size
 	if bound == 0 {
@@ -36,7 +36,7 @@ func (s *Server) bounds(w selection.Wanted) (bound, need int64, err error) {
 }
 
 // declaresSize says whether w gives the size of its file (0 means unknown).
-func declaresSize(w selection.Wanted) bool {
+func declaresSize(w servedset.Wanted) bool {
 	n, err := w.Image.Size(osimage.FieldSize)
 	return err == nil && n > 0
 }
@@ -62,10 +62,10 @@ func addSizes(a, b int64) int64 {
 // bound shrinks to the space there is, so that it is tried (and fails only
 // if it really is larger) instead of being refused outright. It returns the
 // bound reserved.
-func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64) (int64, error) {
+func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
 	if !declaresSize(w) {
-		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", bytesIEC(bound))
+		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", osimage.FormatBytes(bound))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -82,7 +82,7 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
-		s.images[sum].waitingForSpace = true
+		s.changeLocked(sum, s.images[sum], waitsForSpace{Reason: msg})
 		if !w.IsNeed() {
 			s.yieldNeedsLocked(w.Key)
 		}
@@ -105,11 +105,11 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 		if room -= archive; room < bound {
 			if reserved > 0 {
 				return wait(fmt.Sprintf("waiting for disk space: the image declares no size, so it may take all the space that is free (up to --max-image-size %s) once the downloads in progress, which reserved %s, end",
-					bytesIEC(bound), bytesIEC(reserved)))
+					osimage.FormatBytes(bound), osimage.FormatBytes(reserved)))
 			}
 			if room > 0 {
 				bound, need = room, room+archive
-				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", bytesIEC(bound))
+				why = fmt.Sprintf("archive-size + the %s free, as the image declares no size", osimage.FormatBytes(bound))
 			}
 		}
 	}
@@ -117,20 +117,20 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 		used := s.cfg.Store.Used()
 		if addSizes(used, need) > s.cfg.MaxStorage {
 			return 0, fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
-				bytesIEC(need), why, bytesIEC(used), bytesIEC(s.cfg.MaxStorage))
+				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(s.cfg.MaxStorage))
 		}
 		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
 			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
-				bytesIEC(need), why, bytesIEC(used), bytesIEC(reserved), bytesIEC(s.cfg.MaxStorage)))
+				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(reserved), osimage.FormatBytes(s.cfg.MaxStorage)))
 		}
 	}
 	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
 		return 0, fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
-			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free))
+			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free))
 	}
 	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
 		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
-			bytesIEC(need), why, bytesIEC(s.cfg.FreeSpaceMargin), bytesIEC(free), bytesIEC(reserved)))
+			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free), osimage.FormatBytes(reserved)))
 	}
 	s.images[sum].reservedForSpace = need
 	return bound, nil
@@ -141,7 +141,7 @@ func (s *Server) reserveSpace(sum string, w selection.Wanted, bound, need int64)
 func (s *Server) managementPendingLocked() int64 {
 	var n int64
 	for _, img := range s.images {
-		if !img.selected || img.IsNeed() || img.stored || img.reservedForSpace > 0 {
+		if !img.Selected || img.IsNeed() || img.Stored || img.reservedForSpace > 0 {
 			continue
 		}
 		if _, need, err := s.bounds(img.Wanted); err == nil {
@@ -165,7 +165,7 @@ func (s *Server) yieldNeedsLocked(key string) {
 }
 
 // partialBytes is the disk space the kept partial download of sum takes.
-func (s *Server) partialBytes(sum string) int64 {
+func (s *Server) partialBytes(sum osimage.SHA256) int64 {
 	partials, _ := s.cfg.Store.Partials()
 	for _, p := range partials {
 		if p.SHA256 == sum {
@@ -183,7 +183,7 @@ func (e *spaceWait) Error() string { return e.msg }
 
 // releaseSpace gives back what the download of sum reserved; the images
 // waiting for space try again.
-func (s *Server) releaseSpace(sum string) {
+func (s *Server) releaseSpace(sum osimage.SHA256) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, ok := s.images[sum]
@@ -191,21 +191,8 @@ func (s *Server) releaseSpace(sum string) {
 		return
 	}
 	img.reservedForSpace = 0
-	for _, other := range s.images {
-		other.waitingForSpace = false
+	for other, img := range s.images {
+		s.changeLocked(other, img, spaceFreed{})
 	}
 	s.signal(s.kick)
-}
-
-func bytesIEC(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

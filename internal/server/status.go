@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -10,20 +11,22 @@ import (
 	_ "embed"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 //go:embed status.html
 var statusHTML string
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
-	"bytes": bytesIEC,
+	"bytes": osimage.FormatBytes,
 	"percent": func(received, total int64) string {
 		if total <= 0 {
 			return ""
 		}
 		return fmt.Sprintf("%.0f%%", 100*float64(received)/float64(total))
 	},
-	"short": func(s string) string {
+	"short": func(v fmt.Stringer) string {
+		s := v.String()
 		if len(s) > 12 {
 			return s[:12]
 		}
@@ -33,7 +36,7 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 
 	// The link is the URL render writes, the filename escaped.
-	"imagePath": func(sha, filename string) string { return osimage.ImagePath(osimage.SHA256(sha), filename) },
+	"imagePath": osimage.ImagePath,
 }).Parse(statusHTML))
 
 type statusView struct {
@@ -46,7 +49,7 @@ type statusView struct {
 	Now         time.Time
 	Inputs      InputsStatus
 	// Replicas and Leader: with Config.Replicas, every replica's images.
-	Replicas []ReplicaState
+	Replicas []replica.State
 	Leader   bool
 	Scrub    ScrubStatus
 	// RefusedNeeds are the fleet's needs refused by policy.
@@ -65,9 +68,15 @@ func (s *Server) serveStatus(w http.ResponseWriter, _ *http.Request) {
 			view.Counts[string(st.Phase)]++
 		}
 	}
+	// Rendered whole before the first byte: a template that fails answers
+	// 500, never a 200 with half a page.
+	var page bytes.Buffer
+	if err := statusPage.Execute(&page, view); err != nil {
+		s.log.Error("rendering the status page failed", "error", err)
+		http.Error(w, "the status page cannot be rendered: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := statusPage.Execute(w, view); err != nil {
-		s.log.Error("rendering the status page failed", "error", err)
-	}
+	_, _ = w.Write(page.Bytes())
 }

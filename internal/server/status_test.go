@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/serverio"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -50,7 +53,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		return len(st) > 2 && st[2].Received > 0, fmt.Sprintf("%+v", st)
 	})
 
-	h.srv.ReportInputs(&RefusedError{Reason: RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
+	h.srv.ReportInputs(&serverio.RefusedError{Reason: serverio.RefusalNearMiss, Err: errors.New("os_images.yaml: os_image: did you mean os_images?")})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -63,13 +66,13 @@ func TestStatusPageInChromium(t *testing.T) {
 	dom := string(out)
 	for _, want := range []string{
 		`<title>osimages image server</title>`,
-		`data-sha256="` + ready.SHA256 + `"`,
+		`data-sha256="` + ready.SHA256.String() + `"`,
 		`class="phase ready">ready</span>`,
 		`class="phase downloading">downloading</span> 50%`,
 		`class="phase failed">failed</span>`,
 		`tag not found: the registry has no such repository or tag`,
 		`class="phase queued">queued</span>`,
-		`href="/images/` + ready.SHA256 + `/b-ready.raw"`,
+		`href="/images/` + ready.SHA256.String() + `/b-ready.raw"`,
 		`1 ready`, `1 downloading`, `1 queued`, `1 failed`,
 		`id="inputs-refused"`, `Inputs refused (near-miss)`, `os_image: did you mean os_images?`,
 	} {
@@ -81,4 +84,17 @@ func TestStatusPageInChromium(t *testing.T) {
 		t.Logf("DOM:\n%s", dom)
 	}
 	src.release(downloading.SHA256)
+}
+
+// A status page whose template fails answers 500, never a 200 with the
+// part of the page written before the failure.
+func TestStatusPageIsNeverHalfWritten(t *testing.T) {
+	working := statusPage
+	statusPage = template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
+	t.Cleanup(func() { statusPage = working })
+	h := start(t, t.TempDir(), newFakeSource(), nil)
+	resp, body := h.get("/")
+	if resp.StatusCode != http.StatusInternalServerError || strings.Contains(string(body), "half") {
+		t.Fatalf("a failing template: %s, %q; want 500 without the page's start", resp.Status, body)
+	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/selection"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // A keyed registry reached through another spelling of its host is that
@@ -41,7 +41,11 @@ func TestServerRequireSignatures(t *testing.T) {
 	}
 	img := p.Fields.Clone()
 	img[osimage.FieldURI] = "oci://" + p.Ref
-	w := selection.Wanted{SHA256: img.Get(osimage.FieldSHA256), Key: "elsewhere", Image: img, SelectedBy: []string{"test"}}
+	sha, err := img.SHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := servedset.Wanted{SHA256: sha, Key: "elsewhere", Image: img, SelectedBy: []string{"test"}}
 	h := s.start(t, s.trust(t, "security: {os_images: {require_signatures: true}}\n"))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)

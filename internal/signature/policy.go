@@ -141,7 +141,7 @@ type Keys []Key
 // a *Error), and says which key refused it and then advice, what the
 // caller's operator can do about it. Other errors (the registry cannot be
 // read) say nothing about the signature.
-func (keys Keys) Check(ctx context.Context, v KeyVerifier, uri string, d digest.Digest, advice string) error {
+func (keys Keys) Verify(ctx context.Context, v KeyVerifier, uri string, d digest.Digest, advice string) error {
 	for _, k := range keys {
 		key, err := k.publicKey()
 		if err != nil {

@@ -62,19 +62,19 @@ func TestKeysCheck(t *testing.T) {
 	d := digest.FromString("manifest")
 	uri := "oci://r.example.org/sylva/img:1"
 	v := &refuser{}
-	err = signature.Keys{key}.Check(context.Background(), v, uri, d, "; the advice")
+	err = signature.Keys{key}.Verify(context.Background(), v, uri, d, "; the advice")
 	if !errors.Is(err, signature.ErrNoSignature) || v.calls != 1 ||
 		!strings.HasSuffix(err.Error(), "(key from os_images_oci_registries.sylva.cosign_publickey; the advice)") {
 		t.Errorf("refusal: %v", err)
 	}
-	if err := (signature.Keys{key}).Check(context.Background(), nil, uri, d, ""); err == nil || !strings.HasPrefix(err.Error(), "Invalid signature for "+uri) {
+	if err := (signature.Keys{key}).Verify(context.Background(), nil, uri, d, ""); err == nil || !strings.HasPrefix(err.Error(), "Invalid signature for "+uri) {
 		t.Errorf("no verifier: %v", err)
 	}
 	bad := signature.Keys{{Registry: "other", PublicKey: "not a key"}}
-	if err := bad.Check(context.Background(), v, uri, d, ""); err == nil || !strings.HasPrefix(err.Error(), "os_images_oci_registries.other.cosign_publickey: not a PEM public key") {
+	if err := bad.Verify(context.Background(), v, uri, d, ""); err == nil || !strings.HasPrefix(err.Error(), "os_images_oci_registries.other.cosign_publickey: not a PEM public key") {
 		t.Errorf("bad key: %v", err)
 	}
-	if err := (signature.Keys{}).Check(context.Background(), nil, uri, d, ""); err != nil {
+	if err := (signature.Keys{}).Verify(context.Background(), nil, uri, d, ""); err != nil {
 		t.Errorf("no key applies: %v", err)
 	}
 	if _, err := signature.NewKey("x", "", "garbage"); err == nil {

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestLayoutTableMatchesTheTree: every Go package under cmd/ and internal/
+// has a row in docs/development.md's layout table and a package doc
+// comment, and every row names a directory that exists, so that the table
+// a newcomer reads is the tree they find.
+func TestLayoutTableMatchesTheTree(t *testing.T) {
+	const root = "../.."
+	doc, err := os.ReadFile(filepath.Join(root, "docs/development.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?m)^\| \[([^\]]+)\]\(\.\./([^)]+)\) \|`)
+	listed := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
+		if m[1] != m[2] {
+			t.Errorf("the layout row %q links to ../%s", m[1], m[2])
+		}
+		listed[m[1]] = true
+		if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
+			t.Errorf("the layout table lists %s, which does not exist: %v", m[1], err)
+		}
+	}
+	var packages []string
+	for _, top := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return err
+			}
+			goFiles, _ := filepath.Glob(filepath.Join(path, "*.go"))
+			goFiles = slices.DeleteFunc(goFiles, func(f string) bool { return strings.HasSuffix(f, "_test.go") })
+			if len(goFiles) == 0 {
+				return nil
+			}
+			rel, _ := filepath.Rel(root, path)
+			packages = append(packages, rel)
+			if !hasPackageDoc(t, goFiles) {
+				t.Errorf("package %s has no doc comment (// Package %s ... or // Command ...)", rel, filepath.Base(rel))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range packages {
+		if !listed[p] {
+			t.Errorf("package %s has no row in docs/development.md's layout table", p)
+		}
+	}
+	if len(packages) < 20 {
+		t.Fatalf("found only %d packages: is the walk from the repository's root?", len(packages))
+	}
+}
+
+func hasPackageDoc(t *testing.T, files []string) bool {
+	t.Helper()
+	fset := token.NewFileSet()
+	for _, f := range files {
+		parsed, err := parser.ParseFile(fset, f, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if parsed.Doc != nil && strings.TrimSpace(parsed.Doc.Text()) != "" {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,45 @@
+package replica
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"strings"
+)
+
+// Rendezvous orders replicas for key by highest random weight: the weight
+// of a replica is a hash of the key and its ID, so that every replica
+// computes the same order from the same set, and removing a replica only
+// moves the keys it was first for (the others keep their first). Ties
+// (practically impossible) are broken by ID. The result is a new slice.
+func Rendezvous(key string, ids []string) []string {
+	type scored struct {
+		id    string
+		score uint64
+	}
+	all := make([]scored, 0, len(ids))
+	for _, id := range ids {
+		h := sha256.New()
+		h.Write([]byte(key))
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+		all = append(all, scored{id, binary.BigEndian.Uint64(h.Sum(nil))})
+	}
+	slices.SortFunc(all, func(a, b scored) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	out := make([]string, 0, len(all))
+	for i, s := range all {
+		if i > 0 && s.id == all[i-1].id {
+			continue
+		}
+		out = append(out, s.id)
+	}
+	return out
+}

@@ -1,0 +1,137 @@
+package serverio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// FilePublisher writes the served-set document (the values.yaml of contract
+// §6) to a file, atomically, so that a reader never sees half of it. The
+// file can be passed as is to `osimages render -f`. It is world-readable,
+// like any values file: it names images, nothing secret.
+type FilePublisher struct{ Path string }
+
+// Publish implements Publisher. The filenames are not written: the file is
+// a values document, and only the fleet check, which reads the ConfigMap,
+// needs them. A set that a ConfigMap could not hold is refused all the
+// same, since Sylva's consumers read it from one.
+func (p FilePublisher) Publish(_ context.Context, out osimage.ServedOutput) error {
+	data, err := out.ConfigMapData("the served set")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p.Path), "."+filepath.Base(p.Path)+".*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(data[osimage.ValuesKey]); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	// CreateTemp makes the file 0600; the umask does not apply to Chmod.
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	if err := os.Rename(tmp.Name(), p.Path); err != nil {
+		return fmt.Errorf("writing %s: %w", p.Path, err)
+	}
+	return nil
+}
+
+// Published implements PublishedReader: the set in the file, empty when
+// there is no file yet.
+func (p FilePublisher) Published(context.Context) (osimage.ServedSet, error) {
+	doc, err := os.ReadFile(p.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return osimage.ServedSet{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return osimage.ParseServed(doc)
+}
+
+// ConfigMapPublisher applies the served-images ConfigMap with server-side
+// apply: values.yaml (contract §6) and, beside it, served-filenames.yaml.
+type ConfigMapPublisher struct {
+	Client kubernetes.Interface
+	Key    kube.ObjectKey
+}
+
+// Publish implements Publisher. Data too large for a ConfigMap is refused
+// here, naming its size and image count, rather than by the apiserver.
+func (p ConfigMapPublisher) Publish(ctx context.Context, out osimage.ServedOutput) error {
+	data, err := out.ConfigMapData("ConfigMap " + p.Key.String())
+	if err != nil {
+		return err
+	}
+	_, err = kube.ApplyConfigMap(ctx, p.Client, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Key.Name, Namespace: p.Key.Namespace},
+		Data:       data,
+	})
+	if apierrors.IsForbidden(err) {
+		if cm, gerr := kube.GetConfigMap(ctx, p.Client, p.Key); gerr == nil && cm == nil {
+			return fmt.Errorf("%w: the ConfigMap does not exist (deleted?) and this server may not create it: the chart creates it and grants no create, which RBAC cannot bind to one name; helm upgrade creates it again, empty, and the server fills it at once (or set outputConfigMap.create: false to let the server create it)", err)
+		}
+	}
+	return err
+}
+
+// WatchOutput implements OutputWatcher with an informer on the ConfigMap:
+// a deletion or an edit by hand is seen at once, and the informer's resync
+// tells again what its cache holds every minute.
+func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data map[string]string, exists bool)) error {
+	factory, informer := configMapInformer(p.Client, p.Key, time.Minute)
+	tell := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			observed(cm.Data, true)
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    tell,
+		UpdateFunc: func(_, obj any) { tell(obj) },
+		DeleteFunc: func(any) { observed(nil, false) },
+	}); err != nil {
+		return fmt.Errorf("watching ConfigMap %s: %w", p.Key, err)
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	return nil
+}
+
+// Published implements PublishedReader: the set in the ConfigMap, empty
+// when it is absent or has no values.yaml yet (the chart creates it empty).
+func (p ConfigMapPublisher) Published(ctx context.Context) (osimage.ServedSet, error) {
+	cm, err := kube.GetConfigMap(ctx, p.Client, p.Key)
+	if err != nil {
+		return nil, err
+	}
+	if cm == nil || cm.Data[osimage.ValuesKey] == "" {
+		return osimage.ServedSet{}, nil
+	}
+	s, err := osimage.ParseServed([]byte(cm.Data[osimage.ValuesKey]))
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s: %w", p.Key, err)
+	}
+	return s, nil
+}
