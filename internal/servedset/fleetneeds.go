@@ -350,7 +350,9 @@ func (a *admission) decide(c *candidate, ns string) {
 	case a.p.MaxImages > 0 && a.count[ns] >= a.p.MaxImages:
 		a.refuse(sha, ns, osimage.RefusedImages, fmt.Sprintf("quota of %d images reached", a.p.MaxImages))
 		return
-	case a.p.MaxBytes > 0 && a.bytes[ns]+size > a.p.MaxBytes:
+	case a.p.MaxBytes > 0 && size > a.p.MaxBytes-a.bytes[ns]:
+		// Compared as what is left: a declared size near 2^63 would wrap
+		// a sum around and let every later image through.
 		a.refuse(sha, ns, osimage.RefusedBytes, fmt.Sprintf("quota of %d bytes reached (%d used, this image is %d%s)", a.p.MaxBytes, a.bytes[ns], size, note))
 		return
 	case c.storageRefused != "":

@@ -262,3 +262,23 @@ func TestFleetNeedsChargeASizelessRecordTheMaxImageSize(t *testing.T) {
 		t.Errorf("refused: %+v", refused)
 	}
 }
+
+// A size that parses but is absurd must not wrap the quota's sum around:
+// 1 GiB used plus 2^63-1 declared is over any quota, and so is everything
+// the namespace asks after it.
+func TestFleetNeedsQuotaSurvivesAnOverflowingSize(t *testing.T) {
+	uri := "oci://registry.example.org/sylva/x:1"
+	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{
+		{SHA256: sha('a'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("a", sha('a'), uri, "a.raw", "1073741824", "wc1")}},
+		{SHA256: sha('b'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("b", sha('b'), uri, "b.raw", "9223372036854775807", "wc1")}},
+		{SHA256: sha('c'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("c", sha('c'), uri, "c.raw", "200000000000", "wc1")}},
+	}}
+	served, refused := FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{MaxBytes: 100 << 30})
+	got := needsOf(served)
+	if len(got) != 1 {
+		t.Errorf("served %v within a 100Gi quota, want only the 1Gi image", got)
+	}
+	if len(refused) != 2 || refused[0].Reason != osimage.RefusedBytes || refused[1].Reason != osimage.RefusedBytes {
+		t.Errorf("refused: %+v, want the huge and the 200 GB image refused for the byte quota", refused)
+	}
+}
