@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -53,20 +51,9 @@ type result struct {
 
 func run(t *testing.T, args ...string) result {
 	t.Helper()
-	cmd := exec.CommandContext(context.Background(), binary, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	// Credentials of the machine must not leak into the tests.
-	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
-	err := cmd.Run()
-	var exitErr *exec.ExitError
-	code := 0
-	if errors.As(err, &exitErr) {
-		code = exitErr.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	// Long enough for any command of the tests; a hung one fails its test
+	// instead of the whole binary's timeout.
+	return runFor(t, 10*time.Minute, args...)
 }
 
 func writeFile(t *testing.T, name, content string) string {

@@ -1,41 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
-
-// runBounded is run for a command that must end by itself: one that
-// accepted a wrong flag and went on to serve is stopped, and fails the
-// test, instead of holding it.
-func runBounded(t *testing.T, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.Env = append(os.Environ(), "DOCKER_CONFIG="+t.TempDir())
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("osimages %s still ran after a minute: it accepted its command line\n%s", strings.Join(args, " "), stderr.String())
-	}
-	var exitErr *exec.ExitError
-	code := 0
-	if errors.As(err, &exitErr) {
-		code = exitErr.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
-}
 
 // TestCommandLineErrorsExit2 holds every class of command-line error, of
 // every command, to the README's promise: exit 2 (the input is wrong), a
@@ -101,7 +71,9 @@ current-context: c
 		{"plan quota", plan("--fleet-needs-max-bytes-per-namespace", "lots"), `--fleet-needs-max-bytes-per-namespace "lots"`},
 	} {
 		t.Run(tc.class, func(t *testing.T) {
-			r := runBounded(t, tc.args...)
+			// A command that accepted a wrong flag and went on to serve is
+			// stopped after a minute, and fails the test.
+			r := runFor(t, time.Minute, tc.args...)
 			if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, tc.want) {
 				t.Errorf("osimages %s: exit %d, stdout %q, stderr %q; want exit 2, nothing printed and %q",
 					strings.Join(tc.args, " "), r.code, r.stdout, r.stderr, tc.want)
