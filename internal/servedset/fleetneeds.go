@@ -154,7 +154,9 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osima
 	return out, refused
 }
 
-// DefaultMaxImageSize is the image server's default --max-image-size.
+// DefaultMaxImageSize is the image server's default --max-image-size
+// (server.DefaultMaxImageSize is this one): what a fleet need without a
+// size is charged.
 const DefaultMaxImageSize = 64 << 30
 
 // candidate is a need whose records the policy admits.
