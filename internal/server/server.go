@@ -175,7 +175,7 @@ const (
 	DefaultConcurrency     = 2
 	DefaultGCGrace         = time.Hour
 	DefaultFreeSpaceMargin = 1 << 30
-	DefaultMaxImageSize    = selection.DefaultMaxImageSize
+	DefaultMaxImageSize    = servedset.DefaultMaxImageSize
 	DefaultStallTimeout    = 60 * time.Second
 	DefaultMinRate         = 64 << 10
 	DefaultSendTimeout     = 2 * time.Minute
