@@ -142,10 +142,21 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 		}
 	}
 
+	// Each entry's sha256 is parsed once: for the selected images, and for
+	// the filenames every entry of the same image adds.
+	shas := make(map[string]osimage.SHA256, len(cat))
+	shaErrs := map[string]error{}
+	for key, img := range cat {
+		if sha, err := img.SHA256(); err != nil {
+			shaErrs[key] = err
+		} else {
+			shas[key] = sha
+		}
+	}
 	out := map[osimage.SHA256]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
-		sha, err := img.SHA256()
+		sha, err := shas[key], shaErrs[key]
 		if err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256: %w", key, err))
 			continue
@@ -162,8 +173,8 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
-		sha, err := cat[key].SHA256()
-		if err != nil {
+		sha, ok := shas[key]
+		if !ok {
 			continue
 		}
 		w, ok := out[sha]
