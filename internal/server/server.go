@@ -22,6 +22,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/scrub"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
@@ -50,9 +51,8 @@ type Store interface {
 	Delete(sha256 osimage.SHA256) error
 	Available() (uint64, error)
 	Used() int64
-	// Scrub re-hashes a stored image (scrub.go); a mismatch drops it and
-	// wraps imagestore.ErrTampered.
-	Scrub(ctx context.Context, sha256 osimage.SHA256, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
+	// Scrub re-hashes a stored image (package scrub).
+	scrub.Store
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
@@ -156,7 +156,7 @@ type Config struct {
 	ReportPeer PeerReporter
 
 	// ScrubInterval is how often each stored image is re-hashed, counted
-	// from when it was last verified or scrubbed (0: never; scrub.go).
+	// from when it was last verified or scrubbed (0: never; package scrub).
 	ScrubInterval time.Duration
 	// ScrubRate bounds the bytes per second the scrub reads (0 means
 	// DefaultScrubRate).
@@ -248,8 +248,7 @@ type Server struct {
 	// notify is closed at each change of an image's state (Changed).
 	notifyMu sync.Mutex
 	notify   chan struct{}
-	// scrub is the state of the scrub (scrub.go).
-	scrub scrubState
+	scrubber *scrub.Scrubber
 	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
 	refusedNeeds osimage.RefusedNeeds
 }
@@ -323,6 +322,11 @@ func New(cfg Config) *Server {
 			source: fill.FromStore,
 		}
 	}
+	sc := scrub.Config{Images: scrubbedImages{s}, Store: cfg.Store, Interval: cfg.ScrubInterval, Rate: cfg.ScrubRate, Now: cfg.Now, Logger: cfg.Logger}
+	if cfg.Metrics != nil {
+		sc.ReadBytes, sc.Failures = cfg.Metrics.scrubBytes, cfg.Metrics.scrubFailures
+	}
+	s.scrubber = scrub.New(sc)
 	if cfg.Metrics != nil {
 		cfg.Metrics.bind(s)
 	}
@@ -395,7 +399,7 @@ func (s *Server) Run(ctx context.Context) error {
 			})
 		})
 	}
-	wg.Go(func() { s.scrubLoop(ctx) })
+	wg.Go(func() { s.scrubber.Run(ctx) })
 	wg.Wait()
 	return nil
 }

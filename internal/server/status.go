@@ -12,6 +12,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/scrub"
 )
 
 //go:embed status.html
@@ -51,7 +52,7 @@ type statusView struct {
 	// Replicas and Leader: with Config.Replicas, every replica's images.
 	Replicas []replica.State
 	Leader   bool
-	Scrub    ScrubStatus
+	Scrub    scrub.Status
 	// RefusedNeeds are the fleet's needs refused by policy.
 	RefusedNeeds osimage.RefusedNeeds
 }
