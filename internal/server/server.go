@@ -24,6 +24,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/scrub"
 	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // Phase is where an image stands; replicas tell each other theirs.
@@ -234,8 +235,8 @@ type Server struct {
 	republish  bool
 	// gcLastPass is when the last complete collection began (gc.go).
 	gcLastPass time.Time
-	// inputs is what is known of the inputs (guard.go).
-	inputs inputsGuard
+	// inputs is the fate of the inputs read (guard.go).
+	inputs serverio.Verdicts
 
 	// With Replicas (replicas.go): what is known of the peers, whether
 	// this replica leads, whether it was found ready once, and which

@@ -13,6 +13,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/scrub"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 //go:embed status.html
@@ -48,7 +49,7 @@ type statusView struct {
 	Condition   Condition
 	Counts      map[string]int
 	Now         time.Time
-	Inputs      InputsStatus
+	Inputs      serverio.InputsStatus
 	// Replicas and Leader: with Config.Replicas, every replica's images.
 	Replicas []replica.State
 	Leader   bool
