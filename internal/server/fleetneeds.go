@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
@@ -73,31 +71,6 @@ func (s *Server) refusedLocked() osimage.RefusedNeeds {
 	}
 	kept.Sort()
 	return kept
-}
-
-// fleetNeedsCollector exports osimages_fleet_needs_refused.
-type fleetNeedsCollector struct {
-	s    *Server
-	desc *prometheus.Desc
-}
-
-func newFleetNeedsCollector(s *Server) fleetNeedsCollector {
-	return fleetNeedsCollector{s: s, desc: prometheus.NewDesc("osimages_fleet_needs_refused",
-		"Images some workload namespace needs that the image server refuses to serve (--serve-fleet-needs), by namespace and reason: registry-not-allowed, uri-not-allowed, quota-images, quota-bytes, no-record, invalid.",
-		[]string{"namespace", "reason"}, nil)}
-}
-
-func (c fleetNeedsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c fleetNeedsCollector) Collect(ch chan<- prometheus.Metric) {
-	type key struct{ ns, reason string }
-	counts := map[key]int{}
-	for _, r := range c.s.RefusedNeeds() {
-		counts[key{r.Namespace, r.Reason}]++
-	}
-	for k, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k.ns, k.reason)
-	}
 }
 
 // StoredSizes are the images stored, sha256 -> bytes: what the fleet's

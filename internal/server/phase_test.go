@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
@@ -57,12 +58,12 @@ func TestWaitingForCatalogIsAPhase(t *testing.T) {
 
 	h.want(a)
 	h.waitPublished(a.SHA256, true)
-	if got := h.srv.Condition(); got.Status != "True" || h.srv.Phase() != ServerServing {
+	if got := h.srv.Condition(); got.Status != "True" || h.srv.Phase() != imagehttp.ServerServing {
 		t.Errorf("after the catalog: %s %+v", h.srv.Phase(), got)
 	}
 	// A later fault of the inputs does not turn the server back.
 	h.srv.WaitForCatalog(errorString(why))
-	if h.srv.Phase() != ServerServing {
+	if h.srv.Phase() != imagehttp.ServerServing {
 		t.Errorf("phase %s after a later catalog fault, want serving (the last good inputs stay)", h.srv.Phase())
 	}
 }

@@ -135,7 +135,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		}
 		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
 		if s.cfg.Metrics != nil && isVerifyError(err) {
-			s.cfg.Metrics.verifyFailures.Inc()
+			s.cfg.Metrics.VerifyFailures.Inc()
 		}
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
@@ -160,8 +160,8 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	dst.SetLimit(bound)
 	progress := s.progressOf(w)
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.inFlight.Inc()
-		defer s.cfg.Metrics.inFlight.Dec()
+		s.cfg.Metrics.InFlight.Inc()
+		defer s.cfg.Metrics.InFlight.Dec()
 	}
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
@@ -171,13 +171,13 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	if res.KeptDiscarded != "" {
 		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptDiscarded.Inc()
+			s.cfg.Metrics.KeptDiscarded.Inc()
 		}
 	}
 	if res.Kept > 0 {
 		s.log.Info("download continued from the partial file kept", "sha256", w.SHA256, "key", w.Key, "source", source, "keptBytes", res.Kept, "networkBytes", res.NetworkBytes)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptBytes.Add(float64(res.Kept))
+			s.cfg.Metrics.KeptBytes.Add(float64(res.Kept))
 		}
 	}
 	md5, size := res.MD5, res.Size
@@ -239,7 +239,7 @@ func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
 			s.broadcast()
 		}
 		if s.cfg.Metrics != nil && received > last {
-			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
+			s.cfg.Metrics.BytesDownloaded.Add(float64(received - last))
 		}
 		last = received
 	}

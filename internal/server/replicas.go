@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -86,7 +87,7 @@ func (s *Server) broadcast() {
 
 // ServeStored serves the verified file of sum to a peer.
 func (s *Server) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
-	s.serveStored(w, r, sum)
+	s.handler().ServeStored(w, r, sum)
 }
 
 // PeerHTTPServer is the http.Server of the peer endpoints.
@@ -145,7 +146,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 	if s.readyOnce {
 		return true, ""
 	}
-	if s.phaseLocked() == ServerStarting || !s.view.Known() {
+	if s.phaseLocked() == imagehttp.ServerStarting || !s.view.Known() {
 		return false, "the inputs and the peers are being read"
 	}
 	var missing []string
@@ -271,7 +272,7 @@ func (s *Server) reportPeer(w servedset.Wanted, peer string, err error) {
 	s.mu.Unlock()
 	s.log.Warn("peer failed to fill an image; filling it from elsewhere", "peer", peer, "sha256", w.SHA256, "key", w.Key, "reason", reason, "error", err.Error())
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.peerFailures.WithLabelValues(peer, reason).Inc()
+		s.cfg.Metrics.PeerFailures.WithLabelValues(peer, reason).Inc()
 	}
 	if s.cfg.ReportPeer != nil {
 		s.cfg.ReportPeer(peer, w.SHA256, fmt.Sprintf("%s: %v", reason, err))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -76,14 +77,14 @@ func (h *harness) attempts(sum osimage.SHA256) int {
 	return -1
 }
 
-func (h *harness) status(sum osimage.SHA256) Status {
+func (h *harness) status(sum osimage.SHA256) imagehttp.Status {
 	statuses, _ := h.srv.Statuses()
 	for _, st := range statuses {
 		if st.SHA256 == sum {
 			return st
 		}
 	}
-	return Status{}
+	return imagehttp.Status{}
 }
 
 // TestShutdownEndsDownloads: cancelling Run during a download ends it at

@@ -1,9 +1,10 @@
 // Package server is the image server's state: the table of the images it
 // serves, each with its lifecycle (lifecycle.go); the download queue, the
 // disk space it reserves, the collection of what is no longer selected and
-// the scrub of what is stored; what it publishes, and its HTTP face (the
-// image URLs, the status page, the metrics). Where the bytes come from is
-// package fill's; how replicas share them, package replica's.
+// the scrub of what is stored (package scrub drives it); what it publishes.
+// Where the bytes come from is package fill's; how replicas share them,
+// package replica's; its HTTP face (the image URLs, the status page, the
+// metrics), package imagehttp's, which reads it through http.go.
 package server
 
 import (
@@ -18,6 +19,7 @@ import (
 	utilclock "k8s.io/utils/clock"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -145,7 +147,7 @@ type Config struct {
 	// (default 10s doubling up to 10m).
 	RetryBase, RetryMax time.Duration
 	Logger              *slog.Logger
-	Metrics             *Metrics
+	Metrics             *imagehttp.Metrics
 	// Replicas, when set, are the other servers of the Service: images
 	// are filled from them first, one replica per image pulls from the
 	// registry, and only the leader (SetLeader) publishes (replicas.go).
@@ -325,11 +327,11 @@ func New(cfg Config) *Server {
 	}
 	sc := scrub.Config{Images: scrubbedImages{s}, Store: cfg.Store, Interval: cfg.ScrubInterval, Rate: cfg.ScrubRate, Now: cfg.Now, Logger: cfg.Logger}
 	if cfg.Metrics != nil {
-		sc.ReadBytes, sc.Failures = cfg.Metrics.scrubBytes, cfg.Metrics.scrubFailures
+		sc.ReadBytes, sc.Failures = cfg.Metrics.ScrubBytes, cfg.Metrics.ScrubFailures
 	}
 	s.scrubber = scrub.New(sc)
 	if cfg.Metrics != nil {
-		cfg.Metrics.bind(s)
+		cfg.Metrics.Bind(s.report)
 	}
 	return s
 }
@@ -405,40 +407,18 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// Status is one image as the status page and the metrics show it.
-type Status struct {
-	SHA256                osimage.SHA256
-	Key, Filename, URI    string
-	Phase                 Phase
-	Selected              bool
-	Received, Total, Size int64
-	Reason                string
-	NextTry               time.Time
-	DeselectedAt          time.Time
-	// KeptBy names the objects that still reference a deselected image,
-	// which is therefore kept and served.
-	KeptBy []string
-	// ReferencesUnknown: the image is deselected, and kept and served
-	// until the Metal3 objects that may reference it are all known.
-	ReferencesUnknown bool
-	// Filenames are all the filenames the image is served under.
-	Filenames []string
-	// CheckedAt is when the stored file was last verified or scrubbed.
-	CheckedAt time.Time
-}
-
 // Statuses returns every known image, selected ones first, by key.
-func (s *Server) Statuses() ([]Status, error) {
+func (s *Server) Statuses() ([]imagehttp.Status, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Status, 0, len(s.images))
+	out := make([]imagehttp.Status, 0, len(s.images))
 	for _, sum := range slices.Sorted(maps.Keys(s.images)) {
 		img := s.images[sum]
 		size := img.Int64Field(osimage.FieldSize)
 		if img.Stored {
 			size = img.entry.Size
 		}
-		out = append(out, Status{
+		out = append(out, imagehttp.Status{
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
 			Phase: img.Phase, Selected: img.Selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.Reason, NextTry: img.NextTry, DeselectedAt: img.DeselectedAt,
@@ -446,7 +426,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			CheckedAt: img.entry.CheckedAt(),
 		})
 	}
-	slices.SortStableFunc(out, func(a, b Status) int {
+	slices.SortStableFunc(out, func(a, b imagehttp.Status) int {
 		switch {
 		case a.Selected != b.Selected && a.Selected:
 			return -1
@@ -467,26 +447,4 @@ func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ready
-}
-
-// lookup is what the HTTP handler needs to answer for one sha256.
-type lookup struct {
-	// served: selected, or deselected but kept because referenced (or
-	// because the references are not all known yet).
-	served, stored bool
-	phase          Phase
-	filenames      []string
-	md5            string
-	verifiedAt     time.Time
-}
-
-func (s *Server) lookup(sum osimage.SHA256) (lookup, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	img, ok := s.images[sum]
-	if !ok {
-		return lookup{}, false
-	}
-	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.Stored, phase: img.Phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }
