@@ -72,7 +72,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	img := s.images[sum]
-	w := img.attempt()
+	w := img.records.Next(img.Wanted)
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
 	img.yield = func(err error) { cancel(err) }
@@ -103,7 +103,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	if err == nil {
 		img.entry = entry
 		img.badPeers = nil
-		img.recordFailed = nil
+		img.records.Reset()
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
 		s.changeLocked(sum, img, downloaded{})
 		return

@@ -204,9 +204,8 @@ type image struct {
 	// in the queue (a *yieldError), without counting as a failure.
 	yield            func(error)
 	reservedForSpace int64
-	// recordFailed are the records of a fleet need that failed in this
-	// round of attempts, by recordID, with their error (fleetneeds.go).
-	recordFailed map[string]string
+	// records is the round of attempts over a fleet need's records.
+	records servedset.Records
 	// keptBy is what "image kept" was last logged for, so that it is
 	// logged once per change, not at every collection.
 	keptBy string
