@@ -50,7 +50,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	var best *image
 	inProgress := s.needsInProgressLocked()
 	for _, img := range s.images {
-		if !s.dueLocked(img, now) {
+		if !img.due(now) {
 			continue
 		}
 		if best == nil || claimsBefore(img, best, inProgress) {
@@ -102,7 +102,9 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	img.cancel, img.yield = nil, nil
 	if err == nil {
 		img.entry = entry
-		img.badPeers = nil
+		if s.filler != nil {
+			s.filler.Forget(sum)
+		}
 		img.records.Reset()
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
 		s.changeLocked(sum, img, downloaded{})
@@ -285,14 +287,6 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 // errDeselected ends the download of an image that is no longer selected.
 var errDeselected = errors.New("the image was deselected")
 
-// dueLocked says whether img needs a download now.
-func (s *Server) dueLocked(img *image, now time.Time) bool {
-	if !img.Selected || img.Stored || img.WaitingForSpace {
-		return false
-	}
-	return img.Phase == PhaseQueued || img.Phase == PhaseFailed && !now.Before(img.NextTry)
-}
-
 // waitingLocked says whether an image other than sum, that never gave way,
 // waits for a download slot while every slot is taken.
 func (s *Server) waitingLocked(sum osimage.SHA256) bool {
@@ -302,7 +296,7 @@ func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 		switch {
 		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
 			busy++
-		case other != sum && !img.GaveWay && s.dueLocked(img, now):
+		case other != sum && !img.GaveWay && img.due(now):
 			waiting = true
 		}
 	}

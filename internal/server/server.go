@@ -153,7 +153,7 @@ type Config struct {
 	// registry, and only the leader (SetLeader) publishes (replicas.go).
 	Replicas replica.Replicas
 	// PeerTimeout is how long a peer may show no progress before another
-	// source takes over (0 means DefaultPeerTimeout).
+	// source takes over (0 means replica.DefaultPeerTimeout).
 	PeerTimeout time.Duration
 	// ReportPeer, when set, also reports a peer that failed.
 	ReportPeer PeerReporter
@@ -210,11 +210,9 @@ type image struct {
 	// logged once per change, not at every collection.
 	keptBy string
 	// source is where the copy comes from (replicas.go); writer is the
-	// download in progress, which peers may stream; badPeers are the
-	// peers that failed to fill it, skipped until it is stored.
-	source   string
-	writer   *imagestore.Writer
-	badPeers map[string]time.Time
+	// download in progress, which peers may stream.
+	source string
+	writer *imagestore.Writer
 }
 
 // Server selects, downloads, serves and publishes images.
@@ -246,7 +244,7 @@ type Server struct {
 	leader        bool
 	readyOnce     bool
 	lastAvailable map[osimage.SHA256]bool
-	peerPuller    *pull.Puller
+	filler        *replica.Filler
 	// notify is closed at each change of an image's state (Changed).
 	notifyMu sync.Mutex
 	notify   chan struct{}
@@ -299,7 +297,7 @@ func New(cfg Config) *Server {
 		cfg.Clock = utilclock.RealClock{}
 	}
 	if cfg.PeerTimeout <= 0 {
-		cfg.PeerTimeout = DefaultPeerTimeout
+		cfg.PeerTimeout = replica.DefaultPeerTimeout
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -311,7 +309,13 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Replicas != nil {
 		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
-		s.peerPuller = replica.NewPuller(cfg.PeerTimeout)
+		s.filler = &replica.Filler{
+			View: s.view, Puller: replica.NewPuller(cfg.PeerTimeout), Wait: cfg.PeerTimeout, Log: cfg.Logger,
+			Registry: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
+				return s.cfg.Pull(ctx, w, dst, progress)
+			}},
+			RegistryRule: s.registryRule, PeerRule: s.peerRule(), Started: s.setSource, PeerFailed: s.reportPeer,
+		}
 	}
 	now := cfg.Now()
 	for _, e := range cfg.Store.List() {
