@@ -86,7 +86,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
 	s.signal(s.changed)
 
-	bound, need, err := s.bounds(w)
+	bound, need, err := w.Bounds(s.cfg.MaxImageSize)
 	if err == nil {
 		bound, err = s.reserveSpace(sum, w, bound, need)
 	}
@@ -183,7 +183,7 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 		}
 	}
 	md5, size := res.MD5, res.Size
-	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
+	if errors.Is(err, imagestore.ErrLimit) && !w.DeclaresSize() {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, osimage.FormatBytes(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
