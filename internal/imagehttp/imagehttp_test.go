@@ -149,8 +149,11 @@ func TestNotReadyTamperedAndEmptyRanges(t *testing.T) {
 	if resp, _ := get(t, url, "Range", "bytes=-0"); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable || resp.Header.Get("Content-Range") != "bytes */16" {
 		t.Errorf("bytes=-0: %s %q; want 416 bytes */16", resp.Status, resp.Header.Get("Content-Range"))
 	}
-	if resp, body := get(t, url, "Range", "bytes=-0,0-3"); resp.StatusCode != http.StatusPartialContent || body != "disk" {
-		t.Errorf("bytes=-0,0-3: %s %q; want 206 disk", resp.Status, body)
+	if resp, body := get(t, url, "Range", "bytes=-0, 0-3"); resp.StatusCode != http.StatusPartialContent || body != "disk" || resp.Header.Get("Content-Range") != "bytes 0-3/16" {
+		t.Errorf("bytes=-0, 0-3: %s %q %q; want 206 disk", resp.Status, body, resp.Header.Get("Content-Range"))
+	}
+	if resp, body := get(t, url, "Range", "bytes=-5"); resp.StatusCode != http.StatusPartialContent || body != "bytes" {
+		t.Errorf("bytes=-5: %s %q; want 206 bytes", resp.Status, body)
 	}
 	images.tampered[sum] = true
 	if resp, _ := get(t, url); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" || len(images.dropped) != 1 {
@@ -200,5 +203,61 @@ func TestServedFile(t *testing.T) {
 		if name != tc.name || suffix != tc.suffix || ok != (tc.name != "") {
 			t.Errorf("servedFile(%q) = %q %q %v; want %q %q", tc.file, name, suffix, ok, tc.name, tc.suffix)
 		}
+	}
+}
+
+// The checksum files answer with their own ETag and the image's
+// Last-Modified, and honour conditional requests.
+func TestChecksumFilesAreCacheable(t *testing.T) {
+	images, sum := newImages(t, "a bytes")
+	srv := serve(t, images, nil)
+	url := srv.URL + "/images/" + string(sum) + "/good.raw"
+	do := func(method, url string, header ...string) (*http.Response, string) {
+		req, _ := http.NewRequest(method, url, nil)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp, string(body)
+	}
+	image, _ := do(http.MethodHead, url)
+	for _, ext := range []string{".sha256sum", ".md5sum"} {
+		resp, body := do(http.MethodGet, url+ext)
+		etag, modified := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified")
+		if resp.StatusCode != 200 || etag == "" || modified == "" {
+			t.Fatalf("%s: %d, ETag %q, Last-Modified %q", ext, resp.StatusCode, etag, modified)
+		}
+		if etag == image.Header.Get("ETag") {
+			t.Errorf("%s has the image's own ETag %s: a cache would mix them up", ext, etag)
+		}
+		if modified != image.Header.Get("Last-Modified") {
+			t.Errorf("%s Last-Modified %q, want the image's %q", ext, modified, image.Header.Get("Last-Modified"))
+		}
+		if resp.Header.Get("Content-Length") != fmt.Sprint(len(body)) {
+			t.Errorf("%s Content-Length %q for %d bytes", ext, resp.Header.Get("Content-Length"), len(body))
+		}
+		if again, _ := do(http.MethodGet, url+ext, "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
+			t.Errorf("%s If-None-Match: %d, want 304", ext, again.StatusCode)
+		}
+		if again, _ := do(http.MethodGet, url+ext, "If-Modified-Since", modified); again.StatusCode != http.StatusNotModified {
+			t.Errorf("%s If-Modified-Since: %d, want 304", ext, again.StatusCode)
+		}
+		if head, hb := do(http.MethodHead, url+ext); head.StatusCode != 200 || len(hb) != 0 || head.Header.Get("Content-Length") != fmt.Sprint(len(body)) {
+			t.Errorf("%s HEAD: %d, %d body bytes, Content-Length %q", ext, head.StatusCode, len(hb), head.Header.Get("Content-Length"))
+		}
+	}
+}
+
+// The http.Server serve runs closes idle keep-alive connections and
+// bounds the wait for request headers.
+func TestHTTPServerTimeouts(t *testing.T) {
+	hs := Handler{Images: &fakeImages{}, SendTimeout: time.Minute}.HTTPServer()
+	if hs.IdleTimeout <= 0 || hs.ReadHeaderTimeout <= 0 || hs.ConnContext == nil || hs.Handler == nil {
+		t.Errorf("HTTPServer: idle %v, read header %v", hs.IdleTimeout, hs.ReadHeaderTimeout)
 	}
 }

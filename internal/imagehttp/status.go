@@ -70,6 +70,21 @@ type Condition struct {
 // CatalogLoadedCondition is the type of the server's Condition.
 const CatalogLoadedCondition = "CatalogLoaded"
 
+// ConditionOf is the CatalogLoaded condition of a server at phase;
+// waiting is why it waits for its catalog.
+func ConditionOf(phase ServerPhase, waiting string) Condition {
+	c := Condition{Type: CatalogLoadedCondition, Status: "False"}
+	switch phase {
+	case ServerServing:
+		c.Status, c.Reason, c.Message = "True", "Loaded", "the catalog and values are loaded"
+	case ServerWaitingForCatalog:
+		c.Reason, c.Message = "WaitingForCatalog", waiting
+	default:
+		c.Reason, c.Message = "Starting", "the inputs are being read"
+	}
+	return c
+}
+
 // Report is the image server's state, as the status page and the metrics
 // show it.
 type Report struct {

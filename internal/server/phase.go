@@ -34,14 +34,5 @@ func (s *Server) phaseLocked() imagehttp.ServerPhase {
 func (s *Server) Condition() imagehttp.Condition {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := imagehttp.Condition{Type: imagehttp.CatalogLoadedCondition, Status: "False"}
-	switch s.phaseLocked() {
-	case imagehttp.ServerServing:
-		c.Status, c.Reason, c.Message = "True", "Loaded", "the catalog and values are loaded"
-	case imagehttp.ServerWaitingForCatalog:
-		c.Reason, c.Message = "WaitingForCatalog", s.waiting
-	default:
-		c.Reason, c.Message = "Starting", "the inputs are being read"
-	}
-	return c
+	return imagehttp.ConditionOf(s.phaseLocked(), s.waiting)
 }
