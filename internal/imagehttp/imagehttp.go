@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path"
@@ -51,17 +52,17 @@ type Image struct {
 	VerifiedAt     time.Time
 }
 
-// Handler serves images through Images, with metrics when m is not nil.
-type Handler struct {
+// Endpoints serve images through Images, with metrics when Metrics is
+// not nil.
+type Endpoints struct {
 	Images  Images
 	Metrics *Metrics
 	// SendTimeout is how long one write of a response may block.
 	SendTimeout time.Duration
-	// Now is the clock of the status page.
+	// Now is the clock of the status page (nil: time.Now).
 	Now func() time.Time
-	Log interface {
-		Error(msg string, args ...any)
-	}
+	// Log gets what cannot be answered (nil: nothing is logged).
+	Log *slog.Logger
 }
 
 // RetryAfterSeconds is what a client is told to wait for an image that is
@@ -75,7 +76,13 @@ const RetryAfterSeconds = 30
 // sha256 in the server's own records and the store, never by joining the
 // request path to a directory, so no request can reach a file outside the
 // storage whatever it holds (.., encoded slashes, absolute paths, symlinks).
-func (s Handler) Handler() http.Handler {
+func (s Endpoints) Handler() http.Handler {
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Log == nil {
+		s.Log = slog.New(slog.DiscardHandler)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /images/{sha256}/{file}", s.serveImage)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
@@ -103,11 +110,11 @@ func (s Handler) Handler() http.Handler {
 	return httpsend.Deadline(s.SendTimeout, h)
 }
 
-// HTTPServer is an http.Server for Handler, with the timeouts a server
+// Server is an http.Server for Handler, with the timeouts a server
 // facing many clients needs: a client gets 30 s to send its request
 // headers, a keep-alive connection is closed after 2 minutes idle, and a
 // response that cannot be written for SendTimeout is cut (see Handler).
-func (s Handler) HTTPServer() *http.Server {
+func (s Endpoints) Server() *http.Server {
 	return &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 30 * time.Second,
@@ -116,7 +123,7 @@ func (s Handler) HTTPServer() *http.Server {
 	}
 }
 
-func (s Handler) serveImage(w http.ResponseWriter, r *http.Request) {
+func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 	// The one parser of image paths reads the path as sent, so that the
 	// server answers exactly the URLs render writes (osimage.ImagePath).
 	req, ok := osimage.ParseImagePath(r.URL.EscapedPath())
@@ -168,7 +175,7 @@ func (s Handler) serveImage(w http.ResponseWriter, r *http.Request) {
 
 // ServeStored sends the stored, verified file of sum (to a client, or to
 // a peer replica).
-func (s Handler) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
+func (s Endpoints) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
 	f, entry, err := s.Images.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it; the server downloads it again.

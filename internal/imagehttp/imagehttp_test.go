@@ -71,7 +71,7 @@ func sha(c byte) osimage.SHA256 { return osimage.SHA256(strings.Repeat(string(c)
 
 func serve(t *testing.T, images *fakeImages, m *Metrics) *httptest.Server {
 	t.Helper()
-	h := Handler{Images: images, Metrics: m, SendTimeout: time.Minute, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
+	h := Endpoints{Images: images, Metrics: m, SendTimeout: time.Minute, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
 	srv := httptest.NewServer(h.Handler())
 	t.Cleanup(srv.Close)
 	return srv
@@ -256,7 +256,7 @@ func TestChecksumFilesAreCacheable(t *testing.T) {
 // The http.Server serve runs closes idle keep-alive connections and
 // bounds the wait for request headers.
 func TestHTTPServerTimeouts(t *testing.T) {
-	hs := Handler{Images: &fakeImages{}, SendTimeout: time.Minute}.HTTPServer()
+	hs := Endpoints{Images: &fakeImages{}, SendTimeout: time.Minute}.Server()
 	if hs.IdleTimeout <= 0 || hs.ReadHeaderTimeout <= 0 || hs.ConnContext == nil || hs.Handler == nil {
 		t.Errorf("HTTPServer: idle %v, read header %v", hs.IdleTimeout, hs.ReadHeaderTimeout)
 	}

@@ -140,7 +140,7 @@ type statusView struct {
 }
 
 // serveStatus renders the operators' page: every image with its state.
-func (s Handler) serveStatus(w http.ResponseWriter, _ *http.Request) {
+func (s Endpoints) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	view := statusView{Report: s.Images.Report(), Counts: map[string]int{}, Now: s.Now()}
 	if view.Report.SelectError != nil {
 		view.SelectError = view.Report.SelectError.Error()

@@ -13,15 +13,15 @@ import (
 // The server as its HTTP face (package imagehttp) reads it.
 
 // Handler serves the images, their checksum files, the status page, health
-// and metrics (imagehttp.Handler).
-func (s *Server) Handler() http.Handler { return s.handler().Handler() }
+// and metrics (imagehttp.Endpoints).
+func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
 
 // HTTPServer is an http.Server for Handler, with the timeouts of a server
-// facing many clients (imagehttp.Handler.HTTPServer).
-func (s *Server) HTTPServer() *http.Server { return s.handler().HTTPServer() }
+// facing many clients (imagehttp.Endpoints.Server).
+func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 
-func (s *Server) handler() imagehttp.Handler {
-	return imagehttp.Handler{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+func (s *Server) endpoints() imagehttp.Endpoints {
+	return imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
 }
 
 // servedImages implements imagehttp.Images.

@@ -82,7 +82,7 @@ func (s *Server) broadcast() {
 
 // ServeStored serves the verified file of sum to a peer.
 func (s *Server) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
-	s.handler().ServeStored(w, r, sum)
+	s.endpoints().ServeStored(w, r, sum)
 }
 
 // PeerHTTPServer is the http.Server of the peer endpoints.
