@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -224,7 +225,7 @@ func open(o Options) (_ *Daemon, err error) {
 		}
 		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
 	}
-	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, server.NewMetrics()
+	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, imagehttp.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty
 	if d.refs != nil {
 		cfg.References = d.refs

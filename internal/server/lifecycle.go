@@ -231,6 +231,9 @@ func (s *Server) changeLocked(sum osimage.SHA256, img *image, ev event) {
 	}
 	if fx.has(removeRecord) {
 		delete(s.images, sum)
+		if s.filler != nil {
+			s.filler.Forget(sum)
+		}
 	}
 	if fx.has(kickQueue) {
 		s.signal(s.kick)

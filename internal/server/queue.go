@@ -50,7 +50,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	var best *image
 	inProgress := s.needsInProgressLocked()
 	for _, img := range s.images {
-		if !s.dueLocked(img, now) {
+		if !img.due(now) {
 			continue
 		}
 		if best == nil || claimsBefore(img, best, inProgress) {
@@ -72,7 +72,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	img := s.images[sum]
-	w := img.attempt()
+	w := img.records.Next(img.Wanted)
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
 	img.yield = func(err error) { cancel(err) }
@@ -86,7 +86,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
 	s.signal(s.changed)
 
-	bound, need, err := s.bounds(w)
+	bound, need, err := w.Bounds(s.cfg.MaxImageSize)
 	if err == nil {
 		bound, err = s.reserveSpace(sum, w, bound, need)
 	}
@@ -102,8 +102,10 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	img.cancel, img.yield = nil, nil
 	if err == nil {
 		img.entry = entry
-		img.badPeers = nil
-		img.recordFailed = nil
+		if s.filler != nil {
+			s.filler.Forget(sum)
+		}
+		img.records.Reset()
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
 		s.changeLocked(sum, img, downloaded{})
 		return
@@ -135,7 +137,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		}
 		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
 		if s.cfg.Metrics != nil && isVerifyError(err) {
-			s.cfg.Metrics.verifyFailures.Inc()
+			s.cfg.Metrics.VerifyFailures.Inc()
 		}
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
@@ -160,8 +162,8 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	dst.SetLimit(bound)
 	progress := s.progressOf(w)
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.inFlight.Inc()
-		defer s.cfg.Metrics.inFlight.Dec()
+		s.cfg.Metrics.InFlight.Inc()
+		defer s.cfg.Metrics.InFlight.Dec()
 	}
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
@@ -171,17 +173,17 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	if res.KeptDiscarded != "" {
 		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptDiscarded.Inc()
+			s.cfg.Metrics.KeptDiscarded.Inc()
 		}
 	}
 	if res.Kept > 0 {
 		s.log.Info("download continued from the partial file kept", "sha256", w.SHA256, "key", w.Key, "source", source, "keptBytes", res.Kept, "networkBytes", res.NetworkBytes)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptBytes.Add(float64(res.Kept))
+			s.cfg.Metrics.KeptBytes.Add(float64(res.Kept))
 		}
 	}
 	md5, size := res.MD5, res.Size
-	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
+	if errors.Is(err, imagestore.ErrLimit) && !w.DeclaresSize() {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, osimage.FormatBytes(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
@@ -239,7 +241,7 @@ func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
 			s.broadcast()
 		}
 		if s.cfg.Metrics != nil && received > last {
-			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
+			s.cfg.Metrics.BytesDownloaded.Add(float64(received - last))
 		}
 		last = received
 	}
@@ -285,14 +287,6 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 // errDeselected ends the download of an image that is no longer selected.
 var errDeselected = errors.New("the image was deselected")
 
-// dueLocked says whether img needs a download now.
-func (s *Server) dueLocked(img *image, now time.Time) bool {
-	if !img.Selected || img.Stored || img.WaitingForSpace {
-		return false
-	}
-	return img.Phase == PhaseQueued || img.Phase == PhaseFailed && !now.Before(img.NextTry)
-}
-
 // waitingLocked says whether an image other than sum, that never gave way,
 // waits for a download slot while every slot is taken.
 func (s *Server) waitingLocked(sum osimage.SHA256) bool {
@@ -302,7 +296,7 @@ func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 		switch {
 		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
 			busy++
-		case other != sum && !img.GaveWay && s.dueLocked(img, now):
+		case other != sum && !img.GaveWay && img.due(now):
 			waiting = true
 		}
 	}
