@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -50,7 +51,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	var best *image
 	inProgress := s.needsInProgressLocked()
 	for _, img := range s.images {
-		if !img.due(now) {
+		if !img.Due(now) {
 			continue
 		}
 		if best == nil || claimsBefore(img, best, inProgress) {
@@ -65,7 +66,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
 	// Another worker is kicked for the rest of the queue.
-	s.changeLocked(best.SHA256, best, claimed{})
+	s.changeLocked(best.SHA256, best, imagelife.Claimed{})
 	return best.SHA256, true
 }
 
@@ -107,23 +108,23 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		}
 		img.records.Reset()
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
-		s.changeLocked(sum, img, downloaded{})
+		s.changeLocked(sum, img, imagelife.Downloaded{})
 		return
 	}
-	end := downloadEnded{Why: endedFailed, Reason: err.Error()}
+	end := imagelife.DownloadEnded{Why: imagelife.EndedFailed, Reason: err.Error()}
 	switch {
 	case !img.Selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
-		end.Why = endedByDeselection
+		end.Why = imagelife.EndedByDeselection
 	case ctx.Err() != nil:
 		// Shutdown: not a failed attempt. The worker stops after this.
 		s.log.Info("download interrupted by shutdown; its partial file is kept, to be continued at the next start", "sha256", sum, "key", w.Key)
-		end.Why = endedByShutdown
+		end.Why = imagelife.EndedByShutdown
 	case errors.As(err, new(*spaceWait)):
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
-		end.Why = endedWaitingForSpace
+		end.Why = imagelife.EndedWaitingForSpace
 	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
-		end.Why = endedGivingWay
+		end.Why = imagelife.EndedGivingWay
 		if slow := new(*fill.SlowError); errors.As(err, slow) {
 			end.Reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
 		} else {
@@ -132,7 +133,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", end.Reason)
 	default:
 		if next, ok := s.nextRecordLocked(img, w, err); ok {
-			end.Why, end.Reason = endedForNextRecord, next
+			end.Why, end.Reason = imagelife.EndedForNextRecord, next
 			break
 		}
 		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
@@ -141,7 +142,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		}
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
-	if end.Why == endedByShutdown || end.Why == endedGivingWay || end.Why == endedForNextRecord {
+	if end.Why == imagelife.EndedByShutdown || end.Why == imagelife.EndedGivingWay || end.Why == imagelife.EndedForNextRecord {
 		// The next attempt starts its count again.
 		img.received = 0
 	}
@@ -189,7 +190,7 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
-		s.changeLocked(w.SHA256, s.images[w.SHA256], verifying{})
+		s.changeLocked(w.SHA256, s.images[w.SHA256], imagelife.Verifying{})
 		s.mu.Unlock()
 		err = dst.Commit(entry)
 	}
@@ -234,7 +235,7 @@ func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
 			img.total = total
 		}
 		if img.total > 0 && received >= img.total && img.Phase == PhaseDownloading {
-			s.changeLocked(w.SHA256, img, verifying{})
+			s.changeLocked(w.SHA256, img, imagelife.Verifying{})
 		}
 		s.mu.Unlock()
 		if changed {
@@ -281,7 +282,7 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 		return
 	}
 	img.entry = imagestore.Entry{}
-	s.changeLocked(sum, img, storedLost{Reason: reason})
+	s.changeLocked(sum, img, imagelife.StoredLost{Reason: reason})
 }
 
 // errDeselected ends the download of an image that is no longer selected.
@@ -296,7 +297,7 @@ func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 		switch {
 		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
 			busy++
-		case other != sum && !img.GaveWay && img.due(now):
+		case other != sum && !img.GaveWay && img.Due(now):
 			waiting = true
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagehttp"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -196,7 +197,7 @@ type image struct {
 	servedset.Wanted
 	// life is where the image stands; only transition changes it
 	// (lifecycle.go).
-	life
+	imagelife.Life
 	received, total int64
 	entry           imagestore.Entry
 	cancel          context.CancelFunc
@@ -323,7 +324,7 @@ func New(cfg Config) *Server {
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
 			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
-			life:   life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
+			Life:   imagelife.Life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
 			entry:  e,
 			source: fill.FromStore,
 		}
@@ -353,20 +354,20 @@ func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectEr
 	for sum, w := range wanted {
 		img, ok := s.images[sum]
 		if !ok {
-			img = &image{life: life{Phase: PhaseQueued}}
+			img = &image{Life: imagelife.Life{Phase: PhaseQueued}}
 			s.images[sum] = img
 			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "selectedBy", w.SelectedBy)
 		}
 		img.Wanted = w
 		img.keptBy = ""
-		s.changeLocked(sum, img, selected{})
+		s.changeLocked(sum, img, imagelife.Selected{})
 	}
 	for sum, img := range s.images {
 		if _, ok := wanted[sum]; ok || !img.Selected {
 			continue
 		}
 		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.Phase)
-		s.changeLocked(sum, img, deselected{At: now})
+		s.changeLocked(sum, img, imagelife.Deselected{At: now})
 	}
 	s.signal(s.kick)
 	s.signal(s.changed)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
@@ -44,7 +45,7 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
-		s.changeLocked(sum, s.images[sum], waitsForSpace{Reason: msg})
+		s.changeLocked(sum, s.images[sum], imagelife.WaitsForSpace{Reason: msg})
 		if !w.IsNeed() {
 			s.yieldNeedsLocked(w.Key)
 		}
@@ -154,7 +155,7 @@ func (s *Server) releaseSpace(sum osimage.SHA256) {
 	}
 	img.reservedForSpace = 0
 	for other, img := range s.images {
-		s.changeLocked(other, img, spaceFreed{})
+		s.changeLocked(other, img, imagelife.SpaceFreed{})
 	}
 	s.signal(s.kick)
 }
