@@ -90,7 +90,8 @@ func TestStatusPageInChromium(t *testing.T) {
 // part of the page written before the failure.
 func TestStatusPageIsNeverHalfWritten(t *testing.T) {
 	working := statusPage
-	statusPage = template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
+	broken := template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
+	statusPage = func() *template.Template { return broken }
 	t.Cleanup(func() { statusPage = working })
 	h := start(t, t.TempDir(), newFakeSource(), nil)
 	resp, body := h.get("/")
