@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagehttp"
@@ -242,7 +241,7 @@ func open(o Options) (_ *Daemon, err error) {
 
 // inputsFromCluster points the inputs and the publisher at the ConfigMaps
 // of the options.
-func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Config) {
+func (d *Daemon) inputsFromCluster(client kube.Client, cfg *server.Config) {
 	d.inputs.Client = client
 	d.inputs.OSImagesConfigMap = d.opts.OSImagesConfigMap
 	d.fleetNeedsFromCluster()

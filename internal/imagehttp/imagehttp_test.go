@@ -183,7 +183,8 @@ func TestStatusPageIsNeverHalfWritten(t *testing.T) {
 		t.Fatalf("the status page: %s, without the image's link:\n%s", resp.Status, body)
 	}
 	working := statusPage
-	statusPage = template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
+	broken := template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
+	statusPage = func() *template.Template { return broken }
 	t.Cleanup(func() { statusPage = working })
 	if resp, body := get(t, srv.URL+"/"); resp.StatusCode != http.StatusInternalServerError || strings.Contains(body, "half") {
 		t.Fatalf("a failing template: %s, %q; want 500 without the page's start", resp.Status, body)

@@ -46,8 +46,23 @@ func TestRESTConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Discovery().ServerVersion(); err != nil {
-		t.Errorf("the clientset does not reach the apiserver: %v", err)
+	// Each group client of NewClient reaches its API group.
+	ctx := context.Background()
+	for name, list := range map[string]func() error{
+		"configmaps": func() error { _, err := c.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{}); return err },
+		"leases": func() error {
+			_, err := c.CoordinationV1().Leases("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"endpointslices": func() error {
+			_, err := c.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"events": func() error { _, err := c.EventsV1().Events("default").List(ctx, metav1.ListOptions{}); return err },
+	} {
+		if err := list(); err != nil {
+			t.Errorf("listing %s: the client does not reach the apiserver: %v", name, err)
+		}
 	}
 	if _, err := RESTConfig(t.TempDir() + "/missing"); err == nil || !strings.Contains(err.Error(), "loading kubeconfig") {
 		t.Errorf("a missing kubeconfig: %v", err)

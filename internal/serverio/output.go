@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -96,7 +95,7 @@ func (p FilePublisher) Published(context.Context) (osimage.ServedSet, error) {
 // ConfigMapPublisher applies the served-images ConfigMap with server-side
 // apply: values.yaml (contract §6) and, beside it, served-filenames.yaml.
 type ConfigMapPublisher struct {
-	Client kubernetes.Interface
+	Client kube.Client
 	Key    kube.ObjectKey
 }
 
@@ -123,7 +122,7 @@ func (p ConfigMapPublisher) Publish(ctx context.Context, out osimage.ServedOutpu
 // a deletion or an edit by hand is seen at once, and the informer's resync
 // tells again what its cache holds every minute.
 func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data map[string]string, exists bool)) error {
-	factory, informer := configMapInformer(p.Client, p.Key, time.Minute)
+	informer := configMapInformer(p.Client, p.Key, time.Minute)
 	tell := func(obj any) {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
 			observed(cm.Data, true)
@@ -136,9 +135,7 @@ func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data 
 	}); err != nil {
 		return fmt.Errorf("watching ConfigMap %s: %w", p.Key, err)
 	}
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	informer.RunWithContext(ctx)
 	return nil
 }
 
