@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale clean
+.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale bench-idle clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -66,6 +66,10 @@ bench-propagation:
 # own (root).
 bench-scale:
 	hack/bench-scale.sh
+
+# The production server's idle RSS and the package init every command pays.
+bench-idle:
+	hack/idle-rss.sh
 
 # 500 workload namespaces: from a served-set change to every osimages-status.
 bench-fleet:

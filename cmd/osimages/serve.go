@@ -18,6 +18,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/server"
 )
 
@@ -98,7 +99,7 @@ same address.`,
 	f.StringVar(&o.replicaID, "replica-id", "", "this replica's ID among the --peers-service endpoints, as their targetRef names it (default: $POD_NAME, else the hostname)")
 	f.StringVar(&o.peersService, "peers-service", "", "headless Service whose ready EndpointSlice endpoints are the other replicas: images are filled from peers first, one replica per image pulls from the registry, and the holder of --publisher-lease publishes (empty: one replica)")
 	f.StringVar(&o.peerListen, "peer-listen", daemon.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
-	f.DurationVar(&o.peerTimeout, "peer-timeout", server.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
+	f.DurationVar(&o.peerTimeout, "peer-timeout", replica.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
 	f.StringVar(&o.publisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
 	addFleetNeedsFlags(f, &o.fleetNeeds, "also serve")
 	f.StringVar(&o.fleetNeedsConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+osimage.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")

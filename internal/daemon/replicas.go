@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 
@@ -32,7 +31,7 @@ const (
 // election.
 type replicas struct {
 	log       *slog.Logger
-	client    kubernetes.Interface
+	client    kube.Client
 	namespace string
 	id, lease string
 	tracker   *replica.Tracker

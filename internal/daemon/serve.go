@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
@@ -224,7 +224,7 @@ func open(o Options) (_ *Daemon, err error) {
 		}
 		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
 	}
-	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, server.NewMetrics()
+	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, imagehttp.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty
 	if d.refs != nil {
 		cfg.References = d.refs
@@ -241,7 +241,7 @@ func open(o Options) (_ *Daemon, err error) {
 
 // inputsFromCluster points the inputs and the publisher at the ConfigMaps
 // of the options.
-func (d *Daemon) inputsFromCluster(client kubernetes.Interface, cfg *server.Config) {
+func (d *Daemon) inputsFromCluster(client kube.Client, cfg *server.Config) {
 	d.inputs.Client = client
 	d.inputs.OSImagesConfigMap = d.opts.OSImagesConfigMap
 	d.fleetNeedsFromCluster()

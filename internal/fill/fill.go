@@ -78,10 +78,13 @@ type Chain struct {
 func (c Chain) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
 	var skip []string
 	for {
-		src := c.Last
+		// Whether src is the last resort is known from where it came, not
+		// by comparing it with Last: two Sources of a type that cannot be
+		// compared (a Func, a struct holding a func) would panic.
+		src, last := c.Last, true
 		if c.Choose != nil {
 			if s := c.Choose(w, skip); s != nil {
-				src = s
+				src, last = s, false
 			}
 		}
 		if c.Started != nil {
@@ -90,7 +93,7 @@ func (c Chain) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Wri
 		res, err := c.Rule(src).Run(ctx, func(ctx context.Context, progress pull.Progress) (pull.Result, error) {
 			return src.Fill(ctx, w, dst, progress)
 		}, progress)
-		if err == nil || src == c.Last || ctx.Err() != nil {
+		if err == nil || last || ctx.Err() != nil {
 			return res, src.Name(), err
 		}
 		if c.Failed != nil {

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
@@ -42,12 +41,12 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // Clientset builds a typed client from a kubeconfig, as RESTConfig finds it.
-func Clientset(kubeconfig string) (kubernetes.Interface, error) {
+func Clientset(kubeconfig string) (Client, error) {
 	cfg, err := RESTConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	return kubernetes.NewForConfig(cfg)
+	return NewClient(cfg)
 }
 
 // ObjectKey is a namespace/name pair as given on the command line.
@@ -90,7 +89,7 @@ func ValidateName(name string) error {
 }
 
 // GetConfigMap returns the ConfigMap, or nil when it does not exist.
-func GetConfigMap(ctx context.Context, c kubernetes.Interface, key ObjectKey) (*corev1.ConfigMap, error) {
+func GetConfigMap(ctx context.Context, c Client, key ObjectKey) (*corev1.ConfigMap, error) {
 	cm, err := c.CoreV1().ConfigMaps(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
@@ -103,7 +102,7 @@ func GetConfigMap(ctx context.Context, c kubernetes.Interface, key ObjectKey) (*
 
 // ConfigMapValues returns the values.yaml document of a ConfigMap that must
 // exist.
-func ConfigMapValues(ctx context.Context, c kubernetes.Interface, key ObjectKey, dataKey string) ([]byte, error) {
+func ConfigMapValues(ctx context.Context, c Client, key ObjectKey, dataKey string) ([]byte, error) {
 	cm, err := GetConfigMap(ctx, c, key)
 	if err != nil {
 		return nil, err
@@ -120,7 +119,7 @@ func ConfigMapValues(ctx context.Context, c kubernetes.Interface, key ObjectKey,
 
 // ApplyConfigMap writes cm with server-side apply, forcing ownership of the
 // fields it sets: osimages is the one writer of its outputs.
-func ApplyConfigMap(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+func ApplyConfigMap(ctx context.Context, c Client, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
 	ac := corev1ac.ConfigMap(cm.Name, cm.Namespace).
 		WithLabels(cm.Labels).
 		WithAnnotations(cm.Annotations).
@@ -169,7 +168,7 @@ func ApplyObjects(ctx context.Context, cfg *rest.Config, objs []*unstructured.Un
 // Target is the cluster a command reads from or writes to.
 type Target struct {
 	Config *rest.Config
-	Client kubernetes.Interface
+	Client Client
 }
 
 // NewTarget connects to the cluster of kubeconfig.
@@ -178,7 +177,7 @@ func NewTarget(kubeconfig string) (*Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := NewClient(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -46,8 +46,23 @@ func TestRESTConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Discovery().ServerVersion(); err != nil {
-		t.Errorf("the clientset does not reach the apiserver: %v", err)
+	// Each group client of NewClient reaches its API group.
+	ctx := context.Background()
+	for name, list := range map[string]func() error{
+		"configmaps": func() error { _, err := c.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{}); return err },
+		"leases": func() error {
+			_, err := c.CoordinationV1().Leases("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"endpointslices": func() error {
+			_, err := c.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"events": func() error { _, err := c.EventsV1().Events("default").List(ctx, metav1.ListOptions{}); return err },
+	} {
+		if err := list(); err != nil {
+			t.Errorf("listing %s: the client does not reach the apiserver: %v", name, err)
+		}
 	}
 	if _, err := RESTConfig(t.TempDir() + "/missing"); err == nil || !strings.Contains(err.Error(), "loading kubeconfig") {
 		t.Errorf("a missing kubeconfig: %v", err)
@@ -59,12 +74,11 @@ func TestRESTConfig(t *testing.T) {
 func TestConfigMaps(t *testing.T) {
 	k := suite.Kube(t)
 	ctx := context.Background()
-	k.Namespace(t, "kube-cm", nil)
-	key := ObjectKey{Namespace: "kube-cm", Name: "values"}
+	key := ObjectKey{Namespace: namespace(t, k, "kube-cm"), Name: "values"}
 	if cm, err := GetConfigMap(ctx, k.Client, key); cm != nil || err != nil {
 		t.Fatalf("missing ConfigMap: %v %v", cm, err)
 	}
-	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap kube-cm/values not found" {
+	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+" not found" {
 		t.Errorf("missing ConfigMap values: %v", err)
 	}
 	// Another writer owns the data first: apply forces osimages in.
@@ -72,7 +86,7 @@ func TestConfigMaps(t *testing.T) {
 	if _, err := k.Client.CoreV1().ConfigMaps(key.Namespace).Create(ctx, other, metav1.CreateOptions{FieldManager: "someone-else"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != `ConfigMap kube-cm/values has no data key "values.yaml"` {
+	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+` has no data key "values.yaml"` {
 		t.Errorf("missing data key: %v", err)
 	}
 	out, err := ApplyConfigMap(ctx, k.Client, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{"l": "v"}},
@@ -102,29 +116,29 @@ func TestConfigMaps(t *testing.T) {
 func TestApplyObjectsAllOrNothing(t *testing.T) {
 	k := suite.Kube(t)
 	ctx := context.Background()
-	k.Namespace(t, "kube-apply", nil)
+	ns := namespace(t, k, "kube-apply")
 	cm := func(name string, data any) *unstructured.Unstructured {
 		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
-			"metadata": map[string]any{"name": name, "namespace": "kube-apply"}, "data": data}}
+			"metadata": map[string]any{"name": name, "namespace": ns}, "data": data}}
 	}
 	// data must be strings: the schema refuses the second object.
 	err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{cm("first", map[string]any{"a": "1"}), cm("second", map[string]any{"a": int64(1)})})
-	if err == nil || !strings.Contains(err.Error(), "applying ConfigMap kube-apply/second") {
+	if err == nil || !strings.Contains(err.Error(), "applying ConfigMap "+ns+"/second") {
 		t.Fatalf("want the second object refused, got %v", err)
 	}
-	if _, err := k.Client.CoreV1().ConfigMaps("kube-apply").Get(ctx, "first", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, "first", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the first object was written although the second was refused: %v", err)
 	}
 	if err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{cm("first", map[string]any{"a": "1"}), cm("second", map[string]any{"a": "2"})}); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"first", "second"} {
-		if _, err := k.Client.CoreV1().ConfigMaps("kube-apply").Get(ctx, name, metav1.GetOptions{}); err != nil {
+		if _, err := k.Client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
 	// A kind the apiserver does not serve names the object and the cause.
-	missing := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.org/v1", "kind": "Nothing", "metadata": map[string]any{"name": "n", "namespace": "kube-apply"}}}
+	missing := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.org/v1", "kind": "Nothing", "metadata": map[string]any{"name": "n", "namespace": ns}}}
 	if err := ApplyObjects(ctx, k.Config, []*unstructured.Unstructured{missing}); err == nil || !strings.Contains(err.Error(), "Nothing n") || !strings.Contains(err.Error(), "is its CRD installed?") {
 		t.Errorf("unknown kind: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Field names of an image record. The catalog publishes each as a string.
@@ -147,13 +148,17 @@ func FieldsFromAnnotations(annotations map[string]string) Image {
 	return out
 }
 
-// KeyPattern is the form of a key of os_images and sylva_diskimagebuilder_images.
-var KeyPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{1,50}[a-z0-9]$`)
+// keyPattern is the form of a key of os_images and
+// sylva_diskimagebuilder_images. It is compiled at its first use, not at
+// package init, which every command of the binary runs (200 allocations).
+var keyPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{1,50}[a-z0-9]$`)
+})
 
 // ValidateKey says why key cannot name an image, or nil.
 func ValidateKey(key string) error {
-	if !KeyPattern.MatchString(key) {
-		return fmt.Errorf("key must match %s", KeyPattern.String())
+	if !keyPattern().MatchString(key) {
+		return fmt.Errorf("key must match %s", keyPattern().String())
 	}
 	return nil
 }

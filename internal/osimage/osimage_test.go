@@ -1,6 +1,7 @@
 package osimage
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -197,5 +198,25 @@ func TestMergeA(t *testing.T) {
 		if _, err := MergeA(info, map[string]any{"os_images": bad}); err == nil || !strings.Contains(err.Error(), ".os_images") {
 			t.Errorf("os_images %v: %v", bad, err)
 		}
+	}
+}
+
+func TestRefusedNeedsBoundedKeepsOnePerNamespace(t *testing.T) {
+	var all RefusedNeeds
+	long := strings.Repeat("m", 1000)
+	for i := range 50 {
+		all = append(all, RefusedNeed{Namespace: "noisy", SHA256: SHA256(fmt.Sprintf("%064d", i)), Reason: RefusedImages, Message: long})
+	}
+	all = append(all, RefusedNeed{Namespace: "quiet", Reason: RefusedImages, Message: "one"})
+	if got := all.Bounded(1 << 20); len(got) != len(all) || got[len(got)-1].Namespace != "quiet" {
+		t.Fatalf("under the bound: %d refusals, last %s; want all, sorted", len(got), got[len(got)-1].Namespace)
+	}
+	got := all.Bounded(5000)
+	ns := map[string]int{}
+	for _, r := range got {
+		ns[r.Namespace]++
+	}
+	if ns["quiet"] != 1 || ns["noisy"] < 1 || ns["noisy"] > 4 {
+		t.Errorf("bounded to 5000 bytes: %v; want quiet's one refusal kept, noisy's cut to what fits", ns)
 	}
 }

@@ -126,3 +126,42 @@ func parseRefused(decoded RefusedNeeds) (kept RefusedNeeds, left []error) {
 	}
 	return kept, left
 }
+
+// Bounded returns the refusals sorted, at most maxBytes of them (counted
+// as their fields plus 64 bytes each): when all do not fit, the first
+// refusal of each namespace stays, then as many others as fit. Tenants
+// choose how many refusals they cause; the document that carries them
+// beside the served set must still fit its ConfigMap.
+func (r RefusedNeeds) Bounded(maxBytes int) RefusedNeeds {
+	all := slices.Clone(r)
+	all.Sort()
+	size := func(r RefusedNeed) int {
+		return len(r.SHA256) + len(r.Namespace) + len(r.Reason) + len(r.Message) + 64
+	}
+	total := 0
+	for _, r := range all {
+		total += size(r)
+	}
+	if total <= maxBytes {
+		return all
+	}
+	var kept RefusedNeeds
+	used, taken, seen := 0, make([]bool, len(all)), map[string]bool{}
+	take := func(i int) {
+		if !taken[i] && used+size(all[i]) <= maxBytes {
+			taken[i], used = true, used+size(all[i])
+			kept = append(kept, all[i])
+		}
+	}
+	for i, r := range all {
+		if !seen[r.Namespace] {
+			seen[r.Namespace] = true
+			take(i)
+		}
+	}
+	for i := range all {
+		take(i)
+	}
+	kept.Sort()
+	return kept
+}

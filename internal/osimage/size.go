@@ -79,3 +79,12 @@ func FormatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// AddSizes adds sizes without wrapping around: past the largest int64,
+// the sum is that.
+func AddSizes(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}

@@ -26,22 +26,23 @@ func TestSemantics(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.writeSource("v1")
-	before := []string{"sem-a", "sem-b"}
+	semA, semB, semPlain, semNew := e.ns("sem-a"), e.ns("sem-b"), e.ns("sem-plain"), e.ns("sem-new")
+	before := []string{semA, semB}
 	for _, ns := range before {
 		e.createNamespace(ns, true)
 	}
-	e.createNamespace("sem-plain", false)
+	e.createNamespace(semPlain, false)
 	ctl := e.start(Options{})
 	labelled := append([]string{}, before...)
 
 	t.Run("namespaces labelled before the controller started: copies created at start", func(t *testing.T) {
 		e.waitCopies(labelled, "v1", settle)
-		cp := e.getCopy("sem-a")
+		cp := e.getCopy(semA)
 		if cp.Labels[LabelSourceNamespace] != e.rule.Source.Namespace || cp.Labels[LabelSourceName] != "served" ||
 			cp.Annotations[AnnotationSourceHash] != SourceHash(e.source()) {
 			t.Errorf("copy marks: labels %v annotations %v", cp.Labels, cp.Annotations)
 		}
-		if e.getCopy("sem-plain") != nil {
+		if e.getCopy(semPlain) != nil {
 			t.Error("copy in a namespace without the label")
 		}
 	})
@@ -52,25 +53,25 @@ func TestSemantics(t *testing.T) {
 	})
 
 	t.Run("copy edited: put back", func(t *testing.T) {
-		cp := e.getCopy("sem-a")
+		cp := e.getCopy(semA)
 		cp.Data["values.yaml"] = "edited by hand"
 		cp.Labels["someone"] = "else"
 		if err := e.c.Update(ctx, cp); err != nil {
 			t.Fatal(err)
 		}
 		e.waitCopies(labelled, "v2", settle)
-		if e.getCopy("sem-a").Labels["someone"] != "else" {
+		if e.getCopy(semA).Labels["someone"] != "else" {
 			t.Error("a label added by someone else was removed")
 		}
 	})
 
 	t.Run("copy deleted: recreated", func(t *testing.T) {
-		cp := e.getCopy("sem-b")
+		cp := e.getCopy(semB)
 		if err := e.c.Delete(ctx, cp); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, settle, func() error {
-			if again := e.getCopy("sem-b"); again == nil || again.UID == cp.UID {
+			if again := e.getCopy(semB); again == nil || again.UID == cp.UID {
 				return fmt.Errorf("not recreated yet")
 			}
 			return nil
@@ -79,23 +80,23 @@ func TestSemantics(t *testing.T) {
 	})
 
 	t.Run("namespace gains the label: copy created", func(t *testing.T) {
-		e.setLabel("sem-plain", true)
-		labelled = append(labelled, "sem-plain")
+		e.setLabel(semPlain, true)
+		labelled = append(labelled, semPlain)
 		e.waitCopies(labelled, "v2", settle)
 	})
 
 	t.Run("namespace created with the label: copy created", func(t *testing.T) {
-		e.createNamespace("sem-new", true)
-		labelled = append(labelled, "sem-new")
+		e.createNamespace(semNew, true)
+		labelled = append(labelled, semNew)
 		e.waitCopies(labelled, "v2", settle)
 	})
 
 	t.Run("namespace loses the label: copy deleted", func(t *testing.T) {
-		e.setLabel("sem-plain", false)
+		e.setLabel(semPlain, false)
 		labelled = labelled[:len(labelled)-2]
-		labelled = append(labelled, "sem-new")
+		labelled = append(labelled, semNew)
 		e.waitCopies(labelled, "v2", settle)
-		if e.getCopy("sem-plain") != nil {
+		if e.getCopy(semPlain) != nil {
 			t.Error("copy still there")
 		}
 	})
@@ -120,7 +121,7 @@ func TestSemantics(t *testing.T) {
 			return nil
 		})
 		eventually(t, settle, func() error {
-			if n := len(e.events("sem-a", "ConfigMap", e.rule.Target)["SourceMissing"]); n == 0 {
+			if n := len(e.events(semA, "ConfigMap", e.rule.Target)["SourceMissing"]); n == 0 {
 				return fmt.Errorf("no SourceMissing event")
 			}
 			if got := ctl.copies(t, e.rule.Name, StateStale); got != float64(len(labelled)) {
@@ -170,7 +171,7 @@ func TestSemantics(t *testing.T) {
 		// know when the controller has done its work.
 		other := Rule{Name: e.rule.Name + "-other", Source: e.rule.Source, Target: "other-copy", Selector: e.rule.Selector}
 		next := e.start(Options{Rules: []Rule{other}})
-		e.setLabel("sem-a", false)
+		e.setLabel(semA, false)
 		e.writeSource("v4")
 		eventually(t, settle, func() error {
 			if got := next.copies(t, other.Name, StateInSync); got != float64(len(labelled)-1) {
@@ -196,19 +197,20 @@ func TestUnmanagedObjectInTheWay(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.writeSource("v1")
-	e.createNamespace("way-taken", true)
-	e.createNamespace("way-free", true)
+	taken, free := e.ns("way-taken"), e.ns("way-free")
+	e.createNamespace(taken, true)
+	e.createNamespace(free, true)
 	theirs := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "way-taken", Name: e.rule.Target, Labels: map[string]string{"generate.kyverno.io/clone-source": ""}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: taken, Name: e.rule.Target, Labels: map[string]string{"generate.kyverno.io/clone-source": ""}},
 		Data:       map[string]string{"values.yaml": "kyverno's"},
 	}
 	if err := e.c.Create(ctx, theirs); err != nil {
 		t.Fatal(err)
 	}
 	ctl := e.start(Options{})
-	e.waitCopies([]string{"way-free"}, "v1", settle)
+	e.waitCopies([]string{free}, "v1", settle)
 	eventually(t, settle, func() error {
-		if len(e.events("way-taken", "ConfigMap", e.rule.Target)["TargetNameTaken"]) == 0 {
+		if len(e.events(taken, "ConfigMap", e.rule.Target)["TargetNameTaken"]) == 0 {
 			return fmt.Errorf("no TargetNameTaken event")
 		}
 		if got := ctl.copies(t, e.rule.Name, StateConflict); got != 1 {
@@ -217,15 +219,15 @@ func TestUnmanagedObjectInTheWay(t *testing.T) {
 		return nil
 	})
 	e.writeSource("v2")
-	e.waitCopies([]string{"way-free"}, "v2", settle)
-	if got := e.getCopy("way-taken"); got.ResourceVersion != theirs.ResourceVersion || got.Data["values.yaml"] != "kyverno's" {
+	e.waitCopies([]string{free}, "v2", settle)
+	if got := e.getCopy(taken); got.ResourceVersion != theirs.ResourceVersion || got.Data["values.yaml"] != "kyverno's" {
 		t.Fatalf("the object in the way was written: %v", got)
 	}
 
 	ctl.stop()
 	adopting := e.start(Options{Adopt: true})
-	e.waitCopies([]string{"way-free", "way-taken"}, "v2", settle)
-	got := e.getCopy("way-taken")
+	e.waitCopies([]string{free, taken}, "v2", settle)
+	got := e.getCopy(taken)
 	if got.UID != theirs.UID || got.Labels["generate.kyverno.io/clone-source"] != "" || got.Labels[LabelRule] != e.rule.Name {
 		t.Errorf("adoption should keep the object and its labels: %+v", got.ObjectMeta)
 	}
@@ -275,9 +277,10 @@ func TestRestartRebuildsState(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.setLabel(names[1], false)
-	e.createNamespace("restart-late", true)
+	late := e.ns("restart-late")
+	e.createNamespace(late, true)
 	want := append(append([]string{}, names[0]), names[2:]...)
-	want = append(want, "restart-late")
+	want = append(want, late)
 
 	e.start(Options{})
 	e.waitCopies(want, "v2", settle)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,7 +33,14 @@ type env struct {
 	// label selects the test's namespaces; rule is the test's rule.
 	label string
 	rule  Rule
+	// run tells this run of the test from the others of the process
+	// (go test -count=N): the apiserver outlives a test and never
+	// finishes deleting a namespace, so each run needs names of its own.
+	run string
 }
+
+// runs numbers the envs of the process, for env.run.
+var runs atomic.Int64
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
@@ -45,8 +53,9 @@ func newEnv(t *testing.T) *env {
 	if len(id) > 40 {
 		id = id[:40]
 	}
-	id = strings.Trim(id, "-")
-	e := &env{t: t, kube: k, c: c, label: "test.osimages/" + id}
+	run := fmt.Sprintf("r%d", runs.Add(1))
+	id = strings.Trim(id, "-") + "-" + run
+	e := &env{t: t, kube: k, c: c, label: "test.osimages/" + id, run: run}
 	e.rule = Rule{
 		Name:     id,
 		Source:   kube.ObjectKey{Namespace: id + "-src", Name: "served"},
@@ -134,6 +143,11 @@ func testLogger() logr.Logger {
 	return logr.Discard()
 }
 
+// ns returns the name of the test's namespace called name in this run.
+func (e *env) ns(name string) string { return name + "-" + e.run }
+
+// createNamespace creates the namespace name, as given: the test names it
+// with ns.
 func (e *env) createNamespace(name string, labelled bool) {
 	e.t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -145,8 +159,8 @@ func (e *env) createNamespace(name string, labelled bool) {
 	}
 }
 
-// createNamespaces creates n labelled namespaces PREFIX-0..n-1, several at
-// once.
+// createNamespaces creates n labelled namespaces, the run's names of
+// PREFIX-0..n-1, several at once.
 func (e *env) createNamespaces(prefix string, n int) []string {
 	e.t.Helper()
 	names := make([]string, n)
@@ -154,7 +168,7 @@ func (e *env) createNamespaces(prefix string, n int) []string {
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i := range names {
-		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		names[i] = e.ns(fmt.Sprintf("%s-%d", prefix, i))
 		wg.Add(1)
 		go func(name string) {
 			defer wg.Done()

@@ -19,37 +19,38 @@ func TestDeleteNeedsProofOfOwnership(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.writeSource("v1")
-	e.createNamespace("proof-copy", true)
-	e.createNamespace("proof-forged", false)
+	mine, forgedNS := e.ns("proof-copy"), e.ns("proof-forged")
+	e.createNamespace(mine, true)
+	e.createNamespace(forgedNS, false)
 	ctl := e.start(Options{})
-	e.waitCopies([]string{"proof-copy"}, "v1", settle)
+	e.waitCopies([]string{mine}, "v1", settle)
 
 	// The tenant of proof-forged copies a real copy's marks onto its own
 	// ConfigMap.
-	real := e.getCopy("proof-copy")
+	real := e.getCopy(mine)
 	forged := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "proof-forged", Name: e.rule.Target, Labels: maps.Clone(real.Labels), Annotations: maps.Clone(real.Annotations)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: forgedNS, Name: e.rule.Target, Labels: maps.Clone(real.Labels), Annotations: maps.Clone(real.Annotations)},
 		Data:       map[string]string{"values.yaml": "mine"},
 	}
 	if err := e.c.Create(ctx, forged); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, settle, func() error {
-		if len(e.events("proof-forged", "ConfigMap", e.rule.Target)["OwnershipUnproven"]) == 0 {
+		if len(e.events(forgedNS, "ConfigMap", e.rule.Target)["OwnershipUnproven"]) == 0 {
 			return fmt.Errorf("no OwnershipUnproven event")
 		}
 		return nil
 	})
 	// A namespace event replays the decision: still not deleted.
-	e.setLabel("proof-forged", false)
+	e.setLabel(forgedNS, false)
 	e.writeSource("v2")
 	eventually(t, settle, func() error {
-		if cp := e.getCopy("proof-copy"); cp == nil || cp.Data["values.yaml"] != "v2" {
+		if cp := e.getCopy(mine); cp == nil || cp.Data["values.yaml"] != "v2" {
 			return fmt.Errorf("proof-copy not at v2: %v", cp)
 		}
 		return nil
 	})
-	if got := e.getCopy("proof-forged"); got == nil || got.UID != forged.UID || got.Data["values.yaml"] != "mine" {
+	if got := e.getCopy(forgedNS); got == nil || got.UID != forged.UID || got.Data["values.yaml"] != "mine" {
 		t.Fatalf("the tenant's ConfigMap was deleted or written: %v", got)
 	}
 	if got := ctl.copies(t, e.rule.Name, StateConflict); got != 1 {
@@ -57,9 +58,9 @@ func TestDeleteNeedsProofOfOwnership(t *testing.T) {
 	}
 
 	// A real copy is still deleted when its namespace leaves the rule.
-	e.setLabel("proof-copy", false)
+	e.setLabel(mine, false)
 	eventually(t, settle, func() error {
-		if e.getCopy("proof-copy") != nil {
+		if e.getCopy(mine) != nil {
 			return fmt.Errorf("the real copy is still there")
 		}
 		return nil

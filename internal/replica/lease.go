@@ -1,11 +1,12 @@
 package replica
 
 import (
+	"github.com/sylva-projects/osimages/internal/kube"
+
 	"context"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
@@ -22,7 +23,7 @@ var (
 // Elect campaigns for the Lease namespace/name as id until ctx ends, again
 // after each loss, and tells lead whether this replica holds it: the
 // holder publishes the served set.
-func Elect(ctx context.Context, client kubernetes.Interface, namespace, name, id string, lead func(bool)) error {
+func Elect(ctx context.Context, client kube.Client, namespace, name, id string, lead func(bool)) error {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Client:     client.CoordinationV1(),

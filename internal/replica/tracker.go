@@ -1,6 +1,8 @@
 package replica
 
 import (
+	"github.com/sylva-projects/osimages/internal/kube"
+
 	"context"
 	"net"
 	"slices"
@@ -10,8 +12,6 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -35,7 +35,6 @@ type Peer struct {
 type Tracker struct {
 	self     string
 	informer cache.SharedIndexInformer
-	factory  informers.SharedInformerFactory
 
 	mu      sync.Mutex
 	changed []func()
@@ -43,13 +42,10 @@ type Tracker struct {
 
 // NewTracker follows the Service service of namespace; self is this
 // replica's ID, left out of Ready.
-func NewTracker(client kubernetes.Interface, namespace, service, self string) *Tracker {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = discoveryv1.LabelServiceName + "=" + service
-		}))
-	t := &Tracker{self: self, factory: factory, informer: factory.Discovery().V1().EndpointSlices().Informer()}
+func NewTracker(client kube.Client, namespace, service, self string) *Tracker {
+	informer := kube.NewInformer(client, client.DiscoveryV1().EndpointSlices(namespace), &discoveryv1.EndpointSlice{}, 10*time.Minute,
+		func(o *metav1.ListOptions) { o.LabelSelector = discoveryv1.LabelServiceName + "=" + service })
+	t := &Tracker{self: self, informer: informer}
 	notify := func() {
 		t.mu.Lock()
 		fs := slices.Clone(t.changed)
@@ -75,9 +71,7 @@ func (t *Tracker) OnChange(f func()) {
 
 // Run follows the EndpointSlices until ctx ends.
 func (t *Tracker) Run(ctx context.Context) {
-	t.factory.Start(ctx.Done())
-	<-ctx.Done()
-	t.factory.Shutdown()
+	t.informer.RunWithContext(ctx)
 }
 
 // Synced says whether the EndpointSlices were listed once.

@@ -268,10 +268,10 @@ func TestFleetNeedsChargeASizelessRecordTheMaxImageSize(t *testing.T) {
 // the namespace asks after it.
 func TestFleetNeedsQuotaSurvivesAnOverflowingSize(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
-	needs := fleet.FleetNeeds{Images: []fleet.FleetNeed{
-		{SHA256: sha('a'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("a", sha('a'), uri, "a.raw", "1073741824", "wc1")}},
-		{SHA256: sha('b'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("b", sha('b'), uri, "b.raw", "9223372036854775807", "wc1")}},
-		{SHA256: sha('c'), Namespaces: []string{"wc1"}, Sources: []fleet.NeedSource{record("c", sha('c'), uri, "c.raw", "200000000000", "wc1")}},
+	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{
+		{SHA256: sha('a'), Namespaces: []string{"wc1"}, Sources: []osimage.NeedSource{record("a", sha('a'), uri, "a.raw", "1073741824", "wc1")}},
+		{SHA256: sha('b'), Namespaces: []string{"wc1"}, Sources: []osimage.NeedSource{record("b", sha('b'), uri, "b.raw", "9223372036854775807", "wc1")}},
+		{SHA256: sha('c'), Namespaces: []string{"wc1"}, Sources: []osimage.NeedSource{record("c", sha('c'), uri, "c.raw", "200000000000", "wc1")}},
 	}}
 	served, refused := FleetNeeds(fleetMgmtValues, needs, nil, nil, FleetPolicy{MaxBytes: 100 << 30})
 	got := needsOf(served)

@@ -55,6 +55,37 @@ type Record struct {
 // IsNeed says whether w is served only because workload clusters need it.
 func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 
+// DeclaresSize says whether w gives the size of its file (0 means
+// unknown).
+func (w Wanted) DeclaresSize() bool {
+	n, err := w.Image.Size(osimage.FieldSize)
+	return err == nil && n > 0
+}
+
+// Bounds reads w's sizes and returns the most bytes its file may have (its
+// declared size, or maxImageSize when it declares none) and what its
+// download reserves on disk (that bound plus archive-size). Malformed
+// sizes and a size above maxImageSize are refused.
+func (w Wanted) Bounds(maxImageSize int64) (bound, need int64, err error) {
+	size, err := w.Image.Size(osimage.FieldSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	archive, err := w.Image.Size(osimage.FieldArchiveSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	}
+	if size > maxImageSize {
+		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
+			w.Key, osimage.FormatBytes(size), size, osimage.FormatBytes(maxImageSize))
+	}
+	bound = size
+	if bound == 0 {
+		bound = maxImageSize
+	}
+	return bound, osimage.AddSizes(bound, archive), nil
+}
+
 // Filename is the filename of the image's record (that of Key).
 func (w Wanted) Filename() string { return w.Image.Get(osimage.FieldFilename) }
 
@@ -142,10 +173,21 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 		}
 	}
 
+	// Each entry's sha256 is parsed once: for the selected images, and for
+	// the filenames every entry of the same image adds.
+	shas := make(map[string]osimage.SHA256, len(cat))
+	shaErrs := map[string]error{}
+	for key, img := range cat {
+		if sha, err := img.SHA256(); err != nil {
+			shaErrs[key] = err
+		} else {
+			shas[key] = sha
+		}
+	}
 	out := map[osimage.SHA256]Wanted{}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		img := cat[key]
-		sha, err := img.SHA256()
+		sha, err := shas[key], shaErrs[key]
 		if err != nil {
 			errs = append(errs, fmt.Errorf("os_images.%s: cannot be served: it has no valid sha256: %w", key, err))
 			continue
@@ -162,8 +204,8 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
-		sha, err := cat[key].SHA256()
-		if err != nil {
+		sha, ok := shas[key]
+		if !ok {
 			continue
 		}
 		w, ok := out[sha]

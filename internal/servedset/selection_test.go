@@ -156,3 +156,27 @@ func TestSelectServesEveryFilenameOfTheSHA256(t *testing.T) {
 		t.Errorf("filenames %v, want %v", w.Filenames, want)
 	}
 }
+
+func TestBoundsOfAWantedImage(t *testing.T) {
+	for _, tc := range []struct {
+		size, archive     string
+		bound, need       int64
+		refused, declares bool
+	}{
+		{size: "100", archive: "40", bound: 100, need: 140, declares: true},
+		{size: "", archive: "40", bound: 1000, need: 1040},
+		{size: "1001", refused: true, declares: true},
+		{size: "-1", refused: true},
+		{size: "100", archive: "9223372036854775807", bound: 100, need: 1<<63 - 1, declares: true},
+	} {
+		w := Wanted{Key: "k", Image: osimage.Image{osimage.FieldSize: tc.size, osimage.FieldArchiveSize: tc.archive}}
+		bound, need, err := w.Bounds(1000)
+		if (err != nil) != tc.refused || bound != tc.bound || need != tc.need || w.DeclaresSize() != tc.declares {
+			t.Errorf("size %q archive %q: %d %d %v declares %v; want %d %d refused %v declares %v",
+				tc.size, tc.archive, bound, need, err, w.DeclaresSize(), tc.bound, tc.need, tc.refused, tc.declares)
+		}
+		if err != nil && !strings.Contains(err.Error(), "os_images.k.") {
+			t.Errorf("size %q: %v does not name the image", tc.size, err)
+		}
+	}
+}

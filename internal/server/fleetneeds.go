@@ -1,11 +1,8 @@
 package server
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
@@ -42,62 +39,7 @@ func (s *Server) RefusedNeeds() osimage.RefusedNeeds {
 const maxRefusedBytes = 256 << 10
 
 func (s *Server) refusedLocked() osimage.RefusedNeeds {
-	all := slices.Concat(s.refusedNeeds, s.downloadRefusalsLocked())
-	all.Sort()
-	size := func(r osimage.RefusedNeed) int {
-		return len(r.SHA256) + len(r.Namespace) + len(r.Reason) + len(r.Message) + 64
-	}
-	total := 0
-	for _, r := range all {
-		total += size(r)
-	}
-	if total <= maxRefusedBytes {
-		return all
-	}
-	var kept osimage.RefusedNeeds
-	used, taken, seen := 0, make([]bool, len(all)), map[string]bool{}
-	take := func(i int) {
-		if !taken[i] && used+size(all[i]) <= maxRefusedBytes {
-			taken[i], used = true, used+size(all[i])
-			kept = append(kept, all[i])
-		}
-	}
-	for i, r := range all {
-		if !seen[r.Namespace] {
-			seen[r.Namespace] = true
-			take(i)
-		}
-	}
-	for i := range all {
-		take(i)
-	}
-	kept.Sort()
-	return kept
-}
-
-// fleetNeedsCollector exports osimages_fleet_needs_refused.
-type fleetNeedsCollector struct {
-	s    *Server
-	desc *prometheus.Desc
-}
-
-func newFleetNeedsCollector(s *Server) fleetNeedsCollector {
-	return fleetNeedsCollector{s: s, desc: prometheus.NewDesc("osimages_fleet_needs_refused",
-		"Images some workload namespace needs that the image server refuses to serve (--serve-fleet-needs), by namespace and reason: registry-not-allowed, uri-not-allowed, quota-images, quota-bytes, no-record, invalid.",
-		[]string{"namespace", "reason"}, nil)}
-}
-
-func (c fleetNeedsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c fleetNeedsCollector) Collect(ch chan<- prometheus.Metric) {
-	type key struct{ ns, reason string }
-	counts := map[key]int{}
-	for _, r := range c.s.RefusedNeeds() {
-		counts[key{r.Namespace, r.Reason}]++
-	}
-	for k, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k.ns, k.reason)
-	}
+	return slices.Concat(s.refusedNeeds, s.downloadRefusalsLocked()).Bounded(maxRefusedBytes)
 }
 
 // StoredSizes are the images stored, sha256 -> bytes: what the fleet's
@@ -163,89 +105,29 @@ func (s *Server) needsInProgressLocked() map[string]int {
 	return out
 }
 
-// recordID names one record of a need: its key and every field the
-// download reads, for two namespaces may give one key other records.
-func recordID(key string, img osimage.Image) string {
-	doc, _ := json.Marshal(img)
-	return key + "\x00" + string(doc)
-}
-
-// attempt is what the next download of img uses: its Wanted, with the
-// first of its records that has not failed in this round of attempts.
-// Once every record failed (and the backoff passed), a new round starts
-// from the first.
-func (img *image) attempt() servedset.Wanted {
-	w := img.Wanted
-	if len(w.Records) == 0 {
-		return w
-	}
-	for _, r := range w.Records {
-		if _, failed := img.recordFailed[recordID(r.Key, r.Image)]; !failed {
-			w.Key, w.Image = r.Key, r.Image
-			return w
-		}
-	}
-	img.recordFailed = nil
-	w.Key, w.Image = w.Records[0].Key, w.Records[0].Image
-	return w
-}
-
 // nextRecordLocked notes that the download of img from the record of w
 // failed with err, and says whether another record is left to try in
 // this round: then img is queued again at once, not failed, for a record
 // that names a wrong tag must not hold back a good one.
 func (s *Server) nextRecordLocked(img *image, w servedset.Wanted, err error) (reason string, ok bool) {
-	if len(img.Records) < 2 {
+	next, ok := img.records.Failed(img.Wanted, w, err)
+	if !ok {
 		return "", false
 	}
-	if img.recordFailed == nil {
-		img.recordFailed = map[string]string{}
-	}
-	img.recordFailed[recordID(w.Key, w.Image)] = err.Error()
-	for _, r := range img.Records {
-		if _, failed := img.recordFailed[recordID(r.Key, r.Image)]; !failed {
-			s.log.Warn("download failed from one record of a fleet need; trying the next", "sha256", img.SHA256, "failedKey", w.Key, "nextKey", r.Key, "error", err)
-			return fmt.Sprintf("the record %s failed (%v); trying the record %s", w.Key, err, r.Key), true
-		}
-	}
-	return "", false
+	s.log.Warn("download failed from one record of a fleet need; trying the next", "sha256", img.SHA256, "failedKey", w.Key, "nextKey", next.Key, "error", err)
+	return fmt.Sprintf("the record %s failed (%v); trying the record %s", w.Key, err, next.Key), true
 }
 
-// downloadRefusalsLocked are, for the fleet needs that failed from every
-// record, the reason each needing namespace's own record gave: published
-// with the refused needs, so that it reaches that namespace's status, and
-// only that namespace's.
+// downloadRefusalsLocked are the refusals of the fleet needs that failed
+// from every record, for each needing namespace (servedset.Records).
 func (s *Server) downloadRefusalsLocked() osimage.RefusedNeeds {
 	var out osimage.RefusedNeeds
-	for sum, img := range s.images {
-		if !img.Selected || img.Stored || img.Phase != PhaseFailed || !img.IsNeed() {
-			continue
-		}
-		for _, r := range img.Records {
-			why, failed := img.recordFailed[recordID(r.Key, r.Image)]
-			if !failed && len(img.Records) == 1 {
-				why, failed = img.Reason, img.Reason != ""
-			}
-			if !failed {
-				continue
-			}
-			for _, ns := range r.Namespaces {
-				if slices.Contains(img.ForNamespaces, ns) {
-					out = append(out, osimage.RefusedNeed{SHA256: sum, Namespace: ns, Reason: osimage.RefusedDownload,
-						Message: fmt.Sprintf("downloading it from this namespace's record %s (%s) failed: %s", r.Key, r.Image.Get(osimage.FieldURI), clip(why, 512))})
-				}
-			}
+	for _, img := range s.images {
+		if img.Selected && !img.Stored && img.Phase == PhaseFailed && img.IsNeed() {
+			out = append(out, img.records.Refusals(img.Wanted, img.Reason)...)
 		}
 	}
 	return out
-}
-
-// clip bounds a message published for a tenant.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }
 
 // yieldError ends a fleet need's download whose space reservation a

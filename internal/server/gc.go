@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -73,7 +74,7 @@ func (s *Server) CollectGarbage() {
 		s.mu.Lock()
 		if img, ok := s.images[sum]; ok {
 			img.entry = imagestore.Entry{}
-			s.changeLocked(sum, img, collected{})
+			s.changeLocked(sum, img, imagelife.Collected{})
 		}
 		s.mu.Unlock()
 		s.log.Info("image deleted after the grace period", "sha256", sum)

@@ -4,67 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
-// inputsGuard is what the server knows of its inputs: when the inputs in
-// force were accepted, and the refusal of newer ones, if any. The status
-// page and the metrics show it.
-type inputsGuard struct {
-	mu        sync.Mutex
-	accepted  time.Time
-	refusal   *serverio.RefusedError
-	refusedAt time.Time
-	counts    map[serverio.Refusal]int
-}
-
-// InputsStatus is the state of the inputs, as the status page shows it.
-type InputsStatus struct {
-	// Accepted is when the inputs read were last found good (zero before).
-	Accepted time.Time
-	// Refused is the refusal of the newest inputs read, nil when they are
-	// the ones in force; RefusedAt is when they were refused.
-	Refused   *serverio.RefusedError
-	RefusedAt time.Time
-	// Refusals counts the refusals since the start, by reason.
-	Refusals map[serverio.Refusal]int
-}
-
 // ReportInputs records the fate of the newest inputs read: nil when they
 // are in force, their refusal otherwise. Inputs.Report takes it.
-func (s *Server) ReportInputs(err error) {
-	g := &s.inputs
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := s.cfg.Now()
-	if err == nil {
-		g.accepted, g.refusal = now, nil
-		return
-	}
-	r := serverio.AsRefused(err)
-	if g.counts == nil {
-		g.counts = map[serverio.Refusal]int{}
-	}
-	g.counts[r.Reason]++
-	g.refusal, g.refusedAt = r, now
-}
+func (s *Server) ReportInputs(err error) { s.inputs.Record(err, s.cfg.Now()) }
 
 // InputsStatus returns the state of the inputs.
-func (s *Server) InputsStatus() InputsStatus {
-	g := &s.inputs
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	counts := make(map[serverio.Refusal]int, len(serverio.Refusals))
-	for _, r := range serverio.Refusals {
-		counts[r] = g.counts[r]
-	}
-	return InputsStatus{Accepted: g.accepted, Refused: g.refusal, RefusedAt: g.refusedAt, Refusals: counts}
-}
+func (s *Server) InputsStatus() serverio.InputsStatus { return s.inputs.Status() }
 
 // Admit decides whether wanted, the selection of new inputs, may replace
 // the served set. It refuses (a *serverio.RefusedError) a set that would not fit in

@@ -2,199 +2,64 @@ package server
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"path"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
+	"os"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/sylva-projects/osimages/internal/httpsend"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-// RetryAfterSeconds is what a client is told to wait for an image that is
-// selected but not ready yet.
-const RetryAfterSeconds = 30
+// The server as its HTTP face (package imagehttp) reads it.
 
 // Handler serves the images, their checksum files, the status page, health
-// and metrics.
-//
-// Every image URL is /images/<sha256>/<filename>: the file is found by its
-// sha256 in the server's own records and the store, never by joining the
-// request path to a directory, so no request can reach a file outside the
-// storage whatever it holds (.., encoded slashes, absolute paths, symlinks).
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /images/{sha256}/{file}", s.serveImage)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	// Readiness is about the server itself: while it waits for its catalog
-	// it still serves what it has, its status page and its metrics, which
-	// a not-ready pod would hide behind its Service. The phase says the rest
-	// (status page, osimages_server_phase).
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		// A replica (Config.Replicas) joins the Service only once it
-		// holds what its ready peers serve.
-		if ok, why := s.ReplicaReady(); !ok {
-			http.Error(w, why, http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
-	if s.cfg.Metrics != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics.registry, promhttp.HandlerOpts{}))
-	}
-	mux.HandleFunc("GET /{$}", s.serveStatus)
-	var h http.Handler = mux
-	if s.cfg.Metrics != nil {
-		h = s.cfg.Metrics.instrument(h)
-	}
-	return httpsend.Deadline(s.cfg.SendTimeout, h)
+// and metrics (imagehttp.Endpoints).
+func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
+
+// HTTPServer is an http.Server for Handler, with the timeouts of a server
+// facing many clients (imagehttp.Endpoints.Server).
+func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
+
+func (s *Server) endpoints() imagehttp.Endpoints {
+	return imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
 }
 
-// HTTPServer is an http.Server for Handler, with the timeouts a server
-// facing many clients needs: a client gets 30 s to send its request
-// headers, a keep-alive connection is closed after 2 minutes idle, and a
-// response that cannot be written for SendTimeout is cut (see Handler).
-func (s *Server) HTTPServer() *http.Server {
-	return &http.Server{
-		Handler:           s.Handler(),
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ConnContext:       httpsend.ConnContext,
-	}
-}
+// servedImages implements imagehttp.Images.
+type servedImages struct{ s *Server }
 
-func (s *Server) serveImage(w http.ResponseWriter, r *http.Request) {
-	// The one parser of image paths reads the path as sent, so that the
-	// server answers exactly the URLs render writes (osimage.ImagePath).
-	req, ok := osimage.ParseImagePath(r.URL.EscapedPath())
+func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
+	s := v.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	img, ok := s.images[sum]
 	if !ok {
-		http.NotFound(w, r)
-		return
+		return imagehttp.Image{}, false
 	}
-	sum, file := req.SHA256, req.Name()
-	info, ok := s.lookup(sum)
-	if !ok || !info.served {
-		http.NotFound(w, r)
-		return
-	}
-	// Every filename the catalog gives the image is served, from the one
-	// stored file.
-	name, suffix, ok := servedFile(info.filenames, file)
-	if !ok {
-		http.NotFound(w, r)
-		return
-	}
-	var checksum string
-	switch suffix {
-	case ".sha256sum":
-		checksum = string(sum)
-	case ".md5sum":
-		checksum = info.md5
-	}
-	if !info.stored || info.phase != PhaseReady {
-		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
-		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.phase), http.StatusServiceUnavailable)
-		return
-	}
-	if suffix != "" {
-		if checksum == "" {
-			http.NotFound(w, r) // an md5 the image never declared
-			return
-		}
-		// The basename, as Ironic expects of a checksum file. Its own ETag
-		// (not the image's) and the image's Last-Modified, so that caches
-		// and conditional requests treat it as the image.
-		body := checksum + "  " + name + "\n"
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("ETag", `"`+string(sum)+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
-		http.ServeContent(w, r, file, info.verifiedAt, strings.NewReader(body))
-		return
-	}
-	s.serveStored(w, r, sum)
+	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
+	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
 }
 
-// serveStored sends the stored, verified file of sum.
-func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
-	f, entry, err := s.cfg.Store.Open(sum)
+func (v servedImages) Open(sum osimage.SHA256) (*os.File, imagestore.Entry, error) {
+	f, e, err := v.s.cfg.Store.Open(sum)
 	if errors.Is(err, imagestore.ErrTampered) {
 		// The store dropped (and logged) it: download it again.
-		s.forgetStored(sum, "the stored file was tampered with and dropped; downloading it again")
-		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
-		http.Error(w, fmt.Sprintf("image %s is being downloaded again", sum), http.StatusServiceUnavailable)
-		return
+		v.s.forgetStored(sum, "the stored file was tampered with and dropped; downloading it again")
 	}
-	if err != nil {
-		s.log.Error("opening a stored image failed", "sha256", sum, "error", err)
-		http.Error(w, "image unavailable", http.StatusInternalServerError)
-		return
-	}
-	defer f.Close()
-	w.Header().Set("ETag", `"`+string(sum)+`"`)
-	w.Header().Set("Content-Type", "application/octet-stream")
-	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
-		// Go's ServeContent answers bytes=-0 with a 206 whose
-		// Content-Range is invalid; a suffix of 0 bytes is unsatisfiable.
-		w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(entry.Size, 10))
-		http.Error(w, "requested range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
-		return
-	} else if rng != r.Header.Get("Range") {
-		r.Header.Set("Range", rng)
-	}
-	// http.ServeContent answers HEAD exactly as GET (with Content-Length),
-	// Range and conditional requests, and sends an *os.File with sendfile.
-	defer httpsend.Corked(r)()
-	http.ServeContent(&httpsend.Writer{ResponseWriter: w, Timeout: s.cfg.SendTimeout}, r, entry.Filename, entry.VerifiedAt, f)
+	return f, e, err
 }
 
-// withoutEmptySuffixes removes the suffix ranges of length 0 ("-0") from a
-// Range header of bytes; ok is false when nothing else was asked. Other
-// headers are returned as they are, for ServeContent to judge.
-func withoutEmptySuffixes(h string) (string, bool) {
-	specs, found := strings.CutPrefix(h, "bytes=")
-	if !found {
-		return h, true
-	}
-	var kept []string
-	for _, spec := range strings.Split(specs, ",") {
-		spec = strings.TrimSpace(spec)
-		if suffix, ok := strings.CutPrefix(spec, "-"); ok {
-			if n, err := strconv.ParseInt(suffix, 10, 64); err == nil && n == 0 {
-				continue
-			}
-		}
-		kept = append(kept, spec)
-	}
-	if len(kept) == 0 {
-		return "", false
-	}
-	return "bytes=" + strings.Join(kept, ","), true
-}
+func (v servedImages) Readiness() (bool, string) { return v.s.ReplicaReady() }
 
-// isImagePath says whether a request path (as sent, escaped) is an image
-// download, for the byte counter.
-func isImagePath(escaped string) bool {
-	f, ok := osimage.ParseImagePath(escaped)
-	return ok && f.Checksum == ""
-}
+func (v servedImages) Report() imagehttp.Report { return v.s.report() }
 
-// servedFile tells which file of an image a request names: one of its
-// filenames, or the .sha256sum or .md5sum of one (suffix). The filename
-// itself wins over a checksum reading of it.
-func servedFile(names []string, file string) (name, suffix string, ok bool) {
-	if slices.Contains(names, file) {
-		return file, "", true
+// report is the whole state, for the status page and the metrics.
+func (s *Server) report() imagehttp.Report {
+	statuses, selErr := s.Statuses()
+	r := imagehttp.Report{
+		Images: statuses, SelectError: selErr, Ready: s.Ready(), Phase: s.Phase(), Condition: s.Condition(),
+		Inputs: s.InputsStatus(), Replicas: s.peerStatuses(), Leader: s.isLeader(), Scrub: s.ScrubStatus(),
+		RefusedNeeds: s.RefusedNeeds(), LastCollection: s.LastCollection(), Used: s.cfg.Store.Used(),
 	}
-	for _, suffix := range []string{".sha256sum", ".md5sum"} {
-		if name, cut := strings.CutSuffix(file, suffix); cut && slices.Contains(names, name) {
-			return name, suffix, true
-		}
-	}
-	return "", "", false
+	r.Free, r.FreeErr = s.cfg.Store.Available()
+	return r
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
@@ -57,12 +58,12 @@ func TestWaitingForCatalogIsAPhase(t *testing.T) {
 
 	h.want(a)
 	h.waitPublished(a.SHA256, true)
-	if got := h.srv.Condition(); got.Status != "True" || h.srv.Phase() != ServerServing {
+	if got := h.srv.Condition(); got.Status != "True" || h.srv.Phase() != imagehttp.ServerServing {
 		t.Errorf("after the catalog: %s %+v", h.srv.Phase(), got)
 	}
 	// A later fault of the inputs does not turn the server back.
 	h.srv.WaitForCatalog(errorString(why))
-	if h.srv.Phase() != ServerServing {
+	if h.srv.Phase() != imagehttp.ServerServing {
 		t.Errorf("phase %s after a later catalog fault, want serving (the last good inputs stay)", h.srv.Phase())
 	}
 }
@@ -70,42 +71,6 @@ func TestWaitingForCatalogIsAPhase(t *testing.T) {
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
-
-// TestChecksumFilesAreCacheable: .sha256sum and .md5sum answer with their own
-// ETag and the image's Last-Modified, and honour conditional requests.
-func TestChecksumFilesAreCacheable(t *testing.T) {
-	src := newFakeSource()
-	a := src.add("ubuntu-a", []byte("a bytes"), false)
-	h := start(t, t.TempDir(), src, nil)
-	h.want(a)
-	h.waitPhase(a.SHA256, PhaseReady)
-	image, _ := h.do(http.MethodHead, imageURL(a))
-	for _, ext := range []string{".sha256sum", ".md5sum"} {
-		resp, body := h.get(imageURL(a) + ext)
-		etag, modified := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified")
-		if resp.StatusCode != 200 || etag == "" || modified == "" {
-			t.Fatalf("%s: %d, ETag %q, Last-Modified %q", ext, resp.StatusCode, etag, modified)
-		}
-		if etag == image.Header.Get("ETag") {
-			t.Errorf("%s has the image's own ETag %s: a cache would mix them up", ext, etag)
-		}
-		if modified != image.Header.Get("Last-Modified") {
-			t.Errorf("%s Last-Modified %q, want the image's %q", ext, modified, image.Header.Get("Last-Modified"))
-		}
-		if resp.Header.Get("Content-Length") != strconv.Itoa(len(body)) {
-			t.Errorf("%s Content-Length %q for %d bytes", ext, resp.Header.Get("Content-Length"), len(body))
-		}
-		if again, _ := h.get(imageURL(a)+ext, "If-None-Match", etag); again.StatusCode != http.StatusNotModified {
-			t.Errorf("%s If-None-Match: %d, want 304", ext, again.StatusCode)
-		}
-		if again, _ := h.get(imageURL(a)+ext, "If-Modified-Since", modified); again.StatusCode != http.StatusNotModified {
-			t.Errorf("%s If-Modified-Since: %d, want 304", ext, again.StatusCode)
-		}
-		if head, hb := h.do(http.MethodHead, imageURL(a)+ext); head.StatusCode != 200 || len(hb) != 0 || head.Header.Get("Content-Length") != strconv.Itoa(len(body)) {
-			t.Errorf("%s HEAD: %d, %d body bytes, Content-Length %q", ext, head.StatusCode, len(hb), head.Header.Get("Content-Length"))
-		}
-	}
-}
 
 // TestStatusPageLinksEscapeFilenames: a filename with #, ? or % stays one
 // path segment in the status page's link, and the link leads to the image.

@@ -61,12 +61,16 @@ func (s *Server) publishLoop(ctx context.Context) {
 		case <-s.changed:
 		case <-retry.C:
 		}
+		s.inheritAvailability(ctx)
 		s.mu.Lock()
-		ready := s.ready && s.publishesLocked() && s.someReplicaReadyLocked()
+		counts := s.ready && s.countsLocked()
+		ready := counts && s.publishesLocked()
 		served := s.outputLocked()
-		s.lastAvailable = map[osimage.SHA256]bool{}
-		for sum, e := range served.Set {
-			s.lastAvailable[sum] = e.Available
+		if counts {
+			s.lastAvailable = map[osimage.SHA256]bool{}
+			for sum, e := range served.Set {
+				s.lastAvailable[sum] = e.Available
+			}
 		}
 		same := !s.republish && s.published.Set != nil && served.Equal(s.published)
 		if ready && !same {
@@ -121,15 +125,47 @@ func (s *Server) outputObserved(data map[string]string, exists bool) {
 	s.signal(s.changed)
 }
 
-// someReplicaReadyLocked says whether any replica, this one or a peer, is
-// ready behind the Service. With none (every replica starting again, after
-// a node restarted), none can vouch for an image nor take one back:
-// availableLocked would say "not available" of every image, a flap that
-// fails every render until a replica is ready. What was published stays
-// until then. One server without replicas vouches for itself.
-func (s *Server) someReplicaReadyLocked() bool {
+// countsLocked says whether this replica can count which images are
+// available: one server without replicas always can. With replicas, it
+// needs its peers' states read once since it started, and a replica,
+// itself or a peer, ready behind the Service. Before its first read, a
+// replica just started (and leading at once, the Lease released by the
+// one it replaces) would say "not available" of every image its peers
+// hold; with no replica ready (every one starting again after a node
+// restarted), none can vouch for an image nor take one back. Either would
+// be a flap that fails every render; what was published stays until then.
+func (s *Server) countsLocked() bool {
+	if s.view == nil {
+		return true
+	}
 	r := s.cfg.Replicas
-	return r == nil || r.SelfReady() || len(r.Ready()) > 0
+	return s.view.Known() && (r.SelfReady() || len(r.Ready()) > 0)
+}
+
+// inheritAvailability gives a replica that leads before it ever counted
+// the count its predecessor published: a ready peer whose state cannot be
+// read then keeps what the fleet was told was available (View.Available's
+// rule), as it would have had this replica counted it before.
+func (s *Server) inheritAvailability(ctx context.Context) {
+	r, ok := s.cfg.Publisher.(PublishedReader)
+	s.mu.Lock()
+	inherit := ok && s.view != nil && s.leader && s.lastAvailable == nil
+	s.mu.Unlock()
+	if !inherit {
+		return
+	}
+	published, err := r.Published(ctx)
+	if err != nil {
+		s.log.Warn("the served set published by the previous leader cannot be read; a peer whose state cannot be read holds nothing until this replica counted once", "error", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastAvailable == nil {
+		s.lastAvailable = map[osimage.SHA256]bool{}
+		for sum, e := range published {
+			s.lastAvailable[sum] = e.Available
+		}
+	}
 }
 
 func countAvailable(s osimage.ServedSet) int {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -50,7 +51,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	var best *image
 	inProgress := s.needsInProgressLocked()
 	for _, img := range s.images {
-		if !s.dueLocked(img, now) {
+		if !img.Due(now) {
 			continue
 		}
 		if best == nil || claimsBefore(img, best, inProgress) {
@@ -65,14 +66,14 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	best.source = ""
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
 	// Another worker is kicked for the rest of the queue.
-	s.changeLocked(best.SHA256, best, claimed{})
+	s.changeLocked(best.SHA256, best, imagelife.Claimed{})
 	return best.SHA256, true
 }
 
 func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.mu.Lock()
 	img := s.images[sum]
-	w := img.attempt()
+	w := img.records.Next(img.Wanted)
 	dctx, cancel := context.WithCancelCause(ctx)
 	img.cancel = func() { cancel(errDeselected) }
 	img.yield = func(err error) { cancel(err) }
@@ -86,7 +87,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
 	s.signal(s.changed)
 
-	bound, need, err := s.bounds(w)
+	bound, need, err := w.Bounds(s.cfg.MaxImageSize)
 	if err == nil {
 		bound, err = s.reserveSpace(sum, w, bound, need)
 	}
@@ -102,26 +103,28 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	img.cancel, img.yield = nil, nil
 	if err == nil {
 		img.entry = entry
-		img.badPeers = nil
-		img.recordFailed = nil
+		if s.filler != nil {
+			s.filler.Forget(sum)
+		}
+		img.records.Reset()
 		s.log.Info("image ready", "sha256", sum, "key", w.Key, "bytes", entry.Size, "source", img.source)
-		s.changeLocked(sum, img, downloaded{})
+		s.changeLocked(sum, img, imagelife.Downloaded{})
 		return
 	}
-	end := downloadEnded{Why: endedFailed, Reason: err.Error()}
+	end := imagelife.DownloadEnded{Why: imagelife.EndedFailed, Reason: err.Error()}
 	switch {
 	case !img.Selected:
 		s.log.Info("download cancelled: image deselected", "sha256", sum, "key", w.Key)
-		end.Why = endedByDeselection
+		end.Why = imagelife.EndedByDeselection
 	case ctx.Err() != nil:
 		// Shutdown: not a failed attempt. The worker stops after this.
 		s.log.Info("download interrupted by shutdown; its partial file is kept, to be continued at the next start", "sha256", sum, "key", w.Key)
-		end.Why = endedByShutdown
+		end.Why = imagelife.EndedByShutdown
 	case errors.As(err, new(*spaceWait)):
 		s.log.Info("download waits for space", "sha256", sum, "key", w.Key, "reason", err.Error())
-		end.Why = endedWaitingForSpace
+		end.Why = imagelife.EndedWaitingForSpace
 	case errors.As(err, new(*fill.SlowError)), errors.As(cause, new(*yieldError)):
-		end.Why = endedGivingWay
+		end.Why = imagelife.EndedGivingWay
 		if slow := new(*fill.SlowError); errors.As(err, slow) {
 			end.Reason = fmt.Sprintf("gave way to the queue: %v; it is tried again after the images waiting", *slow)
 		} else {
@@ -130,16 +133,16 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 		s.log.Warn("download gave way to the queue", "sha256", sum, "key", w.Key, "reason", end.Reason)
 	default:
 		if next, ok := s.nextRecordLocked(img, w, err); ok {
-			end.Why, end.Reason = endedForNextRecord, next
+			end.Why, end.Reason = imagelife.EndedForNextRecord, next
 			break
 		}
 		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
 		if s.cfg.Metrics != nil && isVerifyError(err) {
-			s.cfg.Metrics.verifyFailures.Inc()
+			s.cfg.Metrics.VerifyFailures.Inc()
 		}
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)
 	}
-	if end.Why == endedByShutdown || end.Why == endedGivingWay || end.Why == endedForNextRecord {
+	if end.Why == imagelife.EndedByShutdown || end.Why == imagelife.EndedGivingWay || end.Why == imagelife.EndedForNextRecord {
 		// The next attempt starts its count again.
 		img.received = 0
 	}
@@ -160,8 +163,8 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	dst.SetLimit(bound)
 	progress := s.progressOf(w)
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.inFlight.Inc()
-		defer s.cfg.Metrics.inFlight.Dec()
+		s.cfg.Metrics.InFlight.Inc()
+		defer s.cfg.Metrics.InFlight.Dec()
 	}
 	s.mu.Lock()
 	s.images[w.SHA256].writer = dst
@@ -171,23 +174,23 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 	if res.KeptDiscarded != "" {
 		s.log.Warn("partial download discarded; downloading again from byte 0", "sha256", w.SHA256, "key", w.Key, "reason", res.KeptDiscarded)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptDiscarded.Inc()
+			s.cfg.Metrics.KeptDiscarded.Inc()
 		}
 	}
 	if res.Kept > 0 {
 		s.log.Info("download continued from the partial file kept", "sha256", w.SHA256, "key", w.Key, "source", source, "keptBytes", res.Kept, "networkBytes", res.NetworkBytes)
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.keptBytes.Add(float64(res.Kept))
+			s.cfg.Metrics.KeptBytes.Add(float64(res.Kept))
 		}
 	}
 	md5, size := res.MD5, res.Size
-	if errors.Is(err, imagestore.ErrLimit) && !declaresSize(w) {
+	if errors.Is(err, imagestore.ErrLimit) && !w.DeclaresSize() {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, osimage.FormatBytes(bound))
 	}
 	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
-		s.changeLocked(w.SHA256, s.images[w.SHA256], verifying{})
+		s.changeLocked(w.SHA256, s.images[w.SHA256], imagelife.Verifying{})
 		s.mu.Unlock()
 		err = dst.Commit(entry)
 	}
@@ -232,14 +235,14 @@ func (s *Server) progressOf(w servedset.Wanted) pull.Progress {
 			img.total = total
 		}
 		if img.total > 0 && received >= img.total && img.Phase == PhaseDownloading {
-			s.changeLocked(w.SHA256, img, verifying{})
+			s.changeLocked(w.SHA256, img, imagelife.Verifying{})
 		}
 		s.mu.Unlock()
 		if changed {
 			s.broadcast()
 		}
 		if s.cfg.Metrics != nil && received > last {
-			s.cfg.Metrics.bytesDownloaded.Add(float64(received - last))
+			s.cfg.Metrics.BytesDownloaded.Add(float64(received - last))
 		}
 		last = received
 	}
@@ -279,19 +282,11 @@ func (s *Server) forgetStored(sum osimage.SHA256, reason string) {
 		return
 	}
 	img.entry = imagestore.Entry{}
-	s.changeLocked(sum, img, storedLost{Reason: reason})
+	s.changeLocked(sum, img, imagelife.StoredLost{Reason: reason})
 }
 
 // errDeselected ends the download of an image that is no longer selected.
 var errDeselected = errors.New("the image was deselected")
-
-// dueLocked says whether img needs a download now.
-func (s *Server) dueLocked(img *image, now time.Time) bool {
-	if !img.Selected || img.Stored || img.WaitingForSpace {
-		return false
-	}
-	return img.Phase == PhaseQueued || img.Phase == PhaseFailed && !now.Before(img.NextTry)
-}
 
 // waitingLocked says whether an image other than sum, that never gave way,
 // waits for a download slot while every slot is taken.
@@ -302,7 +297,7 @@ func (s *Server) waitingLocked(sum osimage.SHA256) bool {
 		switch {
 		case img.Phase == PhaseDownloading || img.Phase == PhaseVerifying:
 			busy++
-		case other != sum && !img.GaveWay && s.dueLocked(img, now):
+		case other != sum && !img.GaveWay && img.Due(now):
 			waiting = true
 		}
 	}

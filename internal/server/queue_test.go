@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
@@ -27,7 +28,7 @@ func TestDeselectedBetweenClaimAndDownload(t *testing.T) {
 	src := newFakeSource()
 	a := src.add("ubuntu-a", []byte("a bytes, long enough"), true)
 	srv := New(Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: t.TempDir() + "/served.yaml"},
-		Concurrency: 1, GCGrace: time.Hour, FreeSpaceMargin: 1, Metrics: NewMetrics()})
+		Concurrency: 1, GCGrace: time.Hour, FreeSpaceMargin: 1, Metrics: imagehttp.NewMetrics()})
 
 	srv.SetDesired(map[osimage.SHA256]servedset.Wanted{a.SHA256: a}, nil)
 	sum, ok := srv.next()

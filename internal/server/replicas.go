@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -24,10 +24,6 @@ import (
 // PeerReporter reports a peer that failed or sent bad bytes, beside the
 // log line and the metric (a Kubernetes event, say).
 type PeerReporter func(peer string, sha256 osimage.SHA256, reason string)
-
-// DefaultPeerTimeout is how long a peer may show no progress before the
-// next replica in the rendezvous order takes over.
-const DefaultPeerTimeout = 30 * time.Second
 
 // State is this replica's images, as its peers read them.
 func (s *Server) State() replica.State {
@@ -86,7 +82,7 @@ func (s *Server) broadcast() {
 
 // ServeStored serves the verified file of sum to a peer.
 func (s *Server) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
-	s.serveStored(w, r, sum)
+	s.endpoints().ServeStored(w, r, sum)
 }
 
 // PeerHTTPServer is the http.Server of the peer endpoints.
@@ -145,7 +141,7 @@ func (s *Server) ReplicaReady() (bool, string) {
 	if s.readyOnce {
 		return true, ""
 	}
-	if s.phaseLocked() == ServerStarting || !s.view.Known() {
+	if s.phaseLocked() == imagehttp.ServerStarting || !s.view.Known() {
 		return false, "the inputs and the peers are being read"
 	}
 	var missing []string
@@ -163,47 +159,17 @@ func (s *Server) ReplicaReady() (bool, string) {
 }
 
 // fill fills dst with w: from the registry, or with replicas from the
-// chain of peers the view chooses, the registry last. It says which
-// source filled it.
+// chain of peers the view chooses, the registry last (replica.Filler). It
+// says which source filled it.
 func (s *Server) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
-	registry := fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
+	if s.filler != nil {
+		return s.filler.Fill(ctx, w, dst, progress)
+	}
+	s.setSource(w.SHA256, fill.FromRegistry)
+	res, err := s.registryRule(w.SHA256).Run(ctx, func(ctx context.Context, progress pull.Progress) (pull.Result, error) {
 		return s.cfg.Pull(ctx, w, dst, progress)
-	}}
-	if s.view == nil {
-		s.setSource(w.SHA256, fill.FromRegistry)
-		res, err := s.registryRule(w.SHA256).Run(ctx, func(ctx context.Context, progress pull.Progress) (pull.Result, error) {
-			return registry.Fill(ctx, w, dst, progress)
-		}, progress)
-		return res, fill.FromRegistry, err
-	}
-	chain := fill.Chain{
-		Choose: func(w servedset.Wanted, skip []string) fill.Source {
-			p := s.view.Choose(w.SHA256, func(id string) bool {
-				return slices.Contains(skip, fill.FromPeerPrefix+id) || s.badPeer(w.SHA256, id)
-			})
-			if p == nil {
-				return nil
-			}
-			return replica.Source{Peer: *p, Puller: s.peerPuller, Wait: s.cfg.PeerTimeout, Log: s.log}
-		},
-		Last: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
-			// Followers stream the compressed layer as it arrives rather
-			// than the image: a fraction of the bytes over this NIC.
-			dst.KeepBlob()
-			return registry.Fill(ctx, w, dst, progress)
-		}},
-		Rule: func(src fill.Source) fill.Rule {
-			if src.Name() == fill.FromRegistry {
-				return s.registryRule(w.SHA256)
-			}
-			return s.peerRule()
-		},
-		Started: func(w servedset.Wanted, src fill.Source) { s.setSource(w.SHA256, src.Name()) },
-		Failed: func(w servedset.Wanted, src fill.Source, err error) {
-			s.reportPeer(w, strings.TrimPrefix(src.Name(), fill.FromPeerPrefix), err)
-		},
-	}
-	return chain.Fill(ctx, w, dst, progress)
+	}, progress)
+	return res, fill.FromRegistry, err
 }
 
 // registryRule cuts a registry pull of sum that stalls for StallTimeout,
@@ -239,20 +205,8 @@ func (s *Server) setSource(sum osimage.SHA256, source string) {
 	s.broadcast()
 }
 
-// badPeer says whether peer failed to fill sum since it was last stored.
-func (s *Server) badPeer(sum osimage.SHA256, peer string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	img, ok := s.images[sum]
-	if !ok {
-		return false
-	}
-	_, bad := img.badPeers[peer]
-	return bad
-}
-
 // reportPeer logs, counts and reports a peer that failed to fill an
-// image, and skips it for that image.
+// image (replica.Filler skips it for that image).
 func (s *Server) reportPeer(w servedset.Wanted, peer string, err error) {
 	reason := "failed"
 	switch {
@@ -261,17 +215,9 @@ func (s *Server) reportPeer(w servedset.Wanted, peer string, err error) {
 	case errors.As(err, new(*fill.SlowError)):
 		reason = "slow"
 	}
-	s.mu.Lock()
-	if img, ok := s.images[w.SHA256]; ok {
-		if img.badPeers == nil {
-			img.badPeers = map[string]time.Time{}
-		}
-		img.badPeers[peer] = s.cfg.Now()
-	}
-	s.mu.Unlock()
 	s.log.Warn("peer failed to fill an image; filling it from elsewhere", "peer", peer, "sha256", w.SHA256, "key", w.Key, "reason", reason, "error", err.Error())
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.peerFailures.WithLabelValues(peer, reason).Inc()
+		s.cfg.Metrics.PeerFailures.WithLabelValues(peer, reason).Inc()
 	}
 	if s.cfg.ReportPeer != nil {
 		s.cfg.ReportPeer(peer, w.SHA256, fmt.Sprintf("%s: %v", reason, err))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -76,14 +77,14 @@ func (h *harness) attempts(sum osimage.SHA256) int {
 	return -1
 }
 
-func (h *harness) status(sum osimage.SHA256) Status {
+func (h *harness) status(sum osimage.SHA256) imagehttp.Status {
 	statuses, _ := h.srv.Statuses()
 	for _, st := range statuses {
 		if st.SHA256 == sum {
 			return st
 		}
 	}
-	return Status{}
+	return imagehttp.Status{}
 }
 
 // TestShutdownEndsDownloads: cancelling Run during a download ends it at
@@ -425,27 +426,6 @@ func TestStalledClientIsCut(t *testing.T) {
 	}
 }
 
-// TestEmptySuffixRangeIsUnsatisfiable: bytes=-0 asks for nothing.
-func TestEmptySuffixRangeIsUnsatisfiable(t *testing.T) {
-	src := newFakeSource()
-	a := src.add("ranged", []byte("0123456789"), false)
-	h := start(t, t.TempDir(), src, nil)
-	h.want(a)
-	h.waitPhase(a.SHA256, PhaseReady)
-	resp, _ := h.get(imageURL(a), "Range", "bytes=-0")
-	if resp.StatusCode != http.StatusRequestedRangeNotSatisfiable || resp.Header.Get("Content-Range") != "bytes */10" {
-		t.Errorf("bytes=-0: %d, Content-Range %q; want 416 and bytes */10", resp.StatusCode, resp.Header.Get("Content-Range"))
-	}
-	resp, body := h.get(imageURL(a), "Range", "bytes=-0, 2-4")
-	if resp.StatusCode != http.StatusPartialContent || string(body) != "234" || resp.Header.Get("Content-Range") != "bytes 2-4/10" {
-		t.Errorf("bytes=-0, 2-4: %d %q %q", resp.StatusCode, body, resp.Header.Get("Content-Range"))
-	}
-	resp, body = h.get(imageURL(a), "Range", "bytes=-3")
-	if resp.StatusCode != http.StatusPartialContent || string(body) != "789" {
-		t.Errorf("bytes=-3: %d %q", resp.StatusCode, body)
-	}
-}
-
 // TestKeptIsLoggedOncePerChange: a deselected image kept by references is
 // logged when it starts being kept and when its referrers change, not at
 // every collection.
@@ -559,20 +539,5 @@ func TestSpaceHeldByAnotherDownloadIsWaitedFor(t *testing.T) {
 	h.waitPhase(b.SHA256, PhaseReady)
 	if pulls := src.pulls.Load(); pulls != 2 {
 		t.Errorf("%d pulls, want 2: b is pulled once, when the space is there", pulls)
-	}
-}
-
-// TestHTTPServerTimeouts: the server serve runs closes idle keep-alive
-// connections and bounds the wait for request headers.
-func TestHTTPServerTimeouts(t *testing.T) {
-	store, err := imagestore.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	s := New(Config{Store: store, Pull: newFakeSource().pull})
-	hs := s.HTTPServer()
-	if hs.IdleTimeout <= 0 || hs.ReadHeaderTimeout <= 0 || hs.ConnContext == nil || hs.Handler == nil {
-		t.Errorf("HTTPServer: idle %v, read header %v", hs.IdleTimeout, hs.ReadHeaderTimeout)
 	}
 }

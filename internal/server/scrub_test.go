@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/scrub"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -145,7 +146,7 @@ func TestDueScrubRunsAfterRestart(t *testing.T) {
 		c.ScrubRate = 1 << 30
 	}
 	h2 := start(t, dir, src, eightDaysLater)
-	var st ScrubStatus
+	var st scrub.Status
 	testenv.Eventually(t, "the due scrub to run and the scrub to be up to date", 20*time.Second, func() (bool, string) {
 		st = h2.srv.ScrubStatus()
 		return !st.UpToDate.IsZero() && h2.status(old.SHA256).CheckedAt.After(t0), fmt.Sprintf("%+v; old checked at %s", st, h2.status(old.SHA256).CheckedAt)
@@ -259,7 +260,7 @@ func TestScrubDatesInTheFutureAreDueNow(t *testing.T) {
 				c.ScrubRate = 1 << 30
 				c.Logger = logs.logger()
 			})
-			var st ScrubStatus
+			var st scrub.Status
 			testenv.Eventually(t, "the scrub to be up to date", 20*time.Second, func() (bool, string) {
 				st = h2.srv.ScrubStatus()
 				return !st.UpToDate.IsZero(), fmt.Sprintf("%+v", st)

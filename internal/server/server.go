@@ -1,9 +1,10 @@
 // Package server is the image server's state: the table of the images it
 // serves, each with its lifecycle (lifecycle.go); the download queue, the
 // disk space it reserves, the collection of what is no longer selected and
-// the scrub of what is stored; what it publishes, and its HTTP face (the
-// image URLs, the status page, the metrics). Where the bytes come from is
-// package fill's; how replicas share them, package replica's.
+// the scrub of what is stored (package scrub drives it); what it publishes.
+// Where the bytes come from is package fill's; how replicas share them,
+// package replica's; its HTTP face (the image URLs, the status page, the
+// metrics), package imagehttp's, which reads it through http.go.
 package server
 
 import (
@@ -18,11 +19,15 @@ import (
 	utilclock "k8s.io/utils/clock"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/scrub"
 	"github.com/sylva-projects/osimages/internal/servedset"
+	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
 // Phase is where an image stands; replicas tell each other theirs.
@@ -50,9 +55,8 @@ type Store interface {
 	Delete(sha256 osimage.SHA256) error
 	Available() (uint64, error)
 	Used() int64
-	// Scrub re-hashes a stored image (scrub.go); a mismatch drops it and
-	// wraps imagestore.ErrTampered.
-	Scrub(ctx context.Context, sha256 osimage.SHA256, throttle func(ctx context.Context, n int) error, now func() time.Time) (imagestore.Entry, error)
+	// Scrub re-hashes a stored image (package scrub).
+	scrub.Store
 }
 
 // PullFunc downloads and verifies one image into dst, in one pass, and
@@ -144,19 +148,19 @@ type Config struct {
 	// (default 10s doubling up to 10m).
 	RetryBase, RetryMax time.Duration
 	Logger              *slog.Logger
-	Metrics             *Metrics
+	Metrics             *imagehttp.Metrics
 	// Replicas, when set, are the other servers of the Service: images
 	// are filled from them first, one replica per image pulls from the
 	// registry, and only the leader (SetLeader) publishes (replicas.go).
 	Replicas replica.Replicas
 	// PeerTimeout is how long a peer may show no progress before another
-	// source takes over (0 means DefaultPeerTimeout).
+	// source takes over (0 means replica.DefaultPeerTimeout).
 	PeerTimeout time.Duration
 	// ReportPeer, when set, also reports a peer that failed.
 	ReportPeer PeerReporter
 
 	// ScrubInterval is how often each stored image is re-hashed, counted
-	// from when it was last verified or scrubbed (0: never; scrub.go).
+	// from when it was last verified or scrubbed (0: never; package scrub).
 	ScrubInterval time.Duration
 	// ScrubRate bounds the bytes per second the scrub reads (0 means
 	// DefaultScrubRate).
@@ -175,7 +179,7 @@ const (
 	DefaultConcurrency     = 2
 	DefaultGCGrace         = time.Hour
 	DefaultFreeSpaceMargin = 1 << 30
-	DefaultMaxImageSize    = selection.DefaultMaxImageSize
+	DefaultMaxImageSize    = servedset.DefaultMaxImageSize
 	DefaultStallTimeout    = 60 * time.Second
 	DefaultMinRate         = 64 << 10
 	DefaultSendTimeout     = 2 * time.Minute
@@ -193,7 +197,7 @@ type image struct {
 	servedset.Wanted
 	// life is where the image stands; only transition changes it
 	// (lifecycle.go).
-	life
+	imagelife.Life
 	received, total int64
 	entry           imagestore.Entry
 	cancel          context.CancelFunc
@@ -201,18 +205,15 @@ type image struct {
 	// in the queue (a *yieldError), without counting as a failure.
 	yield            func(error)
 	reservedForSpace int64
-	// recordFailed are the records of a fleet need that failed in this
-	// round of attempts, by recordID, with their error (fleetneeds.go).
-	recordFailed map[string]string
+	// records is the round of attempts over a fleet need's records.
+	records servedset.Records
 	// keptBy is what "image kept" was last logged for, so that it is
 	// logged once per change, not at every collection.
 	keptBy string
 	// source is where the copy comes from (replicas.go); writer is the
-	// download in progress, which peers may stream; badPeers are the
-	// peers that failed to fill it, skipped until it is stored.
-	source   string
-	writer   *imagestore.Writer
-	badPeers map[string]time.Time
+	// download in progress, which peers may stream.
+	source string
+	writer *imagestore.Writer
 }
 
 // Server selects, downloads, serves and publishes images.
@@ -234,8 +235,8 @@ type Server struct {
 	republish  bool
 	// gcLastPass is when the last complete collection began (gc.go).
 	gcLastPass time.Time
-	// inputs is what is known of the inputs (guard.go).
-	inputs inputsGuard
+	// inputs is the fate of the inputs read (guard.go).
+	inputs serverio.Verdicts
 
 	// With Replicas (replicas.go): what is known of the peers, whether
 	// this replica leads, whether it was found ready once, and which
@@ -244,12 +245,11 @@ type Server struct {
 	leader        bool
 	readyOnce     bool
 	lastAvailable map[osimage.SHA256]bool
-	peerPuller    *pull.Puller
+	filler        *replica.Filler
 	// notify is closed at each change of an image's state (Changed).
 	notifyMu sync.Mutex
 	notify   chan struct{}
-	// scrub is the state of the scrub (scrub.go).
-	scrub scrubState
+	scrubber *scrub.Scrubber
 	// refusedNeeds are the fleet's needs refused by policy (fleetneeds.go).
 	refusedNeeds osimage.RefusedNeeds
 }
@@ -298,7 +298,7 @@ func New(cfg Config) *Server {
 		cfg.Clock = utilclock.RealClock{}
 	}
 	if cfg.PeerTimeout <= 0 {
-		cfg.PeerTimeout = DefaultPeerTimeout
+		cfg.PeerTimeout = replica.DefaultPeerTimeout
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -310,7 +310,13 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Replicas != nil {
 		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
-		s.peerPuller = replica.NewPuller(cfg.PeerTimeout)
+		s.filler = &replica.Filler{
+			View: s.view, Puller: replica.NewPuller(cfg.PeerTimeout), Wait: cfg.PeerTimeout, Log: cfg.Logger,
+			Registry: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
+				return s.cfg.Pull(ctx, w, dst, progress)
+			}},
+			RegistryRule: s.registryRule, PeerRule: s.peerRule(), Started: s.setSource, PeerFailed: s.reportPeer,
+		}
 	}
 	now := cfg.Now()
 	for _, e := range cfg.Store.List() {
@@ -318,13 +324,18 @@ func New(cfg Config) *Server {
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
 			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
-			life:   life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
+			Life:   imagelife.Life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
 			entry:  e,
 			source: fill.FromStore,
 		}
 	}
+	sc := scrub.Config{Images: scrubbedImages{s}, Store: cfg.Store, Interval: cfg.ScrubInterval, Rate: cfg.ScrubRate, Now: cfg.Now, Logger: cfg.Logger}
 	if cfg.Metrics != nil {
-		cfg.Metrics.bind(s)
+		sc.ReadBytes, sc.Failures = cfg.Metrics.ScrubBytes, cfg.Metrics.ScrubFailures
+	}
+	s.scrubber = scrub.New(sc)
+	if cfg.Metrics != nil {
+		cfg.Metrics.Bind(s.report)
 	}
 	return s
 }
@@ -343,20 +354,20 @@ func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectEr
 	for sum, w := range wanted {
 		img, ok := s.images[sum]
 		if !ok {
-			img = &image{life: life{Phase: PhaseQueued}}
+			img = &image{Life: imagelife.Life{Phase: PhaseQueued}}
 			s.images[sum] = img
 			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "selectedBy", w.SelectedBy)
 		}
 		img.Wanted = w
 		img.keptBy = ""
-		s.changeLocked(sum, img, selected{})
+		s.changeLocked(sum, img, imagelife.Selected{})
 	}
 	for sum, img := range s.images {
 		if _, ok := wanted[sum]; ok || !img.Selected {
 			continue
 		}
 		s.log.Info("image deselected", "sha256", sum, "key", img.Key, "phase", img.Phase)
-		s.changeLocked(sum, img, deselected{At: now})
+		s.changeLocked(sum, img, imagelife.Deselected{At: now})
 	}
 	s.signal(s.kick)
 	s.signal(s.changed)
@@ -395,45 +406,23 @@ func (s *Server) Run(ctx context.Context) error {
 			})
 		})
 	}
-	wg.Go(func() { s.scrubLoop(ctx) })
+	wg.Go(func() { s.scrubber.Run(ctx) })
 	wg.Wait()
 	return nil
 }
 
-// Status is one image as the status page and the metrics show it.
-type Status struct {
-	SHA256                osimage.SHA256
-	Key, Filename, URI    string
-	Phase                 Phase
-	Selected              bool
-	Received, Total, Size int64
-	Reason                string
-	NextTry               time.Time
-	DeselectedAt          time.Time
-	// KeptBy names the objects that still reference a deselected image,
-	// which is therefore kept and served.
-	KeptBy []string
-	// ReferencesUnknown: the image is deselected, and kept and served
-	// until the Metal3 objects that may reference it are all known.
-	ReferencesUnknown bool
-	// Filenames are all the filenames the image is served under.
-	Filenames []string
-	// CheckedAt is when the stored file was last verified or scrubbed.
-	CheckedAt time.Time
-}
-
 // Statuses returns every known image, selected ones first, by key.
-func (s *Server) Statuses() ([]Status, error) {
+func (s *Server) Statuses() ([]imagehttp.Status, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Status, 0, len(s.images))
+	out := make([]imagehttp.Status, 0, len(s.images))
 	for _, sum := range slices.Sorted(maps.Keys(s.images)) {
 		img := s.images[sum]
 		size := img.Int64Field(osimage.FieldSize)
 		if img.Stored {
 			size = img.entry.Size
 		}
-		out = append(out, Status{
+		out = append(out, imagehttp.Status{
 			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
 			Phase: img.Phase, Selected: img.Selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.Reason, NextTry: img.NextTry, DeselectedAt: img.DeselectedAt,
@@ -441,7 +430,7 @@ func (s *Server) Statuses() ([]Status, error) {
 			CheckedAt: img.entry.CheckedAt(),
 		})
 	}
-	slices.SortStableFunc(out, func(a, b Status) int {
+	slices.SortStableFunc(out, func(a, b imagehttp.Status) int {
 		switch {
 		case a.Selected != b.Selected && a.Selected:
 			return -1
@@ -462,26 +451,4 @@ func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ready
-}
-
-// lookup is what the HTTP handler needs to answer for one sha256.
-type lookup struct {
-	// served: selected, or deselected but kept because referenced (or
-	// because the references are not all known yet).
-	served, stored bool
-	phase          Phase
-	filenames      []string
-	md5            string
-	verifiedAt     time.Time
-}
-
-func (s *Server) lookup(sum osimage.SHA256) (lookup, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	img, ok := s.images[sum]
-	if !ok {
-		return lookup{}, false
-	}
-	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return lookup{served: served, stored: img.Stored, phase: img.Phase, filenames: img.ServedAs(), md5: img.entry.MD5, verifiedAt: img.entry.VerifiedAt}, true
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/httpsend"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -131,7 +132,7 @@ func start(t *testing.T, dir string, src *fakeSource, tweak func(*Config)) *harn
 		clock: &clock{now: time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)}, done: make(chan struct{})}
 	cfg := Config{Store: store, Pull: src.pull, Publisher: serverio.FilePublisher{Path: h.output}, Concurrency: 2,
 		GCGrace: time.Hour, FreeSpaceMargin: 1, RetryBase: 50 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-		Metrics: NewMetrics(), Now: h.clock.Now}
+		Metrics: imagehttp.NewMetrics(), Now: h.clock.Now}
 	if tweak != nil {
 		tweak(&cfg)
 	}

@@ -189,7 +189,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	if n := countAvailable(served); n != 1 {
 		t.Errorf("%d images available, want 1", n)
 	}
-	if got := testutil.ToFloat64(h.srv.cfg.Metrics.verifyFailures); got != 4 {
+	if got := testutil.ToFloat64(h.srv.cfg.Metrics.VerifyFailures); got != 4 {
 		t.Errorf("osimages_verification_failures_total = %v, want 4", got)
 	}
 	var page bytes.Buffer
@@ -221,7 +221,7 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	if s.blobs.fetched(moved.LayerDigest.String()) || s.blobs.fetched(p.LayerDigest.String()) {
 		t.Error("a layer was downloaded for a moved tag")
 	}
-	if got := testutil.ToFloat64(h.srv.cfg.Metrics.verifyFailures); got != 1 {
+	if got := testutil.ToFloat64(h.srv.cfg.Metrics.VerifyFailures); got != 1 {
 		t.Errorf("osimages_verification_failures_total = %v, want 1", got)
 	}
 

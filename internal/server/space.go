@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
@@ -11,47 +12,9 @@ import (
 // Disk space: what each download may take, reserved before it starts, so
 // that downloads together never fill the disk nor exceed --max-storage.
 
-// bounds reads w's sizes and returns the most bytes its file may have (its
-// declared size, or MaxImageSize when it declares none) and what its
-// download reserves on disk (that bound plus archive-size). Malformed sizes
-// and a size above MaxImageSize are refused.
-func (s *Server) bounds(w servedset.Wanted) (bound, need int64, err error) {
-	size, err := w.Image.Size(osimage.FieldSize)
-	if err != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
-	}
-	archive, err := w.Image.Size(osimage.FieldArchiveSize)
-	if err != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
-	}
-	if size > s.cfg.MaxImageSize {
-		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
-			w.Key, osimage.FormatBytes(size), size, osimage.FormatBytes(s.cfg.MaxImageSize))
-	}
-	bound = size
-	if bound == 0 {
-		bound = s.cfg.MaxImageSize
-	}
-	return bound, addSizes(bound, archive), nil
-}
-
-// declaresSize says whether w gives the size of its file (0 means unknown).
-func declaresSize(w servedset.Wanted) bool {
-	n, err := w.Image.Size(osimage.FieldSize)
-	return err == nil && n > 0
-}
-
-// addSizes adds sizes without wrapping around.
-func addSizes(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
 // reserveSpace reserves need bytes for the download of sum, or says why it
 // cannot. need covers the bound the store enforces on the file (see
-// bounds), so that a download never takes the space of another;
+// servedset.Wanted.Bounds), so that a download never takes the space of another;
 // archive-size counts too, as a cautious margin. When the disk (or
 // --max-storage) cannot hold the image at all, the error fails it; when it
 // could but for what downloads in progress reserved, the error is a
@@ -64,25 +27,25 @@ func addSizes(a, b int64) int64 {
 // bound reserved.
 func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
-	if !declaresSize(w) {
+	if !w.DeclaresSize() {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", osimage.FormatBytes(bound))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reserved int64
 	for _, img := range s.images {
-		reserved = addSizes(reserved, img.reservedForSpace)
+		reserved = osimage.AddSizes(reserved, img.reservedForSpace)
 	}
 	if w.IsNeed() {
 		// The management selection's room is kept for it, downloaded or
 		// not yet: a need never takes it.
 		why += " (with the room of the management images not stored yet)"
-		reserved = addSizes(reserved, s.managementPendingLocked())
+		reserved = osimage.AddSizes(reserved, s.managementPendingLocked())
 	}
 	wait := func(msg string) (int64, error) {
 		// Set under the lock that releaseSpace takes, so that a release
 		// cannot slip between this check and the wait.
-		s.changeLocked(sum, s.images[sum], waitsForSpace{Reason: msg})
+		s.changeLocked(sum, s.images[sum], imagelife.WaitsForSpace{Reason: msg})
 		if !w.IsNeed() {
 			s.yieldNeedsLocked(w.Key)
 		}
@@ -95,8 +58,8 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 	free := int64(min(avail, math.MaxInt64))
 	// A partial download kept from an earlier attempt holds part of the
 	// space this one needs already.
-	free = addSizes(free, s.partialBytes(sum))
-	if !declaresSize(w) {
+	free = osimage.AddSizes(free, s.partialBytes(sum))
+	if !w.DeclaresSize() {
 		archive := need - bound
 		room := free - s.cfg.FreeSpaceMargin
 		if s.cfg.MaxStorage > 0 {
@@ -115,20 +78,20 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 	}
 	if s.cfg.MaxStorage > 0 {
 		used := s.cfg.Store.Used()
-		if addSizes(used, need) > s.cfg.MaxStorage {
+		if osimage.AddSizes(used, need) > s.cfg.MaxStorage {
 			return 0, fmt.Errorf("not enough storage: the image needs %s (%s), %s are used, and --max-storage is %s; raise --max-storage or deselect images",
 				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(s.cfg.MaxStorage))
 		}
-		if addSizes(addSizes(used, reserved), need) > s.cfg.MaxStorage {
+		if osimage.AddSizes(osimage.AddSizes(used, reserved), need) > s.cfg.MaxStorage {
 			return wait(fmt.Sprintf("waiting for storage: the image needs %s (%s), %s are used and %s reserved by downloads in progress, and --max-storage is %s",
 				osimage.FormatBytes(need), why, osimage.FormatBytes(used), osimage.FormatBytes(reserved), osimage.FormatBytes(s.cfg.MaxStorage)))
 		}
 	}
-	if free < addSizes(need, s.cfg.FreeSpaceMargin) {
+	if free < osimage.AddSizes(need, s.cfg.FreeSpaceMargin) {
 		return 0, fmt.Errorf("not enough free disk space: the image needs %s (%s) plus a margin of %s, and %s are free; grow the data volume or deselect images",
 			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free))
 	}
-	if free < addSizes(addSizes(need, reserved), s.cfg.FreeSpaceMargin) {
+	if free < osimage.AddSizes(osimage.AddSizes(need, reserved), s.cfg.FreeSpaceMargin) {
 		return wait(fmt.Sprintf("waiting for disk space: the image needs %s (%s) plus a margin of %s, %s are free and downloads in progress reserved %s",
 			osimage.FormatBytes(need), why, osimage.FormatBytes(s.cfg.FreeSpaceMargin), osimage.FormatBytes(free), osimage.FormatBytes(reserved)))
 	}
@@ -144,8 +107,8 @@ func (s *Server) managementPendingLocked() int64 {
 		if !img.Selected || img.IsNeed() || img.Stored || img.reservedForSpace > 0 {
 			continue
 		}
-		if _, need, err := s.bounds(img.Wanted); err == nil {
-			n = addSizes(n, need)
+		if _, need, err := img.Bounds(s.cfg.MaxImageSize); err == nil {
+			n = osimage.AddSizes(n, need)
 		}
 	}
 	return n
@@ -192,7 +155,7 @@ func (s *Server) releaseSpace(sum osimage.SHA256) {
 	}
 	img.reservedForSpace = 0
 	for other, img := range s.images {
-		s.changeLocked(other, img, spaceFreed{})
+		s.changeLocked(other, img, imagelife.SpaceFreed{})
 	}
 	s.signal(s.kick)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"html/template"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -84,17 +82,4 @@ func TestStatusPageInChromium(t *testing.T) {
 		t.Logf("DOM:\n%s", dom)
 	}
 	src.release(downloading.SHA256)
-}
-
-// A status page whose template fails answers 500, never a 200 with the
-// part of the page written before the failure.
-func TestStatusPageIsNeverHalfWritten(t *testing.T) {
-	working := statusPage
-	statusPage = template.Must(template.New("status").Parse(`<html><body>half {{.NoSuchField}}</body></html>`))
-	t.Cleanup(func() { statusPage = working })
-	h := start(t, t.TempDir(), newFakeSource(), nil)
-	resp, body := h.get("/")
-	if resp.StatusCode != http.StatusInternalServerError || strings.Contains(string(body), "half") {
-		t.Fatalf("a failing template: %s, %q; want 500 without the page's start", resp.Status, body)
-	}
 }

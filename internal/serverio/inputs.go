@@ -20,8 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -41,7 +39,7 @@ type Inputs struct {
 	// FleetNeedsConfigMap, when set (--serve-fleet-needs), is the fleet's
 	// needs the controller publishes, watched as a third input.
 	FleetNeedsConfigMap *kube.ObjectKey
-	Client              kubernetes.Interface
+	Client              kube.Client
 	ValueFiles          []string
 	// Poll is how often files are checked for changes (default 2s).
 	Poll   time.Duration
@@ -308,7 +306,7 @@ func (in Inputs) Watch(ctx context.Context, trigger <-chan os.Signal, apply func
 // watchConfigMap starts an informer on the watched ConfigMap alone, which
 // signals events, and returns its store once it is synced.
 func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events chan<- struct{}) (cache.Store, error) {
-	factory, informer := configMapInformer(in.Client, key, 10*time.Minute)
+	informer := configMapInformer(in.Client, key, 10*time.Minute)
 	notify := func(any) {
 		select {
 		case events <- struct{}{}:
@@ -322,7 +320,7 @@ func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events 
 	}); err != nil {
 		return nil, err
 	}
-	factory.Start(ctx.Done())
+	go informer.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return nil, fmt.Errorf("watching ConfigMap %s: cache did not sync", key)
 	}
@@ -332,13 +330,10 @@ func (in Inputs) watchConfigMap(ctx context.Context, key kube.ObjectKey, events 
 // configMapInformer is an informer on one ConfigMap, by name: a list and a
 // watch with a metadata.name field selector, which RBAC's resourceNames
 // admit.
-func configMapInformer(client kubernetes.Interface, key kube.ObjectKey, resync time.Duration) (informers.SharedInformerFactory, cache.SharedIndexInformer) {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithNamespace(key.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", key.Name).String()
-		}))
-	return factory, factory.Core().V1().ConfigMaps().Informer()
+func configMapInformer(client kube.Client, key kube.ObjectKey, resync time.Duration) cache.SharedIndexInformer {
+	return kube.NewInformer(client, client.CoreV1().ConfigMaps(key.Namespace), &corev1.ConfigMap{}, resync, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", key.Name).String()
+	})
 }
 
 // readFleetNeeds returns the fleet's needs, nil when they are not an

@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sylva-projects/osimages/internal/kube"
@@ -58,22 +59,43 @@ func (p FilePublisher) Publish(_ context.Context, out osimage.ServedOutput) erro
 }
 
 // Published implements PublishedReader: the set in the file, empty when
-// there is no file yet.
+// there is no file yet. Anything but a regular file there (a FIFO would
+// block the read until someone writes it) is an error, and so is a file
+// larger than a ConfigMap could hold, which Publish never writes.
 func (p FilePublisher) Published(context.Context) (osimage.ServedSet, error) {
-	doc, err := os.ReadFile(p.Path)
+	f, err := os.OpenFile(p.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return osimage.ServedSet{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return osimage.ParseServed(doc)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file but %s: remove it, and the server writes the served set there again", p.Path, fileKind(fi.Mode()))
+	}
+	doc, err := io.ReadAll(io.LimitReader(f, osimage.MaxConfigMapBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(doc) > osimage.MaxConfigMapBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes, which the server never writes: remove it, and the server writes the served set there again", p.Path, osimage.MaxConfigMapBytes)
+	}
+	s, err := osimage.ParseServed(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.Path, err)
+	}
+	return s, nil
 }
 
 // ConfigMapPublisher applies the served-images ConfigMap with server-side
 // apply: values.yaml (contract §6) and, beside it, served-filenames.yaml.
 type ConfigMapPublisher struct {
-	Client kubernetes.Interface
+	Client kube.Client
 	Key    kube.ObjectKey
 }
 
@@ -100,7 +122,7 @@ func (p ConfigMapPublisher) Publish(ctx context.Context, out osimage.ServedOutpu
 // a deletion or an edit by hand is seen at once, and the informer's resync
 // tells again what its cache holds every minute.
 func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data map[string]string, exists bool)) error {
-	factory, informer := configMapInformer(p.Client, p.Key, time.Minute)
+	informer := configMapInformer(p.Client, p.Key, time.Minute)
 	tell := func(obj any) {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
 			observed(cm.Data, true)
@@ -113,9 +135,7 @@ func (p ConfigMapPublisher) WatchOutput(ctx context.Context, observed func(data 
 	}); err != nil {
 		return fmt.Errorf("watching ConfigMap %s: %w", p.Key, err)
 	}
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	informer.RunWithContext(ctx)
 	return nil
 }
 
@@ -134,4 +154,19 @@ func (p ConfigMapPublisher) Published(ctx context.Context) (osimage.ServedSet, e
 		return nil, fmt.Errorf("ConfigMap %s: %w", p.Key, err)
 	}
 	return s, nil
+}
+
+// fileKind names what a file that is not a regular one is.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "a special file (" + m.Type().String() + ")"
 }

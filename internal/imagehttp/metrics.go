@@ -1,4 +1,4 @@
-package server
+package imagehttp
 
 import (
 	"io"
@@ -8,22 +8,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
-// Metrics are the server's Prometheus metrics, on a registry of their own.
+// Metrics are the server's Prometheus metrics, on a registry of their own:
+// the counters the server adds to (exported), those of the HTTP requests,
+// and the gauges read from a Report at scrape time (Bind).
 type Metrics struct {
 	registry        *prometheus.Registry
 	requests        *prometheus.CounterVec
 	bytesServed     prometheus.Counter
-	inFlight        prometheus.Gauge
-	bytesDownloaded prometheus.Counter
-	verifyFailures  prometheus.Counter
-	peerFailures    *prometheus.CounterVec
-	scrubBytes      prometheus.Counter
-	scrubFailures   prometheus.Counter
-	keptBytes       prometheus.Counter
-	keptDiscarded   prometheus.Counter
+	InFlight        prometheus.Gauge
+	BytesDownloaded prometheus.Counter
+	VerifyFailures  prometheus.Counter
+	PeerFailures    *prometheus.CounterVec
+	ScrubBytes      prometheus.Counter
+	ScrubFailures   prometheus.Counter
+	KeptBytes       prometheus.Counter
+	KeptDiscarded   prometheus.Counter
 }
 
 // NewMetrics registers the server's metrics, and the Go and process
@@ -37,32 +40,32 @@ func NewMetrics() *Metrics {
 		bytesServed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_http_served_bytes_total", Help: "Bytes of image files sent to clients.",
 		}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "osimages_downloads_in_flight", Help: "Image downloads in progress.",
 		}),
-		bytesDownloaded: prometheus.NewCounter(prometheus.CounterOpts{
+		BytesDownloaded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_downloaded_bytes_total", Help: "Bytes received from registries and HTTP sources.",
 		}),
-		verifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		VerifyFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_verification_failures_total", Help: "Downloads refused because a digest or size did not match.",
 		}),
-		peerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		PeerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "osimages_peer_fill_failures_total", Help: "Fills from a peer replica that failed (reason failed), sent below --min-rate (reason slow) or brought bytes that did not verify (reason bad-bytes), by peer; the image was then filled from elsewhere.",
 		}, []string{"peer", "reason"}),
-		scrubBytes: prometheus.NewCounter(prometheus.CounterOpts{
+		ScrubBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_scrub_read_bytes_total", Help: "Bytes of stored images re-read and re-hashed by the scrub.",
 		}),
-		scrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		ScrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_scrub_failures_total", Help: "Stored images the scrub found changed (sha256 or size): each was dropped and downloaded again.",
 		}),
-		keptBytes: prometheus.NewCounter(prometheus.CounterOpts{
+		KeptBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_download_kept_bytes_total", Help: "Bytes of partial downloads kept from an earlier attempt or process, checked, and continued from rather than downloaded again.",
 		}),
-		keptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{
+		KeptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "osimages_download_kept_discarded_total", Help: "Partial downloads kept from an earlier attempt or process that no longer matched their checkpoint (damaged while the server was down): each was downloaded again from byte 0.",
 		}),
 	}
-	m.registry.MustRegister(m.requests, m.bytesServed, m.inFlight, m.bytesDownloaded, m.verifyFailures, m.peerFailures, m.scrubBytes, m.scrubFailures, m.keptBytes, m.keptDiscarded,
+	m.registry.MustRegister(m.requests, m.bytesServed, m.InFlight, m.BytesDownloaded, m.VerifyFailures, m.PeerFailures, m.ScrubBytes, m.ScrubFailures, m.KeptBytes, m.KeptDiscarded,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -70,9 +73,9 @@ func NewMetrics() *Metrics {
 // Registry is where more collectors of the process can be registered.
 func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
 
-// bind adds the metrics computed from the server's state at scrape time.
-func (m *Metrics) bind(s *Server) {
-	m.registry.MustRegister(newFleetNeedsCollector(s))
+// Bind adds the metrics computed from the server's state at scrape time;
+// report is called once per scrape.
+func (m *Metrics) Bind(report func() Report) {
 	images := prometheus.NewDesc("osimages_images", "Known images by phase; selected is false for deselected images kept on disk.", []string{"phase", "selected"}, nil)
 	free := prometheus.NewDesc("osimages_disk_free_bytes", "Free bytes on the data filesystem.", nil, nil)
 	used := prometheus.NewDesc("osimages_storage_used_bytes", "Bytes of stored images.", nil, nil)
@@ -81,54 +84,70 @@ func (m *Metrics) bind(s *Server) {
 	refusals := prometheus.NewDesc("osimages_inputs_refusals_total", "Inputs refused since the start, by reason (each refusal counts once, not at every poll).", []string{"reason"}, nil)
 	accepted := prometheus.NewDesc("osimages_inputs_accepted_timestamp_seconds", "When the inputs read were last found good (Unix time).", nil, nil)
 	collected := prometheus.NewDesc("osimages_gc_last_pass_timestamp_seconds", "When the last complete garbage-collection pass began (Unix time); passes postponed until the desired set and every Metal3 reference are known do not count.", nil, nil)
-	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{collected}, collect: func(ch chan<- prometheus.Metric) {
-		if at := s.LastCollection(); !at.IsZero() {
-			ch <- prometheus.MustNewConstMetric(collected, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
-		}
-	}})
 	scrubbed := prometheus.NewDesc("osimages_scrub_last_pass_timestamp_seconds", "When the scrub last found every stored image re-hashed (or verified) within --scrub-interval (Unix time); absent while the scrub is off or has not caught up since the start.", nil, nil)
-	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{scrubbed}, collect: func(ch chan<- prometheus.Metric) {
-		if at := s.ScrubStatus().UpToDate; !at.IsZero() {
-			ch <- prometheus.MustNewConstMetric(scrubbed, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+	phase := prometheus.NewDesc("osimages_server_phase", "The image server's phase (starting, waiting-for-catalog, serving): 1 for the current one.", []string{"phase"}, nil)
+	needs := prometheus.NewDesc("osimages_fleet_needs_refused",
+		"Images some workload namespace needs that the image server refuses to serve (--serve-fleet-needs), by namespace and reason: registry-not-allowed, uri-not-allowed, quota-images, quota-bytes, no-record, invalid.",
+		[]string{"namespace", "reason"}, nil)
+	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used, kept, refused, refusals, accepted, collected, scrubbed, phase, needs}, collect: func(ch chan<- prometheus.Metric) {
+		r := report()
+		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 		}
-	}})
-	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{refused, refusals, accepted}, collect: func(ch chan<- prometheus.Metric) {
-		st := s.InputsStatus()
-		for _, r := range serverio.Refusals {
+		if at := r.LastCollection; !at.IsZero() {
+			gauge(collected, float64(at.UnixNano())/1e9)
+		}
+		if at := r.Scrub.UpToDate; !at.IsZero() {
+			gauge(scrubbed, float64(at.UnixNano())/1e9)
+		}
+		for _, reason := range serverio.Refusals {
 			v := 0.0
-			if st.Refused != nil && st.Refused.Reason == r {
+			if r.Inputs.Refused != nil && r.Inputs.Refused.Reason == reason {
 				v = 1
 			}
-			ch <- prometheus.MustNewConstMetric(refused, prometheus.GaugeValue, v, string(r))
-			ch <- prometheus.MustNewConstMetric(refusals, prometheus.CounterValue, float64(st.Refusals[r]), string(r))
+			gauge(refused, v, string(reason))
+			ch <- prometheus.MustNewConstMetric(refusals, prometheus.CounterValue, float64(r.Inputs.Refusals[reason]), string(reason))
 		}
-		if !st.Accepted.IsZero() {
-			ch <- prometheus.MustNewConstMetric(accepted, prometheus.GaugeValue, float64(st.Accepted.UnixNano())/1e9)
+		if !r.Inputs.Accepted.IsZero() {
+			gauge(accepted, float64(r.Inputs.Accepted.UnixNano())/1e9)
 		}
-	}})
-	m.registry.MustRegister(collectorFunc{descs: []*prometheus.Desc{images, free, used, kept}, collect: func(ch chan<- prometheus.Metric) {
 		counts := map[[2]string]int{}
-		for _, p := range []Phase{PhaseQueued, PhaseDownloading, PhaseVerifying, PhaseReady, PhaseFailed} {
+		for _, p := range []replica.Phase{replica.PhaseQueued, replica.PhaseDownloading, replica.PhaseVerifying, replica.PhaseReady, replica.PhaseFailed} {
 			counts[[2]string{string(p), "true"}] = 0
 		}
-		statuses, _ := s.Statuses()
-		for _, st := range statuses {
+		for _, st := range r.Images {
 			counts[[2]string{string(st.Phase), strconv.FormatBool(st.Selected)}]++
 			if len(st.KeptBy) > 0 {
 				// The first referrer names one culprit in the label; the
 				// value counts them all.
-				ch <- prometheus.MustNewConstMetric(kept, prometheus.GaugeValue, float64(len(st.KeptBy)), string(st.SHA256), st.Key, st.KeptBy[0])
+				gauge(kept, float64(len(st.KeptBy)), string(st.SHA256), st.Key, st.KeptBy[0])
 			}
 		}
 		for k, n := range counts {
-			ch <- prometheus.MustNewConstMetric(images, prometheus.GaugeValue, float64(n), k[0], k[1])
+			gauge(images, float64(n), k[0], k[1])
 		}
-		if avail, err := s.cfg.Store.Available(); err == nil {
-			ch <- prometheus.MustNewConstMetric(free, prometheus.GaugeValue, float64(avail))
+		if r.FreeErr == nil {
+			gauge(free, float64(r.Free))
 		}
-		ch <- prometheus.MustNewConstMetric(used, prometheus.GaugeValue, float64(s.cfg.Store.Used()))
+		gauge(used, float64(r.Used))
+		// 1 for the current phase, 0 for the others, so that an alert can
+		// ask how long it has been waiting.
+		for _, p := range serverPhases {
+			v := 0.0
+			if p == r.Phase {
+				v = 1
+			}
+			gauge(phase, v, string(p))
+		}
+		type nsReason struct{ ns, reason string }
+		refusedNeeds := map[nsReason]int{}
+		for _, n := range r.RefusedNeeds {
+			refusedNeeds[nsReason{n.Namespace, n.Reason}]++
+		}
+		for k, n := range refusedNeeds {
+			gauge(needs, float64(n), k.ns, k.reason)
+		}
 	}})
-	m.bindPhase(s)
 }
 
 type collectorFunc struct {

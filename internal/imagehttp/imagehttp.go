@@ -1,0 +1,253 @@
+// Package imagehttp is the image server's HTTP face: the image URLs that
+// Ironic and other clients download (/images/<sha256>/<filename>, with
+// their .sha256sum and .md5sum files), health and readiness, the
+// operators' status page and the Prometheus metrics. It reads the server
+// through Images, a small interface: what is known of one sha256, its
+// verified file, the readiness and a Report of the whole state.
+package imagehttp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sylva-projects/osimages/internal/httpsend"
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
+)
+
+// Images is what the HTTP face asks of the image server.
+type Images interface {
+	// Lookup tells what is known of sum; ok is false when nothing is.
+	Lookup(sum osimage.SHA256) (img Image, ok bool)
+	// Open opens the stored, verified file of sum. An error wrapping
+	// imagestore.ErrTampered says the store found it changed and dropped
+	// it: the server no longer serves it and downloads it again.
+	Open(sum osimage.SHA256) (*os.File, imagestore.Entry, error)
+	// Readiness is the answer of /readyz: ready or, when not, why.
+	Readiness() (bool, string)
+	// Report is the whole state, for the status page and the metrics.
+	Report() Report
+}
+
+// Image is what the HTTP face needs to answer for one sha256.
+type Image struct {
+	// Served: selected, or deselected but kept because referenced (or
+	// because the references are not all known yet).
+	Served, Stored bool
+	Phase          replica.Phase
+	Filenames      []string
+	MD5            string
+	VerifiedAt     time.Time
+}
+
+// Endpoints serve images through Images, with metrics when Metrics is
+// not nil.
+type Endpoints struct {
+	Images  Images
+	Metrics *Metrics
+	// SendTimeout is how long one write of a response may block.
+	SendTimeout time.Duration
+	// Now is the clock of the status page (nil: time.Now).
+	Now func() time.Time
+	// Log gets what cannot be answered (nil: nothing is logged).
+	Log *slog.Logger
+}
+
+// RetryAfterSeconds is what a client is told to wait for an image that is
+// selected but not ready yet.
+const RetryAfterSeconds = 30
+
+// Handler returns the handler of the images, their checksum files, the
+// status page, health and metrics.
+//
+// Every image URL is /images/<sha256>/<filename>: the file is found by its
+// sha256 in the server's own records and the store, never by joining the
+// request path to a directory, so no request can reach a file outside the
+// storage whatever it holds (.., encoded slashes, absolute paths, symlinks).
+func (s Endpoints) Handler() http.Handler {
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Log == nil {
+		s.Log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /images/{sha256}/{file}", s.serveImage)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	// Readiness is about the server itself: while it waits for its catalog
+	// it still serves what it has, its status page and its metrics, which
+	// a not-ready pod would hide behind its Service. The phase says the rest
+	// (status page, osimages_server_phase).
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// A replica (Config.Replicas) joins the Service only once it
+		// holds what its ready peers serve.
+		if ok, why := s.Images.Readiness(); !ok {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	if s.Metrics != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics.registry, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /{$}", s.serveStatus)
+	var h http.Handler = mux
+	if s.Metrics != nil {
+		h = s.Metrics.instrument(h)
+	}
+	return httpsend.Deadline(s.SendTimeout, h)
+}
+
+// Server is an http.Server for Handler, with the timeouts a server
+// facing many clients needs: a client gets 30 s to send its request
+// headers, a keep-alive connection is closed after 2 minutes idle, and a
+// response that cannot be written for SendTimeout is cut (see Handler).
+func (s Endpoints) Server() *http.Server {
+	return &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ConnContext:       httpsend.ConnContext,
+	}
+}
+
+func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
+	// The one parser of image paths reads the path as sent, so that the
+	// server answers exactly the URLs render writes (osimage.ImagePath).
+	req, ok := osimage.ParseImagePath(r.URL.EscapedPath())
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	sum, file := req.SHA256, req.Name()
+	info, ok := s.Images.Lookup(sum)
+	if !ok || !info.Served {
+		http.NotFound(w, r)
+		return
+	}
+	// Every filename the catalog gives the image is served, from the one
+	// stored file.
+	name, suffix, ok := servedFile(info.Filenames, file)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	var checksum string
+	switch suffix {
+	case ".sha256sum":
+		checksum = string(sum)
+	case ".md5sum":
+		checksum = info.MD5
+	}
+	if !info.Stored || info.Phase != replica.PhaseReady {
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
+		return
+	}
+	if suffix != "" {
+		if checksum == "" {
+			http.NotFound(w, r) // an md5 the image never declared
+			return
+		}
+		// The basename, as Ironic expects of a checksum file. Its own ETag
+		// (not the image's) and the image's Last-Modified, so that caches
+		// and conditional requests treat it as the image.
+		body := checksum + "  " + name + "\n"
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("ETag", `"`+string(sum)+"-"+strings.TrimPrefix(path.Ext(file), ".")+`"`)
+		http.ServeContent(w, r, file, info.VerifiedAt, strings.NewReader(body))
+		return
+	}
+	s.ServeStored(w, r, sum)
+}
+
+// ServeStored sends the stored, verified file of sum (to a client, or to
+// a peer replica).
+func (s Endpoints) ServeStored(w http.ResponseWriter, r *http.Request, sum osimage.SHA256) {
+	f, entry, err := s.Images.Open(sum)
+	if errors.Is(err, imagestore.ErrTampered) {
+		// The store dropped (and logged) it; the server downloads it again.
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+		http.Error(w, fmt.Sprintf("image %s is being downloaded again", sum), http.StatusServiceUnavailable)
+		return
+	}
+	if err != nil {
+		s.Log.Error("opening a stored image failed", "sha256", sum, "error", err)
+		http.Error(w, "image unavailable", http.StatusInternalServerError)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("ETag", `"`+string(sum)+`"`)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
+		// Go's ServeContent answers bytes=-0 with a 206 whose
+		// Content-Range is invalid; a suffix of 0 bytes is unsatisfiable.
+		w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(entry.Size, 10))
+		http.Error(w, "requested range not satisfiable", http.StatusRequestedRangeNotSatisfiable)
+		return
+	} else if rng != r.Header.Get("Range") {
+		r.Header.Set("Range", rng)
+	}
+	// http.ServeContent answers HEAD exactly as GET (with Content-Length),
+	// Range and conditional requests, and sends an *os.File with sendfile.
+	defer httpsend.Corked(r)()
+	http.ServeContent(&httpsend.Writer{ResponseWriter: w, Timeout: s.SendTimeout}, r, entry.Filename, entry.VerifiedAt, f)
+}
+
+// withoutEmptySuffixes removes the suffix ranges of length 0 ("-0") from a
+// Range header of bytes; ok is false when nothing else was asked. Other
+// headers are returned as they are, for ServeContent to judge.
+func withoutEmptySuffixes(h string) (string, bool) {
+	specs, found := strings.CutPrefix(h, "bytes=")
+	if !found {
+		return h, true
+	}
+	var kept []string
+	for _, spec := range strings.Split(specs, ",") {
+		spec = strings.TrimSpace(spec)
+		if suffix, ok := strings.CutPrefix(spec, "-"); ok {
+			if n, err := strconv.ParseInt(suffix, 10, 64); err == nil && n == 0 {
+				continue
+			}
+		}
+		kept = append(kept, spec)
+	}
+	if len(kept) == 0 {
+		return "", false
+	}
+	return "bytes=" + strings.Join(kept, ","), true
+}
+
+// isImagePath says whether a request path (as sent, escaped) is an image
+// download, for the byte counter.
+func isImagePath(escaped string) bool {
+	f, ok := osimage.ParseImagePath(escaped)
+	return ok && f.Checksum == ""
+}
+
+// servedFile tells which file of an image a request names: one of its
+// filenames, or the .sha256sum or .md5sum of one (suffix). The filename
+// itself wins over a checksum reading of it.
+func servedFile(names []string, file string) (name, suffix string, ok bool) {
+	if slices.Contains(names, file) {
+		return file, "", true
+	}
+	for _, suffix := range []string{".sha256sum", ".md5sum"} {
+		if name, cut := strings.CutSuffix(file, suffix); cut && slices.Contains(names, name) {
+			return name, suffix, true
+		}
+	}
+	return "", "", false
+}

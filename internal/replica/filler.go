@@ -1,0 +1,99 @@
+package replica
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/pull"
+	"github.com/sylva-projects/osimages/internal/servedset"
+)
+
+// DefaultPeerTimeout is how long a peer may show no progress before the
+// next replica in the rendezvous order takes over.
+const DefaultPeerTimeout = 30 * time.Second
+
+// Filler fills a replica's images: from the peers its View chooses, in
+// rendezvous order, the registry last. A peer that failed to fill an image
+// is skipped for that image until Forget.
+type Filler struct {
+	View   *View
+	Puller *pull.Puller
+	// Wait is how long a peer may show no progress (--peer-timeout).
+	Wait time.Duration
+	Log  *slog.Logger
+	// Registry fills from the registry, under RegistryRule; PeerRule cuts
+	// a peer's fill.
+	Registry     fill.Source
+	RegistryRule func(osimage.SHA256) fill.Rule
+	PeerRule     fill.Rule
+	// Started is told which source fills an image, before its first byte
+	// (peers read it: they follow a registry pull).
+	Started func(sum osimage.SHA256, source string)
+	// PeerFailed is told of a peer that failed to fill w.
+	PeerFailed func(w servedset.Wanted, peer string, err error)
+
+	mu  sync.Mutex
+	bad map[osimage.SHA256]map[string]bool
+}
+
+// Fill fills dst with w, and says which source filled it.
+func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
+	chain := fill.Chain{
+		Choose: func(w servedset.Wanted, skip []string) fill.Source {
+			p := f.View.Choose(w.SHA256, func(id string) bool {
+				return slices.Contains(skip, fill.FromPeerPrefix+id) || f.isBad(w.SHA256, id)
+			})
+			if p == nil {
+				return nil
+			}
+			return Source{Peer: *p, Puller: f.Puller, Wait: f.Wait, Log: f.Log}
+		},
+		Last: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
+			// Followers stream the compressed layer as it arrives rather
+			// than the image: a fraction of the bytes over this NIC.
+			dst.KeepBlob()
+			return f.Registry.Fill(ctx, w, dst, progress)
+		}},
+		Rule: func(src fill.Source) fill.Rule {
+			if src.Name() == fill.FromRegistry {
+				return f.RegistryRule(w.SHA256)
+			}
+			return f.PeerRule
+		},
+		Started: func(w servedset.Wanted, src fill.Source) { f.Started(w.SHA256, src.Name()) },
+		Failed: func(w servedset.Wanted, src fill.Source, err error) {
+			peer := strings.TrimPrefix(src.Name(), fill.FromPeerPrefix)
+			f.mu.Lock()
+			if f.bad == nil {
+				f.bad = map[osimage.SHA256]map[string]bool{}
+			}
+			if f.bad[w.SHA256] == nil {
+				f.bad[w.SHA256] = map[string]bool{}
+			}
+			f.bad[w.SHA256][peer] = true
+			f.mu.Unlock()
+			f.PeerFailed(w, peer, err)
+		},
+	}
+	return chain.Fill(ctx, w, dst, progress)
+}
+
+func (f *Filler) isBad(sum osimage.SHA256, peer string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bad[sum][peer]
+}
+
+// Forget tries every peer again for sum: it is stored, or no longer known.
+func (f *Filler) Forget(sum osimage.SHA256) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.bad, sum)
+}
