@@ -222,8 +222,12 @@ func TestCatalogHostileRegistries(t *testing.T) {
 		s := catalogStatusOf(t, "hostile-2")
 		return s.State == CatalogTimedOut && strings.Contains(s.Message, "stopped after its budget of 25s"), fmt.Sprintf("%+v after %s", s, time.Since(started))
 	})
-	evs := eventNotes(t, "hostile-2", "CatalogTimedOut")
-	if len(evs) == 0 || !strings.Contains(evs[0], "images resolved") {
+	// The event is written by the recorder's goroutine after the status.
+	testenv.Eventually(t, "the timeout recorded as an event", 30*time.Second, func() (bool, string) {
+		evs := eventNotes(t, "hostile-2", "CatalogTimedOut")
+		return len(evs) > 0, ""
+	})
+	if evs := eventNotes(t, "hostile-2", "CatalogTimedOut"); !strings.Contains(evs[0], "images resolved") {
 		t.Errorf("CatalogTimedOut events: %v", evs)
 	}
 	if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": "hostile-2", "state": CatalogTimedOut}); v != 1 {
@@ -315,7 +319,13 @@ func TestCatalogReachesOnlyAllowedRegistries(t *testing.T) {
 	if n := forbidden.total.Load(); n != 0 {
 		t.Errorf("%d connections to a registry the management does not allow", n)
 	}
+	// Events are written by the recorder's goroutine after the status:
+	// wait for the first, then it must be the only one.
+	testenv.Eventually(t, "the refusal recorded as an event", 30*time.Second, func() (bool, string) {
+		evs := eventNotes(t, "scan-forbidden", "CatalogRegistryNotAllowed")
+		return len(evs) > 0, fmt.Sprint(evs)
+	})
 	if evs := eventNotes(t, "scan-forbidden", "CatalogRegistryNotAllowed"); len(evs) != 1 {
-		t.Errorf("events: %v", evs)
+		t.Errorf("events: %v, want the refusal recorded once", evs)
 	}
 }
