@@ -155,6 +155,9 @@ func (s *Server) inheritAvailability(ctx context.Context) {
 		return
 	}
 	published, err := r.Published(ctx)
+	if err != nil && ctx.Err() != nil {
+		return // shutting down: nothing is published any more
+	}
 	if err != nil {
 		s.log.Warn("the served set published by the previous leader cannot be read; a peer whose state cannot be read holds nothing until this replica counted once", "error", err)
 	}
