@@ -4,10 +4,13 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // The server as its HTTP face (package imagehttp) reads it.
@@ -21,7 +24,9 @@ func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
 func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 
 func (s *Server) endpoints() imagehttp.Endpoints {
-	return imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e.Registry = ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}.Handler()
+	return e
 }
 
 // servedImages implements imagehttp.Images.
@@ -37,6 +42,41 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	}
 	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
 	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+}
+
+// Served lists the images served, for the OCI distribution face: those
+// the image URLs serve, with a tag per key of each selected one.
+func (v servedImages) Served() []ocidist.Image {
+	s := v.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ocidist.Image, 0, len(s.images))
+	for sum, img := range s.images {
+		if !img.Selected && !s.referencesUnknownLocked(img) && len(s.keptByLocked(sum, img)) == 0 {
+			continue
+		}
+		oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size, DiskFormat: img.Image.Get(osimage.FieldImageFormat)}
+		if img.Selected {
+			oi.Tags = tagsOf(img.Wanted)
+		}
+		out = append(out, oi)
+	}
+	return out
+}
+
+// tagsOf are the keys of w that can be tags.
+func tagsOf(w servedset.Wanted) []string {
+	keys := []string{w.Key}
+	for _, r := range w.Records {
+		keys = append(keys, r.Key)
+	}
+	var tags []string
+	for _, key := range keys {
+		if ocidist.ValidTag(key) && !slices.Contains(tags, key) {
+			tags = append(tags, key)
+		}
+	}
+	return tags
 }
 
 func (v servedImages) Open(sum osimage.SHA256) (*os.File, imagestore.Entry, error) {

@@ -1,0 +1,78 @@
+// Package ocidist serves the image server's verified images through the
+// read-only part of the OCI distribution API, for clients that take
+// oci:// image URLs (Metal3's BareMetalOperator and Ironic's OCI image
+// service): /v2/, the manifest of each image by digest or by tag, its
+// blob by digest (with ranges), and the tag list.
+//
+// Each image is an artifact of one layer, and that layer is the stored,
+// verified file itself: its digest is sha256:<the catalog's sha256>, the
+// checksum Ironic verifies in transit. The manifest is built from the
+// image's sha256, size and disk format alone (Manifest), so its digest
+// never changes while the image does not, whatever its filename or key:
+// an oci:// URL written into a Metal3MachineTemplate stays valid, and a
+// renamed image keeps it.
+package ocidist
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// Repository is the one repository the server answers: an image's
+// reference is <server>/os-images@<manifest digest>, or
+// <server>/os-images:<image key>.
+const Repository = "os-images"
+
+// ArtifactType marks the manifests as disk-image artifacts (Ironic takes a
+// manifest with an artifactType for an artifact, not a container image).
+const ArtifactType = "application/vnd.osimages.disk-image.v1"
+
+// LayerMediaType is the media type of the layer: the image file as
+// stored, neither compressed nor archived.
+const LayerMediaType = "application/octet-stream"
+
+// DiskTypeAnnotation is the manifest annotation where Ironic looks for an
+// artifact's disk format when it chooses among the manifests of a tag.
+const DiskTypeAnnotation = "disktype"
+
+// Manifest is the manifest of the image of sum, of size bytes, in disk
+// format format ("" when unknown), and its digest. Its bytes depend on
+// these three values only: the same image always has the same digest.
+func Manifest(sum osimage.SHA256, size int64, format string) ([]byte, digest.Digest) {
+	m := ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactType,
+		Config:       ocispec.DescriptorEmptyJSON,
+		Layers: []ocispec.Descriptor{{
+			MediaType: LayerMediaType,
+			Digest:    LayerDigest(sum),
+			Size:      size,
+		}},
+	}
+	if format = strings.ToLower(strings.TrimSpace(format)); format != "" {
+		m.Annotations = map[string]string{DiskTypeAnnotation: format}
+	}
+	// A struct (and a map's sorted keys) marshal the same way every time;
+	// of strings and integers only, it cannot fail.
+	b, _ := json.Marshal(m)
+	return b, digest.FromBytes(b)
+}
+
+// LayerDigest is the digest of the layer of the image of sum: the file's
+// own sha256.
+func LayerDigest(sum osimage.SHA256) digest.Digest {
+	return digest.NewDigestFromEncoded(digest.SHA256, string(sum))
+}
+
+// Reference is the oci:// URL of an image's manifest on the server at
+// host (host[:port]), as Metal3 takes it: oci://host/os-images@sha256:...
+func Reference(host string, manifest digest.Digest) string {
+	return "oci://" + host + "/" + Repository + "@" + manifest.String()
+}

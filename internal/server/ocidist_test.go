@@ -1,0 +1,166 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/registry/remote"
+
+	"github.com/sylva-projects/osimages/internal/ocidist"
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// orasRepository is oras-go's client of the server's one repository.
+func orasRepository(t *testing.T, h *harness) *remote.Repository {
+	t.Helper()
+	repo, err := remote.NewRepository(strings.TrimPrefix(h.http.URL, "http://") + "/" + ocidist.Repository)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo.PlainHTTP = true
+	return repo
+}
+
+func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
+	ctx := context.Background()
+	src := newFakeSource()
+	content1 := bytes.Repeat([]byte("osimages oci "), 40000)
+	a := src.add("ubuntu-a", content1, false)
+	a.Image["image-format"] = "qcow2"
+	h := start(t, t.TempDir(), src, nil)
+	h.want(a)
+	h.waitPhase(a.SHA256, PhaseReady)
+	repo := orasRepository(t, h)
+
+	// By tag (the image key), as a registry client resolves it.
+	desc, rc, err := repo.FetchReference(ctx, "ubuntu-a")
+	if err != nil {
+		t.Fatalf("oras fetch by tag: %v", err)
+	}
+	manifestBytes, err := content.ReadAll(rc, desc)
+	rc.Close()
+	if err != nil {
+		t.Fatalf("reading the manifest (oras checks its digest): %v", err)
+	}
+	wantBody, wantDigest := ocidist.Manifest(a.SHA256, int64(len(content1)), "qcow2")
+	if desc.Digest != wantDigest || !bytes.Equal(manifestBytes, wantBody) {
+		t.Fatalf("manifest %s, want %s (built from sha256, size and format alone)", desc.Digest, wantDigest)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(manifestBytes, &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Layers) != 1 || m.Layers[0].Digest.Encoded() != a.SHA256.String() || m.Layers[0].Size != int64(len(content1)) ||
+		m.Annotations[ocidist.DiskTypeAnnotation] != "qcow2" || m.ArtifactType == "" {
+		t.Fatalf("manifest: %s", manifestBytes)
+	}
+	// By digest, then the layer, verified by the client against its digest.
+	if d, err := repo.Resolve(ctx, wantDigest.String()); err != nil || d.Digest != wantDigest {
+		t.Fatalf("resolve by digest: %v %v", d, err)
+	}
+	layer, err := content.FetchAll(ctx, repo.Blobs(), m.Layers[0])
+	if err != nil || !bytes.Equal(layer, content1) {
+		t.Fatalf("oras blob fetch: %d bytes, %v", len(layer), err)
+	}
+	if cfg, err := content.FetchAll(ctx, repo.Blobs(), m.Config); err != nil || string(cfg) != "{}" {
+		t.Fatalf("config blob: %q %v", cfg, err)
+	}
+	var tags []string
+	if err := repo.Tags(ctx, "", func(page []string) error { tags = append(tags, page...); return nil }); err != nil || fmt.Sprint(tags) != "[ubuntu-a]" {
+		t.Fatalf("tags: %v %v", tags, err)
+	}
+
+	// The same image under another filename and key keeps its manifest.
+	renamed := a
+	renamed.Key = "ubuntu-renamed"
+	renamed.Image = osimage.Image{}
+	for k, v := range a.Image {
+		renamed.Image[k] = v
+	}
+	renamed.Image["filename"] = "other-name.qcow2"
+	h.want(renamed)
+	h.waitPhase(a.SHA256, PhaseReady)
+	if d, err := repo.Resolve(ctx, "ubuntu-renamed"); err != nil || d.Digest != wantDigest {
+		t.Fatalf("a renamed image must keep its manifest digest: %v %v", d, err)
+	}
+	if _, err := repo.Resolve(ctx, "ubuntu-a"); err == nil {
+		t.Fatal("the old key is no longer a tag")
+	}
+
+	// Range, HEAD and what a registry must refuse.
+	path := "/v2/" + ocidist.Repository + "/blobs/" + m.Layers[0].Digest.String()
+	if resp, body := h.get(path, "Range", "bytes=10-19"); resp.StatusCode != http.StatusPartialContent || !bytes.Equal(body, content1[10:20]) {
+		t.Errorf("Range: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := h.get(path, "Range", fmt.Sprintf("bytes=%d-", len(content1))); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
+		t.Errorf("Range past the end: %d", resp.StatusCode)
+	}
+	if resp, body := h.do(http.MethodHead, "/v2/"+ocidist.Repository+"/manifests/"+wantDigest.String()); resp.StatusCode != 200 ||
+		resp.Header.Get("Docker-Content-Digest") != wantDigest.String() || resp.Header.Get("Content-Length") != fmt.Sprint(len(wantBody)) || len(body) != 0 {
+		t.Errorf("HEAD manifest: %d %v", resp.StatusCode, resp.Header)
+	}
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"GET", "/v2/", 200, ""},
+		{"GET", "/v2/other/manifests/" + wantDigest.String(), 404, "NAME_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "%2F..%2F..%2Fetc/manifests/latest", 404, "NAME_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "/manifests/..%2F..%2Fetc%2Fpasswd", 404, "MANIFEST_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "/manifests/sha256:" + strings.Repeat("0", 64), 404, "MANIFEST_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "/manifests/sha256:nothex", 400, "DIGEST_INVALID"},
+		{"GET", "/v2/" + ocidist.Repository + "/manifests/never-selected", 404, "MANIFEST_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "/blobs/sha256:" + strings.Repeat("1", 64), 404, "BLOB_UNKNOWN"},
+		{"GET", "/v2/" + ocidist.Repository + "/blobs/sha512:" + strings.Repeat("1", 128), 404, "BLOB_UNKNOWN"},
+		{"PUT", "/v2/" + ocidist.Repository + "/manifests/ubuntu-renamed", 405, "UNSUPPORTED"},
+		{"DELETE", path, 405, "UNSUPPORTED"},
+		{"POST", "/v2/" + ocidist.Repository + "/blobs/uploads/", 405, "UNSUPPORTED"},
+	} {
+		resp, body := h.do(c.method, c.path)
+		if resp.StatusCode != c.status || c.code != "" && !strings.Contains(string(body), `"code":"`+c.code+`"`) {
+			t.Errorf("%s %s: %d %s, want %d %s", c.method, c.path, resp.StatusCode, body, c.status, c.code)
+		}
+	}
+}
+
+// An image being downloaded is reachable by no digest and no tag: its
+// bytes are not verified yet. A client is told to come back.
+func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
+	src := newFakeSource()
+	content1 := bytes.Repeat([]byte("in progress "), 30000)
+	a := src.add("ubuntu-a", content1, true)
+	h := start(t, t.TempDir(), src, nil)
+	h.want(a)
+	h.waitPhase(a.SHA256, PhaseDownloading)
+	manifestBody, manifestDigest := ocidist.Manifest(a.SHA256, int64(len(content1)), "")
+	for _, p := range []string{
+		"/v2/" + ocidist.Repository + "/manifests/ubuntu-a",
+		"/v2/" + ocidist.Repository + "/blobs/" + ocidist.LayerDigest(a.SHA256).String(),
+	} {
+		resp, body := h.get(p)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || bytes.Contains(body, content1[:100]) {
+			t.Errorf("%s while downloading: %d, Retry-After %q", p, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	if resp, _ := h.get("/v2/" + ocidist.Repository + "/manifests/" + manifestDigest.String()); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("the manifest digest of an image being downloaded: %d", resp.StatusCode)
+	}
+	src.release(a.SHA256)
+	h.waitPhase(a.SHA256, PhaseReady)
+	resp, body := h.get("/v2/" + ocidist.Repository + "/blobs/" + ocidist.LayerDigest(a.SHA256).String())
+	if resp.StatusCode != 200 || !bytes.Equal(body, content1) {
+		t.Fatalf("once verified: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	got, err := content.FetchAll(context.Background(), orasRepository(t, h).Manifests(), ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: manifestDigest, Size: int64(len(manifestBody))})
+	if err != nil || !bytes.Equal(got, manifestBody) {
+		t.Fatalf("the manifest by digest once verified: %v", err)
+	}
+}
