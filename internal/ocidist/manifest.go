@@ -50,13 +50,18 @@ func Manifest(sum osimage.SHA256, size int64, format string) ([]byte, digest.Dig
 		MediaType:    ocispec.MediaTypeImageManifest,
 		ArtifactType: ArtifactType,
 		Config:       ocispec.DescriptorEmptyJSON,
-		Layers: []ocispec.Descriptor{{
-			MediaType: LayerMediaType,
-			Digest:    LayerDigest(sum),
-			Size:      size,
-		}},
 	}
-	if format = strings.ToLower(strings.TrimSpace(format)); format != "" {
+	format = strings.ToLower(strings.TrimSpace(format))
+	m.Layers = []ocispec.Descriptor{{
+		MediaType: LayerMediaType,
+		Digest:    LayerDigest(sum),
+		Size:      size,
+		// A title is what oras pull writes a layer to, and Ironic's
+		// filename of it: of the sha256 and format, not the catalog's
+		// filename, which may change while the image does not.
+		Annotations: map[string]string{ocispec.AnnotationTitle: LayerTitle(sum, format)},
+	}}
+	if format != "" {
 		m.Annotations = map[string]string{DiskTypeAnnotation: format}
 	}
 	// A struct (and a map's sorted keys) marshal the same way every time;
@@ -69,6 +74,15 @@ func Manifest(sum osimage.SHA256, size int64, format string) ([]byte, digest.Dig
 // own sha256.
 func LayerDigest(sum osimage.SHA256) digest.Digest {
 	return digest.NewDigestFromEncoded(digest.SHA256, string(sum))
+}
+
+// LayerTitle is the file name the layer of the image of sum carries:
+// <sha256>.<format>, or <sha256>.img when the format is not known.
+func LayerTitle(sum osimage.SHA256, format string) string {
+	if format == "" || !tagPattern.MatchString(format) {
+		format = "img"
+	}
+	return string(sum) + "." + format
 }
 
 // Reference is the oci:// URL of an image's manifest on the server at
