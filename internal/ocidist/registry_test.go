@@ -1,0 +1,88 @@
+package ocidist
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+var sumA = osimage.SHA256(strings.Repeat("a", 64))
+
+func TestManifestDependsOnSHA256SizeAndFormatOnly(t *testing.T) {
+	body, d := Manifest(sumA, 42, "qcow2")
+	again, d2 := Manifest(sumA, 42, " QCOW2 ")
+	if d != d2 || string(body) != string(again) {
+		t.Fatalf("the same image gave two manifests:\n%s\n%s", body, again)
+	}
+	for _, other := range []struct {
+		size   int64
+		format string
+	}{{43, "qcow2"}, {42, "raw"}, {42, ""}} {
+		if _, o := Manifest(sumA, other.size, other.format); o == d {
+			t.Errorf("size %d format %q gave the digest of size 42 qcow2", other.size, other.format)
+		}
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.SchemaVersion != 2 || m.MediaType != ocispec.MediaTypeImageManifest || m.Config.Digest != ocispec.DescriptorEmptyJSON.Digest ||
+		len(m.Layers) != 1 || m.Layers[0].Digest.String() != "sha256:"+string(sumA) || m.Layers[0].Size != 42 ||
+		m.Layers[0].Annotations[ocispec.AnnotationTitle] != string(sumA)+".qcow2" || m.Annotations[DiskTypeAnnotation] != "qcow2" {
+		t.Errorf("manifest: %s", body)
+	}
+	if got := Reference("10.0.0.1:8443", d); got != "oci://10.0.0.1:8443/os-images@"+d.String() {
+		t.Errorf("reference %s", got)
+	}
+	if got := LayerTitle(sumA, "../x"); got != string(sumA)+".img" {
+		t.Errorf("a format that is no file extension must not reach the title: %s", got)
+	}
+}
+
+type images []Image
+
+func (i images) Served() []Image { return i }
+
+func TestTagListPages(t *testing.T) {
+	reg := Registry{Images: images{
+		{SHA256: sumA, Ready: true, Size: 1, Tags: []string{"c", "a"}},
+		{SHA256: osimage.SHA256(strings.Repeat("b", 64)), Tags: []string{"b", "a"}},
+	}}
+	srv := httptest.NewServer(reg.Handler())
+	defer srv.Close()
+	get := func(query string) (tagList, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + "/v2/" + Repository + "/tags/list" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l tagList
+		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", query, resp.StatusCode, err)
+		}
+		return l, resp.Header.Get("Link")
+	}
+	if l, link := get(""); strings.Join(l.Tags, ",") != "a,b,c" || l.Name != Repository || link != "" {
+		t.Errorf("all tags: %+v %q", l, link)
+	}
+	l, link := get("?n=2")
+	if strings.Join(l.Tags, ",") != "a,b" || !strings.Contains(link, "last=b") || !strings.Contains(link, `rel="next"`) {
+		t.Errorf("first page: %+v %q", l, link)
+	}
+	if l, link := get("?n=2&last=b"); strings.Join(l.Tags, ",") != "c" || link != "" {
+		t.Errorf("second page: %+v %q", l, link)
+	}
+	if l, _ := get("?last=zzz"); l.Tags == nil || len(l.Tags) != 0 {
+		t.Errorf("past the last tag: %+v (want an empty list, not null)", l)
+	}
+	if resp, err := http.Get(srv.URL + "/v2/" + Repository + "/tags/list?n=-1"); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("n=-1: %v %v", resp.StatusCode, err)
+	}
+}
