@@ -148,11 +148,11 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 	_, manifest := ocidist.Manifest(sum, size, plain.Fields.Get(osimage.FieldImageFormat))
 	for _, srv := range servers {
 		t.Run(srv.name, func(t *testing.T) {
-			byDigest := "oci://" + srv.host + "/" + ocidist.Repository + "@" + manifest.String()
-			byTag := "oci://" + srv.host + "/" + ocidist.Repository + ":ubuntu-plain"
+			byDigest := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + "@" + manifest.String()
+			byTag := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + ":ubuntu-plain"
 			httpURL := srv.scheme + "://" + srv.host + osimage.ImagePath(sum, plain.Fields.Get(osimage.FieldFilename))
 			got := ironicClient(t, srv.caFile, byDigest, byTag, httpURL)
-			wantBlob := srv.scheme + "://" + srv.host + "/v2/" + ocidist.Repository + "/blobs/sha256:" + sum.String()
+			wantBlob := srv.scheme + "://" + srv.host + "/v2/" + osimage.OCIRepository(sum) + "/blobs/sha256:" + sum.String()
 			for i, url := range []string{byDigest, byTag} {
 				show, _ := got[i]["show"].(map[string]any)
 				ident, _ := got[i]["identified"].(map[string]any)
@@ -198,7 +198,7 @@ func TestServeOrasTakesTheImages(t *testing.T) {
 	}
 	for _, srv := range servers {
 		t.Run(srv.name, func(t *testing.T) {
-			repo := srv.host + "/" + ocidist.Repository
+			repo := srv.host + "/" + osimage.OCIRepository(sum)
 			out, err := run(t, srv, "manifest", "fetch", repo+"@"+manifest.String())
 			if err != nil || out != string(wantManifest) {
 				t.Fatalf("oras manifest fetch: %v\n%s", err, out)
@@ -218,7 +218,11 @@ func TestServeOrasTakesTheImages(t *testing.T) {
 				t.Fatalf("oras pull wrote sha256 %s, want %s", got, sum)
 			}
 			if out, err := run(t, srv, "manifest", "fetch", repo+":ubuntu-hardened"); err == nil || !strings.Contains(out, "not found") {
-				t.Errorf("oras manifest fetch of an unselected image's tag must fail as not found: %v\n%s", err, out)
+				t.Errorf("oras manifest fetch of another image's key as a tag must fail as not found: %v\n%s", err, out)
+			}
+			hardened := srv.host + "/" + osimage.OCIRepository(imageSHA(t, published["ubuntu-hardened"]))
+			if out, err := run(t, srv, "manifest", "fetch", hardened+":ubuntu-hardened"); err == nil || !strings.Contains(out, "not found") {
+				t.Errorf("oras manifest fetch of an unselected image must fail as not found: %v\n%s", err, out)
 			}
 		})
 	}

@@ -1,8 +1,9 @@
 // Package ocidist serves the image server's verified images through the
 // read-only part of the OCI distribution API, for clients that take
 // oci:// image URLs (Metal3's BareMetalOperator and Ironic's OCI image
-// service): /v2/, the manifest of each image by digest or by tag, its
-// blob by digest (with ranges), and the tag list.
+// service): /v2/, and in each image's repository (images/<sha256>, as its
+// image URL is /images/<sha256>/<filename>) its manifest by digest or by
+// tag (its keys), its blob by digest (with ranges), and its tag list.
 //
 // Each image is an artifact of one layer, and that layer is the stored,
 // verified file itself: its digest is sha256:<the catalog's sha256>, the
@@ -23,11 +24,6 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
-
-// Repository is the one repository the server answers: an image's
-// reference is <server>/os-images@<manifest digest>, or
-// <server>/os-images:<image key>.
-const Repository = "os-images"
 
 // ArtifactType marks the manifests as disk-image artifacts (Ironic takes a
 // manifest with an artifactType for an artifact, not a container image).
@@ -85,8 +81,10 @@ func LayerTitle(sum osimage.SHA256, format string) string {
 	return string(sum) + "." + format
 }
 
-// Reference is the oci:// URL of an image's manifest on the server at
-// host (host[:port]), as Metal3 takes it: oci://host/os-images@sha256:...
-func Reference(host string, manifest digest.Digest) string {
-	return "oci://" + host + "/" + Repository + "@" + manifest.String()
+// Reference is the oci:// URL, as Metal3 takes it, of the image of sum
+// (of size bytes, in disk format format) on the server at host
+// (host[:port]): oci://host/images/<sha256>@sha256:<manifest digest>.
+func Reference(host string, sum osimage.SHA256, size int64, format string) osimage.OCIReference {
+	_, d := Manifest(sum, size, format)
+	return osimage.OCIReference{Host: host, SHA256: sum, Manifest: d.String()}
 }

@@ -8,8 +8,6 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -33,8 +31,9 @@ type Image struct {
 
 // Images is what the registry asks of the image server.
 type Images interface {
-	// Served lists every image the server serves, held verified or not.
-	Served() []Image
+	// Image tells what is served of sum; ok is false when it is not
+	// served.
+	Image(sum osimage.SHA256) (img Image, ok bool)
 }
 
 // Registry is the read-only distribution API over Images. Blobs are sent
@@ -46,29 +45,25 @@ type Registry struct {
 	// RetryAfterSeconds is what a client is told to wait for an image
 	// that is served but not held verified yet.
 	RetryAfterSeconds int
-
-	manifests *manifestCache
 }
 
 // Handler serves /v2/ and everything under it. A GET pattern answers HEAD
 // too; any other method is refused: the registry is read-only.
 func (g Registry) Handler() http.Handler {
-	g.manifests = &manifestCache{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v2/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, "{}")
 	})
-	repo := "/v2/" + Repository
-	mux.HandleFunc("GET "+repo+"/manifests/{reference}", g.serveManifest)
-	mux.HandleFunc("GET "+repo+"/blobs/{digest}", g.serveBlob)
-	mux.HandleFunc("GET "+repo+"/tags/list", g.serveTags)
+	mux.HandleFunc("GET /v2/images/{sha256}/manifests/{reference}", g.image(g.serveManifest))
+	mux.HandleFunc("GET /v2/images/{sha256}/blobs/{digest}", g.image(g.serveBlob))
+	mux.HandleFunc("GET /v2/images/{sha256}/tags/list", g.image(g.serveTags))
 	mux.HandleFunc("/v2/", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			writeError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this registry is read-only: it serves the verified images of the osimages server, and takes no upload or deletion")
 			return
 		}
-		writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("no such repository or endpoint: the osimages server answers repository %q only (manifests, blobs and tags/list)", Repository))
+		writeError(w, http.StatusNotFound, "NAME_UNKNOWN", "no such repository or endpoint: the osimages server answers repositories images/<sha256> of the images it serves (manifests, blobs and tags/list)")
 	})
 	return apiVersion(mux)
 }
@@ -81,6 +76,24 @@ func apiVersion(h http.Handler) http.Handler {
 	})
 }
 
+// image finds the image of the request's repository, images/<sha256>, and
+// answers NAME_UNKNOWN when it is not one served here.
+func (g Registry) image(serve func(http.ResponseWriter, *http.Request, Image)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sum, err := osimage.ParseSHA256(r.PathValue("sha256"))
+		if err != nil {
+			writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: not a sha256 (%v)", r.PathValue("sha256"), err))
+			return
+		}
+		img, ok := g.Images.Image(sum)
+		if !ok {
+			writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: no such image is served here", sum))
+			return
+		}
+		serve(w, r, img)
+	}
+}
+
 // tagPattern is the grammar of a tag in the distribution spec.
 var tagPattern = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
 
@@ -88,63 +101,43 @@ var tagPattern = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
 // reachable by digest only.
 func ValidTag(key string) bool { return tagPattern.MatchString(key) }
 
-func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request) {
+func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Image) {
 	ref := r.PathValue("reference")
-	served := g.Images.Served()
-	var img *Image
-	if strings.Contains(ref, ":") {
-		d, err := digest.Parse(ref)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "DIGEST_INVALID", fmt.Sprintf("manifest reference %q is not a valid digest (%v): give sha256:<64 hex digits>, or an image key as tag", ref, err))
-			return
-		}
-		for i := range served {
-			if served[i].Ready && g.manifests.get(served[i]).digest == d {
-				img = &served[i]
-				break
-			}
-		}
-		if img == nil {
-			writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("no image held verified here has manifest %s", d))
-			return
-		}
-	} else {
-		if !ValidTag(ref) {
-			writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("%q is not a tag (tags are [a-zA-Z0-9_][a-zA-Z0-9._-]{0,127})", ref))
-			return
-		}
-		for i := range served {
-			if slices.Contains(served[i].Tags, ref) {
-				img = &served[i]
-				break
-			}
-		}
-		if img == nil {
-			writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q names no image selected here", ref))
-			return
-		}
-		if !img.Ready {
-			g.notReady(w, "MANIFEST_UNKNOWN", *img)
-			return
-		}
+	d, err := digest.Parse(ref)
+	switch {
+	case err == nil:
+	case ValidTag(ref) && slices.Contains(img.Tags, ref):
+	case ValidTag(ref):
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: no selected image key of this name gives image %s", ref, img.SHA256))
+		return
+	default:
+		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagPattern))
+		return
 	}
-	m := g.manifests.get(*img)
+	if !img.Ready {
+		g.notReady(w, "MANIFEST_UNKNOWN", img)
+		return
+	}
+	body, want := Manifest(img.SHA256, img.Size, img.DiskFormat)
+	if err == nil && d != want {
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s, not %s", img.SHA256, want, d))
+		return
+	}
 	w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
-	w.Header().Set("Docker-Content-Digest", m.digest.String())
-	w.Header().Set("ETag", `"`+m.digest.String()+`"`)
-	w.Header().Set("Content-Length", strconv.Itoa(len(m.body)))
+	w.Header().Set("Docker-Content-Digest", want.String())
+	w.Header().Set("ETag", `"`+want.String()+`"`)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(m.body)
+		_, _ = w.Write(body)
 	}
 }
 
-func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request) {
+func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 	d, err := digest.Parse(r.PathValue("digest"))
-	if err != nil {
+	switch {
+	case err != nil:
 		writeError(w, http.StatusBadRequest, "DIGEST_INVALID", fmt.Sprintf("blob %q: %v: give sha256:<64 hex digits>", r.PathValue("digest"), err))
-		return
-	}
-	if d == ocispec.DescriptorEmptyJSON.Digest {
+	case d == ocispec.DescriptorEmptyJSON.Digest:
 		body := ocispec.DescriptorEmptyJSON.Data
 		w.Header().Set("Content-Type", ocispec.MediaTypeEmptyJSON)
 		w.Header().Set("Docker-Content-Digest", d.String())
@@ -152,32 +145,20 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodHead {
 			_, _ = w.Write(body)
 		}
-		return
-	}
-	if d.Algorithm() != digest.SHA256 {
-		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s: the layers here are sha256 digests", d))
-		return
-	}
-	sum := osimage.SHA256(d.Encoded())
-	for _, img := range g.Images.Served() {
-		if img.SHA256 != sum {
-			continue
-		}
-		if !img.Ready {
-			g.notReady(w, "BLOB_UNKNOWN", img)
-			return
-		}
+	case d != LayerDigest(img.SHA256):
+		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
+	case !img.Ready:
+		g.notReady(w, "BLOB_UNKNOWN", img)
+	default:
 		w.Header().Set("Docker-Content-Digest", d.String())
-		g.ServeBlob(w, r, sum)
-		return
+		g.ServeBlob(w, r, img.SHA256)
 	}
-	writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not an image served here", d))
 }
 
 // notReady answers for an image served but not held verified yet: wait.
 func (g Registry) notReady(w http.ResponseWriter, code string, img Image) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(g.RetryAfterSeconds, 1)))
-	writeError(w, http.StatusServiceUnavailable, code, fmt.Sprintf("image %s is selected but not held verified here yet", img.SHA256))
+	writeError(w, http.StatusServiceUnavailable, code, fmt.Sprintf("image %s is served but not held verified here yet", img.SHA256))
 }
 
 // tagList is the body of tags/list.
@@ -186,14 +167,10 @@ type tagList struct {
 	Tags []string `json:"tags"`
 }
 
-// serveTags lists the tags, sorted, n at a time after last when asked
-// (the spec's pagination, with a Link to the next page).
-func (g Registry) serveTags(w http.ResponseWriter, r *http.Request) {
-	var tags []string
-	for _, img := range g.Images.Served() {
-		tags = append(tags, img.Tags...)
-	}
-	slices.Sort(tags)
+// serveTags lists the repository's tags, sorted, n at a time after last
+// when asked (the spec's pagination, with a Link to the next page).
+func (g Registry) serveTags(w http.ResponseWriter, r *http.Request, img Image) {
+	tags := slices.Sorted(slices.Values(img.Tags))
 	tags = slices.Compact(tags)
 	q := r.URL.Query()
 	if last := q.Get("last"); last != "" {
@@ -203,6 +180,7 @@ func (g Registry) serveTags(w http.ResponseWriter, r *http.Request) {
 		}
 		tags = tags[i:]
 	}
+	repo := osimage.OCIRepository(img.SHA256)
 	if ns := q.Get("n"); ns != "" {
 		n, err := strconv.Atoi(ns)
 		if err != nil || n < 0 {
@@ -213,7 +191,7 @@ func (g Registry) serveTags(w http.ResponseWriter, r *http.Request) {
 			tags = tags[:n]
 			if n > 0 {
 				next := url.Values{"n": {ns}, "last": {tags[n-1]}}
-				w.Header().Set("Link", fmt.Sprintf(`</v2/%s/tags/list?%s>; rel="next"`, Repository, next.Encode()))
+				w.Header().Set("Link", fmt.Sprintf(`</v2/%s/tags/list?%s>; rel="next"`, repo, next.Encode()))
 			}
 		}
 	}
@@ -221,7 +199,7 @@ func (g Registry) serveTags(w http.ResponseWriter, r *http.Request) {
 		tags = []string{}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(tagList{Name: Repository, Tags: tags})
+	_ = json.NewEncoder(w).Encode(tagList{Name: repo, Tags: tags})
 }
 
 // registryError is one error of the spec's error body.
@@ -236,40 +214,4 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 	_ = json.NewEncoder(w).Encode(struct {
 		Errors []registryError `json:"errors"`
 	}{[]registryError{{Code: code, Message: message}}})
-}
-
-// manifestCache keeps the manifest of each image, so that a lookup by
-// digest does not hash every served image's manifest again.
-type manifestCache struct {
-	mu sync.Mutex
-	m  map[manifestKey]builtManifest
-}
-
-type manifestKey struct {
-	sum    osimage.SHA256
-	size   int64
-	format string
-}
-
-type builtManifest struct {
-	body   []byte
-	digest digest.Digest
-}
-
-// maxCachedManifests bounds the cache: past it, it starts again empty.
-const maxCachedManifests = 8192
-
-func (c *manifestCache) get(img Image) builtManifest {
-	k := manifestKey{img.SHA256, img.Size, img.DiskFormat}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m, ok := c.m[k]; ok {
-		return m
-	}
-	if c.m == nil || len(c.m) >= maxCachedManifests {
-		c.m = map[manifestKey]builtManifest{}
-	}
-	body, d := Manifest(img.SHA256, img.Size, img.DiskFormat)
-	c.m[k] = builtManifest{body, d}
-	return c.m[k]
 }

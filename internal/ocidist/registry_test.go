@@ -37,8 +37,24 @@ func TestManifestDependsOnSHA256SizeAndFormatOnly(t *testing.T) {
 		m.Layers[0].Annotations[ocispec.AnnotationTitle] != string(sumA)+".qcow2" || m.Annotations[DiskTypeAnnotation] != "qcow2" {
 		t.Errorf("manifest: %s", body)
 	}
-	if got := Reference("10.0.0.1:8443", d); got != "oci://10.0.0.1:8443/os-images@"+d.String() {
+	ref := Reference("10.0.0.1:8443", sumA, 42, "qcow2")
+	if got := ref.String(); got != "oci://10.0.0.1:8443/images/"+string(sumA)+"@"+d.String() {
 		t.Errorf("reference %s", got)
+	}
+	if back, ok := osimage.ParseOCIReference(ref.String()); !ok || back != ref {
+		t.Errorf("the reference does not read back: %+v %v", back, ok)
+	}
+	for _, bad := range []string{
+		"oci://h/images/" + string(sumA) + ":tag",
+		"oci://h/os-images@" + d.String(),
+		"oci://h/images/" + strings.ToUpper(string(sumA)) + "@" + d.String(),
+		"oci://h/images/" + string(sumA) + "@sha512:" + strings.Repeat("0", 128),
+		"oci:///images/" + string(sumA) + "@" + d.String(),
+		"https://h/images/" + string(sumA) + "@" + d.String(),
+	} {
+		if _, ok := osimage.ParseOCIReference(bad); ok {
+			t.Errorf("%s read as an osimages reference", bad)
+		}
 	}
 	if got := LayerTitle(sumA, "../x"); got != string(sumA)+".img" {
 		t.Errorf("a format that is no file extension must not reach the title: %s", got)
@@ -47,18 +63,25 @@ func TestManifestDependsOnSHA256SizeAndFormatOnly(t *testing.T) {
 
 type images []Image
 
-func (i images) Served() []Image { return i }
+func (i images) Image(sum osimage.SHA256) (Image, bool) {
+	for _, img := range i {
+		if img.SHA256 == sum {
+			return img, true
+		}
+	}
+	return Image{}, false
+}
 
 func TestTagListPages(t *testing.T) {
 	reg := Registry{Images: images{
-		{SHA256: sumA, Ready: true, Size: 1, Tags: []string{"c", "a"}},
-		{SHA256: osimage.SHA256(strings.Repeat("b", 64)), Tags: []string{"b", "a"}},
+		{SHA256: sumA, Ready: true, Size: 1, Tags: []string{"c", "a", "b", "a"}},
+		{SHA256: osimage.SHA256(strings.Repeat("b", 64)), Tags: []string{"d"}},
 	}}
 	srv := httptest.NewServer(reg.Handler())
 	defer srv.Close()
 	get := func(query string) (tagList, string) {
 		t.Helper()
-		resp, err := http.Get(srv.URL + "/v2/" + Repository + "/tags/list" + query)
+		resp, err := http.Get(srv.URL + "/v2/" + osimage.OCIRepository(sumA) + "/tags/list" + query)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +92,7 @@ func TestTagListPages(t *testing.T) {
 		}
 		return l, resp.Header.Get("Link")
 	}
-	if l, link := get(""); strings.Join(l.Tags, ",") != "a,b,c" || l.Name != Repository || link != "" {
+	if l, link := get(""); strings.Join(l.Tags, ",") != "a,b,c" || l.Name != "images/"+string(sumA) || link != "" {
 		t.Errorf("all tags: %+v %q", l, link)
 	}
 	l, link := get("?n=2")
@@ -82,7 +105,7 @@ func TestTagListPages(t *testing.T) {
 	if l, _ := get("?last=zzz"); l.Tags == nil || len(l.Tags) != 0 {
 		t.Errorf("past the last tag: %+v (want an empty list, not null)", l)
 	}
-	if resp, err := http.Get(srv.URL + "/v2/" + Repository + "/tags/list?n=-1"); err != nil || resp.StatusCode != http.StatusBadRequest {
+	if resp, err := http.Get(srv.URL + "/v2/" + osimage.OCIRepository(sumA) + "/tags/list?n=-1"); err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("n=-1: %v %v", resp.StatusCode, err)
 	}
 }

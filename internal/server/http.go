@@ -32,6 +32,13 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 // servedImages implements imagehttp.Images.
 type servedImages struct{ s *Server }
 
+// servesLocked says whether the image URLs (and the OCI API) answer for
+// img: selected, or deselected but kept because referenced (or because the
+// references are not all known yet).
+func (s *Server) servesLocked(sum osimage.SHA256, img *image) bool {
+	return img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
+}
+
 func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	s := v.s
 	s.mu.Lock()
@@ -40,28 +47,24 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	if !ok {
 		return imagehttp.Image{}, false
 	}
-	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+	return imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
 }
 
-// Served lists the images served, for the OCI distribution face: those
-// the image URLs serve, with a tag per key of each selected one.
-func (v servedImages) Served() []ocidist.Image {
+// Image tells what is served of sum, for the OCI distribution face: the
+// same as its image URLs serve, with a tag per key of a selected image.
+func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 	s := v.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]ocidist.Image, 0, len(s.images))
-	for sum, img := range s.images {
-		if !img.Selected && !s.referencesUnknownLocked(img) && len(s.keptByLocked(sum, img)) == 0 {
-			continue
-		}
-		oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size, DiskFormat: img.Image.Get(osimage.FieldImageFormat)}
-		if img.Selected {
-			oi.Tags = tagsOf(img.Wanted)
-		}
-		out = append(out, oi)
+	img, ok := s.images[sum]
+	if !ok || !s.servesLocked(sum, img) {
+		return ocidist.Image{}, false
 	}
-	return out
+	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size, DiskFormat: img.Image.Get(osimage.FieldImageFormat)}
+	if img.Selected {
+		oi.Tags = tagsOf(img.Wanted)
+	}
+	return oi, true
 }
 
 // tagsOf are the keys of w that can be tags.

@@ -17,10 +17,10 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-// orasRepository is oras-go's client of the server's one repository.
-func orasRepository(t *testing.T, h *harness) *remote.Repository {
+// orasRepository is oras-go's client of the repository of an image.
+func orasRepository(t *testing.T, h *harness, sum osimage.SHA256) *remote.Repository {
 	t.Helper()
-	repo, err := remote.NewRepository(strings.TrimPrefix(h.http.URL, "http://") + "/" + ocidist.Repository)
+	repo, err := remote.NewRepository(strings.TrimPrefix(h.http.URL, "http://") + "/" + osimage.OCIRepository(sum))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	h := start(t, t.TempDir(), src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
-	repo := orasRepository(t, h)
+	repo := orasRepository(t, h, a.SHA256)
 
 	// By tag (the image key), as a registry client resolves it.
 	desc, rc, err := repo.FetchReference(ctx, "ubuntu-a")
@@ -95,14 +95,15 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	}
 
 	// Range, HEAD and what a registry must refuse.
-	path := "/v2/" + ocidist.Repository + "/blobs/" + m.Layers[0].Digest.String()
+	repoPath := "/v2/" + osimage.OCIRepository(a.SHA256)
+	path := repoPath + "/blobs/" + m.Layers[0].Digest.String()
 	if resp, body := h.get(path, "Range", "bytes=10-19"); resp.StatusCode != http.StatusPartialContent || !bytes.Equal(body, content1[10:20]) {
 		t.Errorf("Range: %d %q", resp.StatusCode, body)
 	}
 	if resp, _ := h.get(path, "Range", fmt.Sprintf("bytes=%d-", len(content1))); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
 		t.Errorf("Range past the end: %d", resp.StatusCode)
 	}
-	if resp, body := h.do(http.MethodHead, "/v2/"+ocidist.Repository+"/manifests/"+wantDigest.String()); resp.StatusCode != 200 ||
+	if resp, body := h.do(http.MethodHead, repoPath+"/manifests/"+wantDigest.String()); resp.StatusCode != 200 ||
 		resp.Header.Get("Docker-Content-Digest") != wantDigest.String() || resp.Header.Get("Content-Length") != fmt.Sprint(len(wantBody)) || len(body) != 0 {
 		t.Errorf("HEAD manifest: %d %v", resp.StatusCode, resp.Header)
 	}
@@ -113,16 +114,19 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	}{
 		{"GET", "/v2/", 200, ""},
 		{"GET", "/v2/other/manifests/" + wantDigest.String(), 404, "NAME_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "%2F..%2F..%2Fetc/manifests/latest", 404, "NAME_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "/manifests/..%2F..%2Fetc%2Fpasswd", 404, "MANIFEST_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "/manifests/sha256:" + strings.Repeat("0", 64), 404, "MANIFEST_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "/manifests/sha256:nothex", 400, "DIGEST_INVALID"},
-		{"GET", "/v2/" + ocidist.Repository + "/manifests/never-selected", 404, "MANIFEST_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "/blobs/sha256:" + strings.Repeat("1", 64), 404, "BLOB_UNKNOWN"},
-		{"GET", "/v2/" + ocidist.Repository + "/blobs/sha512:" + strings.Repeat("1", 128), 404, "BLOB_UNKNOWN"},
-		{"PUT", "/v2/" + ocidist.Repository + "/manifests/ubuntu-renamed", 405, "UNSUPPORTED"},
+		{"GET", "/v2/images/" + strings.Repeat("0", 64) + "/manifests/" + wantDigest.String(), 404, "NAME_UNKNOWN"},
+		{"GET", "/v2/images/" + strings.ToUpper(a.SHA256.String()) + "/manifests/" + wantDigest.String(), 404, "NAME_UNKNOWN"},
+		{"GET", "/v2/images/..%2F..%2Fetc/manifests/latest", 404, "NAME_UNKNOWN"},
+		{"GET", "/v2/images/" + a.SHA256.String() + "%2F..%2F..%2Fetc/manifests/latest", 404, "NAME_UNKNOWN"},
+		{"GET", repoPath + "/manifests/..%2F..%2Fetc%2Fpasswd", 400, "MANIFEST_INVALID"},
+		{"GET", repoPath + "/manifests/sha256:" + strings.Repeat("0", 64), 404, "MANIFEST_UNKNOWN"},
+		{"GET", repoPath + "/manifests/sha256:nothex", 400, "MANIFEST_INVALID"},
+		{"GET", repoPath + "/manifests/never-selected", 404, "MANIFEST_UNKNOWN"},
+		{"GET", repoPath + "/blobs/sha256:" + strings.Repeat("1", 64), 404, "BLOB_UNKNOWN"},
+		{"GET", repoPath + "/blobs/sha512:" + strings.Repeat("1", 128), 404, "BLOB_UNKNOWN"},
+		{"PUT", repoPath + "/manifests/ubuntu-renamed", 405, "UNSUPPORTED"},
 		{"DELETE", path, 405, "UNSUPPORTED"},
-		{"POST", "/v2/" + ocidist.Repository + "/blobs/uploads/", 405, "UNSUPPORTED"},
+		{"POST", repoPath + "/blobs/uploads/", 405, "UNSUPPORTED"},
 	} {
 		resp, body := h.do(c.method, c.path)
 		if resp.StatusCode != c.status || c.code != "" && !strings.Contains(string(body), `"code":"`+c.code+`"`) {
@@ -141,25 +145,24 @@ func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseDownloading)
 	manifestBody, manifestDigest := ocidist.Manifest(a.SHA256, int64(len(content1)), "")
+	repoPath := "/v2/" + osimage.OCIRepository(a.SHA256)
 	for _, p := range []string{
-		"/v2/" + ocidist.Repository + "/manifests/ubuntu-a",
-		"/v2/" + ocidist.Repository + "/blobs/" + ocidist.LayerDigest(a.SHA256).String(),
+		repoPath + "/manifests/ubuntu-a",
+		repoPath + "/manifests/" + manifestDigest.String(),
+		repoPath + "/blobs/" + ocidist.LayerDigest(a.SHA256).String(),
 	} {
 		resp, body := h.get(p)
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || bytes.Contains(body, content1[:100]) {
 			t.Errorf("%s while downloading: %d, Retry-After %q", p, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
 	}
-	if resp, _ := h.get("/v2/" + ocidist.Repository + "/manifests/" + manifestDigest.String()); resp.StatusCode != http.StatusNotFound {
-		t.Errorf("the manifest digest of an image being downloaded: %d", resp.StatusCode)
-	}
 	src.release(a.SHA256)
 	h.waitPhase(a.SHA256, PhaseReady)
-	resp, body := h.get("/v2/" + ocidist.Repository + "/blobs/" + ocidist.LayerDigest(a.SHA256).String())
+	resp, body := h.get(repoPath + "/blobs/" + ocidist.LayerDigest(a.SHA256).String())
 	if resp.StatusCode != 200 || !bytes.Equal(body, content1) {
 		t.Fatalf("once verified: %d, %d bytes", resp.StatusCode, len(body))
 	}
-	got, err := content.FetchAll(context.Background(), orasRepository(t, h).Manifests(), ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: manifestDigest, Size: int64(len(manifestBody))})
+	got, err := content.FetchAll(context.Background(), orasRepository(t, h, a.SHA256).Manifests(), ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: manifestDigest, Size: int64(len(manifestBody))})
 	if err != nil || !bytes.Equal(got, manifestBody) {
 		t.Fatalf("the manifest by digest once verified: %v", err)
 	}
