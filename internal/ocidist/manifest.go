@@ -8,15 +8,15 @@
 // Each image is an artifact of one layer, and that layer is the stored,
 // verified file itself: its digest is sha256:<the catalog's sha256>, the
 // checksum Ironic verifies in transit. The manifest is built from the
-// image's sha256, size and disk format alone (Manifest), so its digest
-// never changes while the image does not, whatever its filename or key:
-// an oci:// URL written into a Metal3MachineTemplate stays valid, and a
-// renamed image keeps it.
+// image's sha256 and size alone (Manifest), two facts of its bytes: its
+// digest never changes while the image does not, whatever the filename,
+// key or format a catalog gives it, so render (from the workload cluster's
+// catalog) and the server (from the management cluster's) always agree on
+// an image's oci:// URL.
 package ocidist
 
 import (
 	"encoding/json"
-	"strings"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -33,32 +33,23 @@ const ArtifactType = "application/vnd.osimages.disk-image.v1"
 // stored, neither compressed nor archived.
 const LayerMediaType = "application/octet-stream"
 
-// DiskTypeAnnotation is the manifest annotation where Ironic looks for an
-// artifact's disk format when it chooses among the manifests of a tag.
-const DiskTypeAnnotation = "disktype"
-
-// Manifest is the manifest of the image of sum, of size bytes, in disk
-// format format ("" when unknown), and its digest. Its bytes depend on
-// these three values only: the same image always has the same digest.
-func Manifest(sum osimage.SHA256, size int64, format string) ([]byte, digest.Digest) {
+// Manifest is the manifest of the image of sum, of size bytes, and its
+// digest. Its bytes depend on these two values only.
+func Manifest(sum osimage.SHA256, size int64) ([]byte, digest.Digest) {
 	m := ocispec.Manifest{
 		Versioned:    specs.Versioned{SchemaVersion: 2},
 		MediaType:    ocispec.MediaTypeImageManifest,
 		ArtifactType: ArtifactType,
 		Config:       ocispec.DescriptorEmptyJSON,
-	}
-	format = strings.ToLower(strings.TrimSpace(format))
-	m.Layers = []ocispec.Descriptor{{
-		MediaType: LayerMediaType,
-		Digest:    LayerDigest(sum),
-		Size:      size,
-		// A title is what oras pull writes a layer to, and Ironic's
-		// filename of it: of the sha256 and format, not the catalog's
-		// filename, which may change while the image does not.
-		Annotations: map[string]string{ocispec.AnnotationTitle: LayerTitle(sum, format)},
-	}}
-	if format != "" {
-		m.Annotations = map[string]string{DiskTypeAnnotation: format}
+		Layers: []ocispec.Descriptor{{
+			MediaType: LayerMediaType,
+			Digest:    LayerDigest(sum),
+			Size:      size,
+			// A title is what oras pull writes a layer to, and Ironic's
+			// name for the file: of the sha256, not of a catalog's
+			// filename, which may change while the image does not.
+			Annotations: map[string]string{ocispec.AnnotationTitle: LayerTitle(sum)},
+		}},
 	}
 	// A struct (and a map's sorted keys) marshal the same way every time;
 	// of strings and integers only, it cannot fail.
@@ -72,19 +63,13 @@ func LayerDigest(sum osimage.SHA256) digest.Digest {
 	return digest.NewDigestFromEncoded(digest.SHA256, string(sum))
 }
 
-// LayerTitle is the file name the layer of the image of sum carries:
-// <sha256>.<format>, or <sha256>.img when the format is not known.
-func LayerTitle(sum osimage.SHA256, format string) string {
-	if format == "" || !tagPattern.MatchString(format) {
-		format = "img"
-	}
-	return string(sum) + "." + format
-}
+// LayerTitle is the file name the layer of the image of sum carries.
+func LayerTitle(sum osimage.SHA256) string { return string(sum) + ".img" }
 
-// Reference is the oci:// URL, as Metal3 takes it, of the image of sum
-// (of size bytes, in disk format format) on the server at host
-// (host[:port]): oci://host/images/<sha256>@sha256:<manifest digest>.
-func Reference(host string, sum osimage.SHA256, size int64, format string) osimage.OCIReference {
-	_, d := Manifest(sum, size, format)
+// Reference is the oci:// URL, as Metal3 takes it, of the image of sum, of
+// size bytes, on the server at host (host[:port]):
+// oci://host/images/<sha256>@sha256:<manifest digest>.
+func Reference(host string, sum osimage.SHA256, size int64) osimage.OCIReference {
+	_, d := Manifest(sum, size)
 	return osimage.OCIReference{Host: host, SHA256: sum, Manifest: d.String()}
 }

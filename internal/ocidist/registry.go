@@ -23,8 +23,6 @@ type Image struct {
 	Ready bool
 	// Size is the verified file's length, when Ready.
 	Size int64
-	// DiskFormat is the catalog's image-format ("" when not given).
-	DiskFormat string
 	// Tags are the image keys it answers to as tags (the selected ones).
 	Tags []string
 }
@@ -118,7 +116,7 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		g.notReady(w, "MANIFEST_UNKNOWN", img)
 		return
 	}
-	body, want := Manifest(img.SHA256, img.Size, img.DiskFormat)
+	body, want := Manifest(img.SHA256, img.Size)
 	if err == nil && d != want {
 		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s, not %s", img.SHA256, want, d))
 		return

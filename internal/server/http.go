@@ -60,7 +60,7 @@ func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 	if !ok || !s.servesLocked(sum, img) {
 		return ocidist.Image{}, false
 	}
-	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size, DiskFormat: img.Image.Get(osimage.FieldImageFormat)}
+	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size}
 	if img.Selected {
 		oi.Tags = tagsOf(img.Wanted)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // orasRepository is oras-go's client of the repository of an image.
@@ -49,16 +51,16 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading the manifest (oras checks its digest): %v", err)
 	}
-	wantBody, wantDigest := ocidist.Manifest(a.SHA256, int64(len(content1)), "qcow2")
+	wantBody, wantDigest := ocidist.Manifest(a.SHA256, int64(len(content1)))
 	if desc.Digest != wantDigest || !bytes.Equal(manifestBytes, wantBody) {
-		t.Fatalf("manifest %s, want %s (built from sha256, size and format alone)", desc.Digest, wantDigest)
+		t.Fatalf("manifest %s, want %s (built from sha256 and size alone)", desc.Digest, wantDigest)
 	}
 	var m ocispec.Manifest
 	if err := json.Unmarshal(manifestBytes, &m); err != nil {
 		t.Fatal(err)
 	}
 	if len(m.Layers) != 1 || m.Layers[0].Digest.Encoded() != a.SHA256.String() || m.Layers[0].Size != int64(len(content1)) ||
-		m.Annotations[ocidist.DiskTypeAnnotation] != "qcow2" || m.ArtifactType == "" {
+		m.Layers[0].Annotations[ocispec.AnnotationTitle] != ocidist.LayerTitle(a.SHA256) || m.ArtifactType == "" {
 		t.Fatalf("manifest: %s", manifestBytes)
 	}
 	// By digest, then the layer, verified by the client against its digest.
@@ -77,14 +79,16 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 		t.Fatalf("tags: %v %v", tags, err)
 	}
 
-	// The same image under another filename and key keeps its manifest.
+	// The same image under another filename, key and format keeps its
+	// manifest: it is of the bytes alone.
 	renamed := a
 	renamed.Key = "ubuntu-renamed"
 	renamed.Image = osimage.Image{}
 	for k, v := range a.Image {
 		renamed.Image[k] = v
 	}
-	renamed.Image["filename"] = "other-name.qcow2"
+	renamed.Image["filename"] = "other-name.raw"
+	renamed.Image["image-format"] = "raw"
 	h.want(renamed)
 	h.waitPhase(a.SHA256, PhaseReady)
 	if d, err := repo.Resolve(ctx, "ubuntu-renamed"); err != nil || d.Digest != wantDigest {
@@ -144,7 +148,7 @@ func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
 	h := start(t, t.TempDir(), src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseDownloading)
-	manifestBody, manifestDigest := ocidist.Manifest(a.SHA256, int64(len(content1)), "")
+	manifestBody, manifestDigest := ocidist.Manifest(a.SHA256, int64(len(content1)))
 	repoPath := "/v2/" + osimage.OCIRepository(a.SHA256)
 	for _, p := range []string{
 		repoPath + "/manifests/ubuntu-a",
@@ -165,5 +169,39 @@ func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
 	got, err := content.FetchAll(context.Background(), orasRepository(t, h, a.SHA256).Manifests(), ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: manifestDigest, Size: int64(len(manifestBody))})
 	if err != nil || !bytes.Equal(got, manifestBody) {
 		t.Fatalf("the manifest by digest once verified: %v", err)
+	}
+}
+
+// The output gives each available image's OCI reference, the one the
+// server answers, and none while the image is not available.
+func TestOutputGivesTheOCIReferenceOfAvailableImages(t *testing.T) {
+	src := newFakeSource()
+	content1 := bytes.Repeat([]byte("published "), 50000)
+	a := src.add("ubuntu-a", content1, true)
+	pub := &recordingPublisher{}
+	h := start(t, t.TempDir(), src, func(c *Config) { c.Publisher = pub })
+	h.want(a)
+	h.waitPhase(a.SHA256, PhaseDownloading)
+	testenv.Poll(t, "the image published, not available", 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		out := pub.output()
+		_, ok := out.Set[a.SHA256]
+		return ok, fmt.Sprint(out)
+	})
+	if ref, ok := pub.output().OCI[a.SHA256]; ok {
+		t.Fatalf("an image being downloaded has an OCI reference in the output: %v", ref)
+	}
+	src.release(a.SHA256)
+	var ref osimage.OCIServed
+	testenv.Poll(t, "the OCI reference published", 10*time.Second, 5*time.Millisecond, func() (bool, string) {
+		out := pub.output()
+		ref = out.OCI[a.SHA256]
+		return out.Set[a.SHA256].Available && ref.Manifest != "", fmt.Sprint(out)
+	})
+	_, want := ocidist.Manifest(a.SHA256, int64(len(content1)))
+	if ref.Repository != osimage.OCIRepository(a.SHA256) || ref.Manifest != want.String() {
+		t.Fatalf("published %+v, want repository %s and manifest %s", ref, osimage.OCIRepository(a.SHA256), want)
+	}
+	if resp, _ := h.get("/v2/" + ref.Repository + "/manifests/" + ref.Manifest); resp.StatusCode != http.StatusOK {
+		t.Errorf("the published reference answers %d", resp.StatusCode)
 	}
 }
