@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Serve benchmark: eight concurrent curl downloads of the same 1 GiB image
 # from `osimages serve` and from Debian's nginx (sendfile on, tcp_nopush on,
-# 2 workers) serving the same file, runs alternated on 127.0.0.1. Prints both
-# aggregate throughputs, the ratio, and the osimages server's RSS.
+# 2 workers) serving the same file, and from the OCI blob of the same osimages
+# server (what oci:// clients download), runs alternated on 127.0.0.1. Prints
+# the aggregate throughputs, the ratios, and the osimages server's RSS.
 #
 #   hack/bench-serve.sh [-runs N] [-clients N] [-size BYTES] [-hold 2m] [-scrub-rate 50Mi] ...
 #

@@ -72,6 +72,26 @@ ensure_chromium() {
   fi
 }
 
+# Ironic's own image services (its code is in ../shared/ironic, a fixture)
+# are the client of the HTTP and oci:// tests; the libraries they import come
+# from Debian's python3-ironic, installed where this script can. Without the
+# fixture, or without the package, those tests skip, saying why.
+ensure_ironic_libraries() {
+  local dir=${OSIMAGES_SHARED_DIR:-} d=$root
+  while [ -z "$dir" ] && [ "$d" != / ]; do
+    [ -d "$d/shared/crds" ] && dir=$d/shared
+    d=$(dirname "$d")
+  done
+  [ -n "$dir" ] && ls "$dir"/ironic/ironic-*.tgz >/dev/null 2>&1 || return 0
+  command -v dpkg >/dev/null 2>&1 && dpkg -s python3-ironic >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's python3-ironic (the libraries of Ironic's image services, which the tests run as a client)"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-ironic >&2
+  else
+    log "python3-ironic is not installed and cannot be installed here (needs root and apt-get): the tests with Ironic's image services will skip"
+  fi
+}
+
 # The chart tests install Cluster API's core CRDs, read from the
 # sigs.k8s.io/cluster-api module in the Go module cache (internal/testenv
 # names the version); download it once so that the tests find it offline.
@@ -99,6 +119,7 @@ ensure_ca_certificates() {
 mkdir -p "$cache"
 ensure_ca_certificates
 ensure_chromium
+ensure_ironic_libraries
 download_capi
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"

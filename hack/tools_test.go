@@ -66,6 +66,7 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 		{regexp.MustCompile(`^RUN go mod download sigs\.k8s\.io/cluster-api@`), "cluster-api", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*chromium`), "chromium", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*ca-certificates`), "ca-certificates", true},
+		{regexp.MustCompile(`^RUN apt-get .*install .*python3-ironic`), "python3-ironic", true},
 	}
 	seen := map[string]bool{}
 	lastLog := ""

@@ -1,6 +1,7 @@
 // Command serve compares, in one run on one machine, the aggregate throughput
 // of eight concurrent full downloads of the same 1 GiB image from
-// `osimages serve` and from Debian's nginx (sendfile on, tcp_nopush on, two
+// `osimages serve` (through its image URL, and through the OCI blob that
+// oci:// clients download) and from Debian's nginx (sendfile on, tcp_nopush on, two
 // workers) serving the same file from a folder (shared/docs/benchmarks.md,
 // "Serve"). It also samples the resident memory of the osimages server during
 // its downloads.
@@ -54,6 +55,7 @@ import (
 
 	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	imageserver "github.com/sylva-projects/osimages/internal/server"
 )
@@ -74,6 +76,9 @@ const (
 	// rssTarget and ratioTarget are the targets of the issue.
 	rssTarget   = 64 * mib
 	ratioTarget = 1.0
+	// ociTolerance is how far the OCI blob's throughput may be from the
+	// image URL's (issue 27).
+	ociTolerance = 0.05
 )
 
 type options struct {
@@ -184,16 +189,21 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer theirs.stop()
-	servers := []*server{theirs, ours}
+	ours.path, theirs.path = urlPath, urlPath
+	// The same osimages process, through its OCI distribution API: the
+	// blob oci:// clients download is the same stored file.
+	oci := &server{name: "osimages oci", addr: ours.addr, logPath: ours.logPath, Process: ours.Process,
+		path: "/v2/" + osimage.OCIRepository(img.sha256) + "/blobs/" + ocidist.LayerDigest(img.sha256).String()}
+	servers := []*server{theirs, ours, oci}
 	for _, s := range servers {
-		if err := s.waitReady(ctx, urlPath, time.Minute); err != nil {
+		if err := s.waitReady(ctx, s.path, time.Minute); err != nil {
 			return err
 		}
 	}
 	// One checked download from each: a server that sends the wrong bytes
 	// cannot pass for a fast one, and both then serve from the page cache.
 	for _, s := range servers {
-		sum, err := downloadSHA256(ctx, s.url(urlPath))
+		sum, err := downloadSHA256(ctx, s.url(s.path))
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -218,21 +228,21 @@ func run(ctx context.Context, o options) error {
 	// shows what it costs.
 	var scrubRead float64
 	results := map[*server][]result{}
-	fmt.Printf("  %-3s %-9s %8s %8s %12s %10s %11s %14s\n", "run", "server", "wall s", "GiB/s", "server CPU s", "curl CPU s", "other CPU s", "server RSS max")
+	fmt.Printf("  %-3s %-12s %8s %8s %12s %10s %11s %14s\n", "run", "server", "wall s", "GiB/s", "server CPU s", "curl CPU s", "other CPU s", "server RSS max")
 	for i := range o.runs {
 		for _, s := range servers {
 			if o.scrubRate != "" && s == theirs {
 				syscall.Kill(ours.pid(), syscall.SIGSTOP)
 			}
 			var before float64
-			if s == ours {
+			if s != theirs {
 				before = scrubReadBytes(ours)
 			}
-			r, err := downloadRun(ctx, o, s, urlPath)
+			r, err := downloadRun(ctx, o, s, s.path)
 			if o.scrubRate != "" && s == theirs {
 				syscall.Kill(ours.pid(), syscall.SIGCONT)
 			}
-			if s == ours {
+			if s != theirs {
 				scrubRead += scrubReadBytes(ours) - before
 			}
 			if ctx.Err() != nil {
@@ -242,13 +252,13 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("%s, run %d: %w", s.name, i+1, err)
 			}
 			results[s] = append(results[s], r)
-			fmt.Printf("  %-3d %-9s %8.3f %8.3f %12.2f %10.2f %11.2f %10.1f MiB\n", i+1, s.name, r.wall.Seconds(), r.gibps,
+			fmt.Printf("  %-3d %-12s %8.3f %8.3f %12.2f %10.2f %11.2f %10.1f MiB\n", i+1, s.name, r.wall.Seconds(), r.gibps,
 				r.serverCPU.Seconds(), r.clientCPU.Seconds(), r.otherCPU.Seconds(), float64(r.rssMax)/mib)
 		}
 	}
 	if o.scrubRate != "" {
 		var during float64
-		for _, r := range results[ours] {
+		for _, r := range slices.Concat(results[ours], results[oci]) {
 			during += r.wall.Seconds()
 		}
 		fmt.Printf("\n  scrub: %.0f MiB re-hashed during the osimages runs (%.1f s): %.1f MiB/s; osimages was stopped during the nginx runs\n",
@@ -264,7 +274,7 @@ func run(ctx context.Context, o options) error {
 		slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.wall, b.wall) })
 		return rs[len(rs)/2]
 	}
-	mo, mn := med(ours), med(theirs)
+	mo, mn, mc := med(ours), med(theirs), med(oci)
 	var rssMax int64
 	for _, r := range results[ours] {
 		rssMax = max(rssMax, r.rssMax)
@@ -285,7 +295,11 @@ func run(ctx context.Context, o options) error {
 		mn.gibps, mn.serverCPU.Seconds(), costOf(theirs))
 	fmt.Printf("  osimages serve                           %7.3f GiB/s aggregate (median)   server CPU %.2f s/run, server+curl CPU %.3f s/GiB\n",
 		mo.gibps, mo.serverCPU.Seconds(), costOf(ours))
+	fmt.Printf("  osimages serve, oci:// blob              %7.3f GiB/s aggregate (median)   server CPU %.2f s/run, server+curl CPU %.3f s/GiB\n",
+		mc.gibps, mc.serverCPU.Seconds(), costOf(oci))
 	fmt.Printf("  ratio osimages / nginx                   %7.3fx   (target >= %.1fx: %s)\n", ratio, ratioTarget, verdict(ratio >= ratioTarget))
+	ociRatio := mc.gibps / mo.gibps
+	fmt.Printf("  ratio oci:// blob / image URL            %7.3fx   (target within %.0f%%: %s)\n", ociRatio, ociTolerance*100, verdict(ociRatio >= 1-ociTolerance && ociRatio <= 1+ociTolerance))
 	fmt.Printf("  osimages RSS during the downloads        %7.1f MiB max of VmRSS every %s   (target < %d MiB: %s)\n",
 		float64(rssMax)/mib, sampleEvery, rssTarget/mib, verdict(rssMax < rssTarget))
 	fmt.Printf("  osimages VmHWM (peak since its start)    %7.1f MiB\n", float64(hwm)/mib)
@@ -391,6 +405,8 @@ func (p parallelHash) Write(b []byte) (int, error) {
 // its own so that it and its workers can be ended together.
 type server struct {
 	name, addr, logPath string
+	// path is what its clients download.
+	path string
 	*proc.Process
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/levels"
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -142,7 +143,21 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	case !diskFormats[format]:
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q is not one Metal3 accepts (%s)", path, key, format, strings.Join(sortedKeys(diskFormats), ", ")))
 	}
-	base, err := provisioningBase(v, path)
+	delivery, err := levels.Delivery(v, path)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	var size int64
+	if delivery == levels.DeliveryOCI {
+		// The manifest's digest, in the URL, is built from the size: it
+		// comes from (A), as everything else the template holds.
+		if size, err = img.Size(osimage.FieldSize); err != nil {
+			errs = append(errs, fmt.Errorf("%s: os_images.%s.%w", path, key, err))
+		} else if size <= 0 {
+			errs = append(errs, fmt.Errorf("%s: os_images.%s has no size, and an oci:// URL names the image's manifest, whose digest the size is part of: give the size in the catalog, or set .image_delivery: http", path, key))
+		}
+	}
+	host, base, err := provisioningBase(v, path)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -153,6 +168,14 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	// just wait out, and the others need a fix whatever it says.
 	if err := r.checkServed(sha, key, path); err != nil {
 		return nil, err
+	}
+	if delivery == levels.DeliveryOCI {
+		// Metal3 verifies an oci:// image by its manifest's layer digest,
+		// the image's sha256: no checksum fields.
+		return map[string]any{
+			"url":           ocidist.Reference(host, sha, size).String(),
+			r.formatField(): format,
+		}, nil
 	}
 	return map[string]any{
 		"url":           base + osimage.ImagePath(sha, filename),
@@ -170,18 +193,18 @@ func (r *renderer) checkServed(sha osimage.SHA256, key, path string) error {
 	return nil
 }
 
-// provisioningBase returns scheme://host of the management cluster's
-// image server.
-func provisioningBase(v values.Values, path string) (string, error) {
+// provisioningBase returns the host (with its port, an IPv6 address in
+// brackets) and scheme://host of the management cluster's image server.
+func provisioningBase(v values.Values, path string) (string, string, error) {
 	host, err := values.String(v, "image_provisioning_host", path+".image_provisioning_host")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if host == "" {
-		return "", fmt.Errorf("%s.image_provisioning_host: must be set to the address where the management cluster serves images", path)
+		return "", "", fmt.Errorf("%s.image_provisioning_host: must be set to the address where the management cluster serves images", path)
 	}
 	if strings.ContainsAny(host, "/?#@ ") {
-		return "", fmt.Errorf("%s.image_provisioning_host: %q must be a host name or address, with an optional port", path, host)
+		return "", "", fmt.Errorf("%s.image_provisioning_host: %q must be a host name or address, with an optional port", path, host)
 	}
 	// A bare IPv6 address needs brackets in a URL, or its colons read as a
 	// port.
@@ -190,15 +213,15 @@ func provisioningBase(v values.Values, path string) (string, error) {
 	}
 	scheme, err := values.String(v, "image_provisioning_scheme", path+".image_provisioning_scheme")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if scheme == "" {
 		scheme = DefaultScheme
 	}
 	if scheme != "http" && scheme != "https" {
-		return "", fmt.Errorf("%s.image_provisioning_scheme: must be http or https, got %q", path, scheme)
+		return "", "", fmt.Errorf("%s.image_provisioning_scheme: must be http or https, got %q", path, scheme)
 	}
-	return scheme + "://" + host, nil
+	return host, scheme + "://" + host, nil
 }
 
 // manualImage is the image block of a level that gives its image by hand.

@@ -176,10 +176,11 @@ fleetNeeds:
 			if ing.GetAnnotations()["nginx.ingress.kubernetes.io/backend-protocol"] != "HTTPS" {
 				t.Errorf("Ingress annotations %v: no backend-protocol HTTPS with server.tlsSecret", ing.GetAnnotations())
 			}
-			// Images only: the status page and metrics stay on the Service.
+			// Images only, by their URLs and by the OCI distribution API:
+			// the status page and metrics stay on the Service.
 			y := toYAML(t, ing)
-			if strings.Count(y, "path:") != 1 || !strings.Contains(y, "path: /images/") {
-				t.Errorf("the Ingress routes more than /images/:\n%s", y)
+			if strings.Count(y, "path:") != 2 || !strings.Contains(y, "path: /images/") || !strings.Contains(y, "path: /v2/") {
+				t.Errorf("the Ingress routes other paths than /images/ and /v2/:\n%s", y)
 			}
 			if !strings.Contains(toYAML(t, r.Find("Service", "osimages-server")), "appProtocol: https") {
 				t.Error("the Service port has no appProtocol https")

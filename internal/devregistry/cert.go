@@ -10,6 +10,8 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -62,4 +64,32 @@ func newServerCert() (tls.Certificate, []byte, *x509.CertPool, error) {
 	pool.AddCert(caCert)
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, caPEM, pool, nil
+}
+
+// WriteServerCert writes a throw-away CA and a certificate it signs for
+// 127.0.0.1 and localhost into dir, as PEM files for a server (certFile,
+// keyFile) and its clients (caFile).
+func WriteServerCert(dir string) (certFile, keyFile, caFile string, err error) {
+	cert, caPEM, _, err := newServerCert()
+	if err != nil {
+		return "", "", "", err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return "", "", "", err
+	}
+	certFile, keyFile, caFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{
+		{certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})},
+		{keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})},
+		{caFile, caPEM},
+	} {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			return "", "", "", err
+		}
+	}
+	return certFile, keyFile, caFile, nil
 }

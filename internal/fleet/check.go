@@ -27,6 +27,9 @@ type ImageStatus struct {
 	ImageKey string         `json:"imageKey,omitempty"`
 	// Filenames are those its URLs ask for (/images/<sha256>/<filename>).
 	Filenames []string `json:"filenames,omitempty"`
+	// Manifests are the manifest digests its oci:// URLs ask for
+	// (oci://<host>/images/<sha256>@<manifest>).
+	Manifests []string `json:"manifests,omitempty"`
 	State     State    `json:"state"`
 	NeededBy  []string `json:"neededBy"`
 	// Message is render's error for this image, when it is not served.
@@ -60,12 +63,18 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		img := &r.Images[i]
 		entry, ok := served.Set[img.SHA256]
 		missing := unservedFilenames(served.Filenames, *img)
+		wrong := unservedManifests(served.OCI, *img)
 		switch {
 		case !ok:
 			img.State = StateNotServed
 		case len(missing) > 0:
 			img.State = StateNotServed
 			img.Message = filenameMessage(img.SHA256, img.ImageKey, missing, served.Filenames[img.SHA256])
+			continue
+		case len(wrong) > 0:
+			img.State = StateNotServed
+			img.Message = fmt.Sprintf("image %s/%s is served through oci:// under manifest %s, not %s: oci://<host>/%s@%s would answer 404; an image's manifest is of its sha256 and size: check the size the cluster's catalog gives it",
+				img.SHA256, img.ImageKey, served.OCI[img.SHA256].Manifest, strings.Join(wrong, ", "), osimage.OCIRepository(img.SHA256), wrong[0])
 			continue
 		case !entry.Available:
 			img.State = StateNotAvailable
@@ -103,6 +112,23 @@ func unservedFilenames(files osimage.ServedFilenames, img ImageStatus) []string 
 	for _, name := range img.Filenames {
 		if served, known := files.Serves(img.SHA256, name); known && !served {
 			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// unservedManifests returns the manifest digests img's oci:// URLs ask
+// for that the image server is known not to serve it under (it publishes
+// the one it serves once the image is available).
+func unservedManifests(refs osimage.ServedOCI, img ImageStatus) []string {
+	ref, known := refs[img.SHA256]
+	if !known {
+		return nil
+	}
+	var out []string
+	for _, m := range img.Manifests {
+		if m != ref.Manifest {
+			out = append(out, m)
 		}
 	}
 	return out

@@ -243,3 +243,36 @@ func TestNeedsCatalogA(t *testing.T) {
 		t.Errorf("md0 needs %q, want %q (the values' field over os-images-info's image)", got["ConfigMap wc1/values .machine_deployments.md0.capm3"], want)
 	}
 }
+
+// A Metal3 object that takes its image by oci:// needs that image, and
+// the manifest its URL names: one the server does not answer (a catalog
+// that gave another size) is not served, said with the URL that fails.
+func TestCheckOCIReferences(t *testing.T) {
+	sha := osimage.SHA256(sum("plain"))
+	good, bad := "sha256:"+sum("good manifest"), "sha256:"+sum("bad manifest")
+	obj := func(name, manifest string) *unstructured.Unstructured {
+		u := template("wc1", name, "oci://192.0.2.10/images/"+string(sha)+"@"+manifest, "")
+		unstructured.RemoveNestedField(u.Object, "spec", "template", "spec", "image", "checksum")
+		unstructured.RemoveNestedField(u.Object, "spec", "template", "spec", "image", "checksumType")
+		return u
+	}
+	needs, err := Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good)}})
+	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest != good || needs[0].Filename != "" || needs[0].Delivery != "oci" {
+		t.Fatalf("needs of an oci:// template: %+v %v", needs, err)
+	}
+	served := osimage.ServedOutput{Set: osimage.ServedSet{sha: {Available: true, ImageKey: "m"}},
+		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: good}}}
+	if r := Check("wc1", "copy", needs, served, true, nil); r.Images[0].State != StateServed {
+		t.Errorf("the manifest served: %+v", r.Images[0])
+	}
+	needs, _ = Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good), obj("t-bad", bad)}})
+	r := Check("wc1", "copy", needs, served, true, nil)
+	if img := r.Images[0]; img.State != StateNotServed || !strings.Contains(img.Message, "under manifest "+good+", not "+bad) || !strings.Contains(img.Message, "images/"+string(sha)+"@"+bad+" would answer 404") {
+		t.Errorf("another manifest: %+v", img)
+	}
+	// A server that publishes no OCI references (Sylva's, an older one)
+	// is compared by sha256 only.
+	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served.Set}, true, nil); r.Images[0].State != StateServed {
+		t.Errorf("without OCI references: %+v", r.Images[0])
+	}
+}

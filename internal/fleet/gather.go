@@ -53,6 +53,11 @@ func Gather(namespace, servedCopy string, cms []corev1.ConfigMap, objects []*uns
 					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.ServedFilenamesKey, err))
 				}
 			}
+			if oci, ok := cm.Data[osimage.ServedOCIKey]; ok {
+				if out.Served.OCI, err = osimage.ParseServedOCI([]byte(oci)); err != nil {
+					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.ServedOCIKey, err))
+				}
+			}
 			if refused, ok := cm.Data[osimage.RefusedNeedsKey]; ok {
 				if out.Served.Refused, err = osimage.ParseRefusedNeeds([]byte(refused)); err != nil {
 					errs = append(errs, fmt.Errorf("%s, key %s: %w", source, osimage.RefusedNeedsKey, err))

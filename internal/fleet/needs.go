@@ -33,6 +33,14 @@ type Need struct {
 	// By says who needs it: a Metal3 object, or a level of a cluster's
 	// values.
 	By string
+	// Delivery is how it reaches Metal3 (levels.DeliveryHTTP or
+	// DeliveryOCI): the kind of URL a Metal3 object holds, or the one a
+	// level's values render; Live says which of the two the need is.
+	Delivery string
+	Live     bool
+	// Manifest is the manifest digest a Metal3 object's oci:// URL asks
+	// for, "" otherwise.
+	Manifest string
 }
 
 // ClusterValues is one cluster's values, from a ConfigMap labelled
@@ -87,8 +95,12 @@ func Needs(in Inputs) ([]Need, error) {
 		if urlSHA, name, ok := img.ServedFile(); ok && urlSHA == sha {
 			filename = name
 		}
+		delivery, manifest := levels.DeliveryHTTP, ""
+		if oci, ok := osimage.ParseOCIReference(img.URL); ok {
+			delivery, manifest = levels.DeliveryOCI, oci.Manifest
+		}
 		ref := metal3.Ref{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName()}
-		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String()})
+		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String(), Delivery: delivery, Live: true, Manifest: manifest})
 	}
 	for _, c := range in.Clusters {
 		cat, err := osimage.MergeA(in.Catalog, c.Values)
@@ -105,7 +117,7 @@ func Needs(in Inputs) ([]Need, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 		}
 		for _, p := range picks {
-			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level})
+			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level, Delivery: p.Delivery})
 		}
 	}
 	return needs, errors.Join(errs...)
@@ -141,11 +153,15 @@ func group(needs []Need) []ImageStatus {
 		if n.Filename != "" && !slices.Contains(st.Filenames, n.Filename) {
 			st.Filenames = append(st.Filenames, n.Filename)
 		}
+		if n.Manifest != "" && !slices.Contains(st.Manifests, n.Manifest) {
+			st.Manifests = append(st.Manifests, n.Manifest)
+		}
 	}
 	out := make([]ImageStatus, 0, len(by))
 	for _, st := range by {
 		slices.Sort(st.NeededBy)
 		slices.Sort(st.Filenames)
+		slices.Sort(st.Manifests)
 		out = append(out, *st)
 	}
 	slices.SortFunc(out, func(a, b ImageStatus) int {

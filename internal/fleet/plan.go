@@ -2,8 +2,11 @@ package fleet
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
+	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -14,11 +17,15 @@ type Verdict string
 const (
 	Unchanged   Verdict = "unchanged"
 	NewlyServed Verdict = "newly served"
-	WouldFail   Verdict = "would fail"
-	CannotTell  Verdict = "cannot tell"
+	// Rolls: the cluster's values now give an image another kind of URL
+	// (image URL or oci://) than its Metal3 objects hold: the next render
+	// writes new templates, and their nodes roll.
+	Rolls      Verdict = "rolls nodes"
+	WouldFail  Verdict = "would fail"
+	CannotTell Verdict = "cannot tell"
 )
 
-var rank = map[Verdict]int{Unchanged: 0, NewlyServed: 1, CannotTell: 2, WouldFail: 3}
+var rank = map[Verdict]int{Unchanged: 0, NewlyServed: 1, Rolls: 2, CannotTell: 3, WouldFail: 4}
 
 // PlanLine is one needed image under the proposed served set.
 type PlanLine struct {
@@ -65,6 +72,10 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 		p.Lines = append(p.Lines, line)
 		p.worsen(line.Verdict)
 	}
+	for _, line := range deliverySwitches(needs) {
+		p.Lines = append(p.Lines, line)
+		p.worsen(line.Verdict)
+	}
 	if needErr != nil {
 		for _, e := range splitJoined(needErr) {
 			p.Errors = append(p.Errors, e.Error())
@@ -72,6 +83,63 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 		p.worsen(CannotTell)
 	}
 	return p
+}
+
+// deliverySwitches are the images that the cluster's values give Metal3
+// by another kind of URL than its Metal3 objects hold: a switch between
+// image URLs and oci:// changes every template of the levels concerned.
+func deliverySwitches(needs []Need) []PlanLine {
+	type kinds struct {
+		key              string
+		live, values     []string
+		liveBy, valuesBy []string
+	}
+	by := map[osimage.SHA256]*kinds{}
+	for _, n := range needs {
+		k := by[n.SHA256]
+		if k == nil {
+			k = &kinds{}
+			by[n.SHA256] = k
+		}
+		if k.key == "" {
+			k.key = n.ImageKey
+		}
+		if n.Live {
+			k.live, k.liveBy = appendNew(k.live, n.Delivery), append(k.liveBy, n.By)
+		} else {
+			k.values, k.valuesBy = appendNew(k.values, n.Delivery), append(k.valuesBy, n.By)
+		}
+	}
+	var out []PlanLine
+	for _, sha := range slices.Sorted(maps.Keys(by)) {
+		k := by[sha]
+		slices.Sort(k.live)
+		slices.Sort(k.values)
+		if len(k.live) == 0 || len(k.values) == 0 || slices.Equal(k.live, k.values) {
+			continue
+		}
+		name := string(sha) + "/" + k.key
+		out = append(out, PlanLine{Verdict: Rolls, Image: name, By: append(k.valuesBy, k.liveBy...),
+			Detail: fmt.Sprintf("%s: its Metal3 objects take it by %s, and the cluster values now give it by %s: the next render writes new Metal3MachineTemplates, and their nodes roll",
+				name, deliveryWords(k.live), deliveryWords(k.values))})
+	}
+	return out
+}
+
+func appendNew(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}
+
+// deliveryWords names kinds of URL for a plan line.
+func deliveryWords(kinds []string) string {
+	words := make([]string, len(kinds))
+	for i, k := range kinds {
+		words[i] = map[string]string{levels.DeliveryHTTP: "image URLs", levels.DeliveryOCI: "oci:// URLs"}[k]
+	}
+	return strings.Join(words, " and ")
 }
 
 func (p *ClusterPlan) worsen(v Verdict) {

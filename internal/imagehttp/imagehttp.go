@@ -63,6 +63,9 @@ type Endpoints struct {
 	Now func() time.Time
 	// Log gets what cannot be answered (nil: nothing is logged).
 	Log *slog.Logger
+	// Registry, when set, answers /v2/: the same images through the OCI
+	// distribution API (package ocidist), on the same port and TLS.
+	Registry http.Handler
 }
 
 // RetryAfterSeconds is what a client is told to wait for an image that is
@@ -103,6 +106,9 @@ func (s Endpoints) Handler() http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics.registry, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("GET /{$}", s.serveStatus)
+	if s.Registry != nil {
+		mux.Handle("/v2/", s.Registry)
+	}
 	var h http.Handler = mux
 	if s.Metrics != nil {
 		h = s.Metrics.instrument(h)

@@ -152,6 +152,8 @@ type Choice struct {
 	ImageKey string
 	// Selector is the level's os_image_selector, finalized; nil when unset.
 	Selector *selector.Selector
+	// values are the level's, for what else a pick reads of it.
+	values values.Values
 }
 
 // IsSet says whether the level designates an image in (A) at all.
@@ -162,7 +164,7 @@ func (c Choice) IsSet() bool { return c.ImageKey != "" || c.Selector != nil }
 // the cluster (c, or finalizeErr when the cluster's values for it are
 // wrong, see Finalization); the image_key, when set.
 func (lv Level) Choice(c selector.Cluster, finalizeErr error) (Choice, error) {
-	var choice Choice
+	choice := Choice{values: lv.Values}
 	rawSel := lv.Values["os_image_selector"]
 	switch raw := lv.Values["image_key"].(type) {
 	case nil:
@@ -240,9 +242,37 @@ type Pick struct {
 	Level    string
 	ImageKey string
 	// SHA256 and Filename are where render serves it from:
-	// /images/<sha256>/<filename>.
+	// /images/<sha256>/<filename>; Filename is "" when the level takes it
+	// by oci:// (Delivery), whose URL names no file.
 	SHA256   osimage.SHA256
 	Filename string
+	// Delivery is how render gives it to Metal3: DeliveryHTTP or
+	// DeliveryOCI.
+	Delivery string
+}
+
+// How a level's image reaches Metal3 (.image_delivery).
+const (
+	// DeliveryHTTP: the image URL, with its sha256 as checksum (default).
+	DeliveryHTTP = "http"
+	// DeliveryOCI: oci://<host>/images/<sha256>@<manifest digest>, which
+	// BareMetalOperator 0.12 and Ironic 29 take from the server's OCI
+	// distribution API.
+	DeliveryOCI = "oci"
+)
+
+// Delivery reads a level's .image_delivery: http (the default) or oci.
+func Delivery(v values.Values, path string) (string, error) {
+	d, err := values.String(v, "image_delivery", path+".image_delivery")
+	switch {
+	case err != nil:
+		return "", err
+	case d == "":
+		return DeliveryHTTP, nil
+	case d != DeliveryHTTP && d != DeliveryOCI:
+		return "", fmt.Errorf("%s.image_delivery: must be http (image URLs with a checksum) or oci (oci:// URLs, for BareMetalOperator 0.12 and later), got %q", path, d)
+	}
+	return d, nil
 }
 
 // Picks returns, in level order, the image that each level designating
@@ -268,7 +298,15 @@ func Picks(v values.Values, catalog osimage.Catalog) ([]Pick, error) {
 			errs = append(errs, err)
 			continue
 		}
-		out = append(out, Pick{Level: path, ImageKey: key, SHA256: sha, Filename: filename})
+		delivery, err := Delivery(c.values, path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if delivery == DeliveryOCI {
+			filename = ""
+		}
+		out = append(out, Pick{Level: path, ImageKey: key, SHA256: sha, Filename: filename, Delivery: delivery})
 	}
 	return out, errors.Join(errs...)
 }

@@ -285,7 +285,7 @@ k8s_version: v1.32.5+rke2r1
 capi_providers: {bootstrap_provider: cabpr}
 capm3: {os_image_selector: {os: ubuntu}}
 machine_deployments:
-  by-key: {capm3: {image_key: rocky, os_image_selector: false}}
+  by-key: {capm3: {image_key: rocky, os_image_selector: false, image_delivery: oci}}
   by-hand: {capm3: {os_image_selector: false, image: http://example.com/x.img}}
 `
 
@@ -365,8 +365,9 @@ func TestPicks(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Pick{
-		{Level: ".control_plane.capm3", ImageKey: "ubuntu-rke2", SHA256: osimage.SHA256(sha('a')), Filename: "ubuntu.img"},
-		{Level: ".machine_deployments.by-key.capm3", ImageKey: "rocky", SHA256: osimage.SHA256(sha('c')), Filename: "rocky.img"},
+		{Level: ".control_plane.capm3", ImageKey: "ubuntu-rke2", SHA256: osimage.SHA256(sha('a')), Filename: "ubuntu.img", Delivery: DeliveryHTTP},
+		// By oci://, the URL names no file.
+		{Level: ".machine_deployments.by-key.capm3", ImageKey: "rocky", SHA256: osimage.SHA256(sha('c')), Delivery: DeliveryOCI},
 	}
 	if len(picks) != len(want) {
 		t.Fatalf("picks %+v, want %+v", picks, want)
@@ -375,6 +376,15 @@ func TestPicks(t *testing.T) {
 		if picks[i] != want[i] {
 			t.Errorf("pick %d: %+v, want %+v", i, picks[i], want[i])
 		}
+	}
+}
+
+func TestPicksRefuseAnUnknownDelivery(t *testing.T) {
+	v := parse(t, levelsValues+"control_plane: {capm3: {image_delivery: nfs}}\n")
+	picks, err := Picks(v, catalog(t))
+	errContains(t, err, ".control_plane.capm3.image_delivery: must be http", `got "nfs"`)
+	if len(picks) != 1 || picks[0].Level != ".machine_deployments.by-key.capm3" {
+		t.Errorf("the other level must still pick: %+v", picks)
 	}
 }
 

@@ -50,9 +50,11 @@ func ImageOf(obj *unstructured.Unstructured) (Image, bool) {
 }
 
 // SHA256 is the sha256 of the image referenced, when it can be told: the
-// checksum itself when it is a sha256, or the sha256 in an osimages URL
+// checksum itself when it is a sha256, the sha256 in an osimages URL
 // (/images/<sha256>/<filename>) given as the image URL or as the checksum
-// (/images/<sha256>/<filename>.sha256sum, which Ironic fetches). Both are
+// (/images/<sha256>/<filename>.sha256sum, which Ironic fetches), or the
+// repository of an osimages oci:// URL (oci://<host>/images/<sha256>@<manifest
+// digest>, which carries no checksum). Each is
 // read by the rules of osimage, the ones the image server serves by: a
 // checksum in uppercase, or a path the server would not answer, names no
 // image of osimages. An image given by hand with another checksum type and
@@ -62,6 +64,9 @@ func (i Image) SHA256() (osimage.SHA256, bool) {
 		if sha, err := osimage.ParseSHA256(i.Checksum); err == nil {
 			return sha, true
 		}
+	}
+	if ref, ok := osimage.ParseOCIReference(i.URL); ok {
+		return ref.SHA256, true
 	}
 	for _, ref := range []string{i.URL, i.Checksum} {
 		if u, err := url.Parse(ref); err == nil {

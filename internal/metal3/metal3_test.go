@@ -28,6 +28,10 @@ func TestImageSHA256(t *testing.T) {
 		// but whose checksum is fetched from osimages still needs the image.
 		{Image{URL: "https://mirror/x.raw", Checksum: "http://osimages:8080/images/" + sha + "/ubuntu.raw.sha256sum", ChecksumType: "sha256"}, sha},
 		{Image{URL: "https://mirror/x.raw", Checksum: "http://osimages:8080/images/" + sha + "/ubuntu.raw.md5sum", ChecksumType: "md5"}, sha},
+		// An osimages oci:// URL names its image by its repository.
+		{Image{URL: "oci://osimages:8443/images/" + sha + "@sha256:" + strings.Repeat("cd", 32)}, sha},
+		{Image{URL: "oci://osimages:8443/images/" + sha + ":ubuntu"}, ""},
+		{Image{URL: "oci://registry/dib/ubuntu@sha256:" + sha}, ""},
 	}
 	for _, tc := range cases {
 		got, ok := tc.img.SHA256()

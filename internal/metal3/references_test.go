@@ -108,4 +108,16 @@ func TestReferencesFollowsMetal3Objects(t *testing.T) {
 	}
 	want(a)
 	want(b, "Metal3MachineTemplate refs/t0")
+
+	// Through oci:// (no checksum: Metal3 verifies the manifest's layer),
+	// the template still keeps its image.
+	if tmpl, err = templates.Get(ctx, "t0", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedStringMap(tmpl.Object, map[string]string{"url": "oci://osimages:8443/images/" + a + "@sha256:" + b, "diskFormat": "raw"}, "spec", "template", "spec", "image")
+	if _, err := templates.Update(ctx, tmpl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want(a, "Metal3MachineTemplate refs/t0")
+	want(b)
 }

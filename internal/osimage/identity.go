@@ -117,6 +117,56 @@ func ImagePath(sha SHA256, filename string) string {
 	return imagesPrefix + string(sha) + "/" + url.PathEscape(filename)
 }
 
+// OCIRepository is the repository of the OCI distribution API where
+// osimages serves an image: images/<sha256>, so that an oci:// URL, like an
+// image URL, names the image it is for (OCIReference).
+func OCIRepository(sha SHA256) string { return strings.TrimPrefix(imagesPrefix, "/") + string(sha) }
+
+// OCIReference is what an oci:// URL of an osimages server names:
+// oci://<host>/images/<sha256>@<manifest digest>.
+type OCIReference struct {
+	Host   string
+	SHA256 SHA256
+	// Manifest is the manifest digest, sha256:<hex>.
+	Manifest string
+}
+
+// String is the oci:// URL.
+func (r OCIReference) String() string {
+	return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + "@" + r.Manifest
+}
+
+// ParseOCIReference reads an oci:// URL that OCIReference.String can have
+// built, and false for any other: another scheme or repository, a tag
+// rather than a digest, a sha256 that ParseSHA256 refuses.
+func ParseOCIReference(ref string) (OCIReference, bool) {
+	rest, ok := strings.CutPrefix(ref, "oci://")
+	if !ok {
+		return OCIReference{}, false
+	}
+	host, path, ok := strings.Cut(rest, "/")
+	if !ok || host == "" {
+		return OCIReference{}, false
+	}
+	repo, manifest, ok := strings.Cut(path, "@")
+	if !ok {
+		return OCIReference{}, false
+	}
+	rawSHA, ok := strings.CutPrefix(repo, strings.TrimPrefix(imagesPrefix, "/"))
+	if !ok {
+		return OCIReference{}, false
+	}
+	sha, err := ParseSHA256(rawSHA)
+	if err != nil {
+		return OCIReference{}, false
+	}
+	hex, ok := strings.CutPrefix(manifest, "sha256:")
+	if _, err := ParseSHA256(hex); !ok || err != nil {
+		return OCIReference{}, false
+	}
+	return OCIReference{Host: host, SHA256: sha, Manifest: manifest}, true
+}
+
 // ServedFile is a file an image path names: the image itself, or one of
 // its checksum files.
 type ServedFile struct {

@@ -54,11 +54,52 @@ func (f ServedFilenames) Serves(sha SHA256, filename string) (served, known bool
 	return slices.Contains(names, filename), true
 }
 
+// ServedOCIKey is the data key, beside values.yaml, of the OCI reference
+// of each available image: like ServedFilenamesKey, an osimages addition
+// that Sylva's consumers never read.
+const ServedOCIKey = "served-oci.yaml"
+
+// OCIServed is where the OCI distribution API of the server serves an
+// image: oci://<server>/<Repository>@<Manifest>.
+type OCIServed struct {
+	Repository string `json:"repository"`
+	Manifest   string `json:"manifest"`
+}
+
+// ServedOCI maps the sha256 of each available image to its OCI reference.
+type ServedOCI map[SHA256]OCIServed
+
+type servedOCIDocument struct {
+	References ServedOCI `json:"served_oci"`
+}
+
+// MarshalServedOCI renders the served-oci.yaml document.
+func MarshalServedOCI(o ServedOCI) ([]byte, error) {
+	if o == nil {
+		o = ServedOCI{}
+	}
+	return yaml.Marshal(servedOCIDocument{References: o})
+}
+
+// ParseServedOCI reads the served-oci.yaml document; an entry whose key is
+// not a sha256 is left out.
+func ParseServedOCI(data []byte) (ServedOCI, error) {
+	var doc servedOCIDocument
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		return nil, fmt.Errorf("parsing served_oci document: %w", err)
+	}
+	return ParseKeys(doc.References), nil
+}
+
 // ServedOutput is everything the image server publishes: the served set
-// (contract §6) and the filenames of its images.
+// (contract §6), the filenames of its images and the OCI references of
+// the available ones.
 type ServedOutput struct {
 	Set       ServedSet
 	Filenames ServedFilenames
+	// OCI is published always; nil when read from a server that does not
+	// (an older osimages, or Sylva's own).
+	OCI ServedOCI
 	// Refused are the fleet's needs the server refuses to serve
 	// (RefusedNeedsKey), written only when there are some.
 	Refused RefusedNeeds
@@ -66,7 +107,7 @@ type ServedOutput struct {
 
 // Equal says whether o and p publish the same thing.
 func (o ServedOutput) Equal(p ServedOutput) bool {
-	return maps.Equal(o.Set, p.Set) && maps.EqualFunc(o.Filenames, p.Filenames, slices.Equal) && slices.Equal(o.Refused, p.Refused)
+	return maps.Equal(o.Set, p.Set) && maps.EqualFunc(o.Filenames, p.Filenames, slices.Equal) && maps.Equal(o.OCI, p.OCI) && slices.Equal(o.Refused, p.Refused)
 }
 
 // ConfigMapData renders the data of the served-images ConfigMap, named
@@ -81,7 +122,11 @@ func (o ServedOutput) ConfigMapData(what string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	data := map[string]string{ValuesKey: string(served), ServedFilenamesKey: string(files)}
+	oci, err := MarshalServedOCI(o.OCI)
+	if err != nil {
+		return nil, err
+	}
+	data := map[string]string{ValuesKey: string(served), ServedFilenamesKey: string(files), ServedOCIKey: string(oci)}
 	if len(o.Refused) > 0 {
 		refused, err := MarshalRefusedNeeds(o.Refused)
 		if err != nil {

@@ -103,15 +103,23 @@ func TestServedFilenames(t *testing.T) {
 	}
 }
 
-// The served-images ConfigMap holds values.yaml and served-filenames.yaml,
-// each readable by its parser, and refused-needs.yaml only when some need
-// is refused; an output over a ConfigMap's size is refused, named.
+// The served-images ConfigMap holds values.yaml, served-filenames.yaml and
+// served-oci.yaml, each readable by its parser, and refused-needs.yaml only
+// when some need is refused; an output over a ConfigMap's size is refused,
+// named.
 func TestServedOutputConfigMapData(t *testing.T) {
 	a := SHA256(strings.Repeat("a", 64))
-	out := ServedOutput{Set: ServedSet{a: {Available: true, ImageKey: "ubuntu"}}, Filenames: ServedFilenames{a: {"u.raw"}}}
+	ref := OCIServed{Repository: OCIRepository(a), Manifest: "sha256:" + strings.Repeat("b", 64)}
+	out := ServedOutput{Set: ServedSet{a: {Available: true, ImageKey: "ubuntu"}}, Filenames: ServedFilenames{a: {"u.raw"}}, OCI: ServedOCI{a: ref}}
 	data, err := out.ConfigMapData("ConfigMap ns/served")
-	if err != nil || len(data) != 2 {
-		t.Fatalf("%v %v: want values.yaml and served-filenames.yaml", data, err)
+	if err != nil || len(data) != 3 {
+		t.Fatalf("%v %v: want values.yaml, served-filenames.yaml and served-oci.yaml", data, err)
+	}
+	if oci, err := ParseServedOCI([]byte(data[ServedOCIKey])); err != nil || oci[a] != ref {
+		t.Errorf("served-oci.yaml %q: %v %v", data[ServedOCIKey], oci, err)
+	}
+	if _, err := ParseServedOCI([]byte("served_oci: {}\nother: 1\n")); err == nil || !strings.Contains(err.Error(), "served_oci") {
+		t.Errorf("an unknown field must be refused, named: %v", err)
 	}
 	set, err := ParseServed([]byte(data[ValuesKey]))
 	if err != nil || set[a] != out.Set[a] {

@@ -88,6 +88,11 @@ func planLines(p fleet.ClusterPlan) []string {
 		out = append(out, "cannot tell: "+strings.ReplaceAll(e, "\n", "; "))
 	}
 	for _, l := range p.Lines {
+		if l.Verdict == fleet.Rolls {
+			out = append(out, fmt.Sprintf("rolls nodes: %s (%s)", l.Detail, strings.Join(l.By, ", ")))
+		}
+	}
+	for _, l := range p.Lines {
 		if l.Verdict == fleet.NewlyServed {
 			out = append(out, "newly served: "+l.Detail)
 		}

@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -140,5 +142,57 @@ func TestAgainstWithTheFleetsNeeds(t *testing.T) {
 	got := proposal.Against(both, []fleet.Inputs{cluster(t, "wc1", false)}, &servedset.FleetPolicy{MaxImages: 10})
 	if c := got[0]; !c.Fails || len(c.Lines) != 1 || !strings.Contains(c.Lines[0], "; serve --serve-fleet-needs would refuse it: ") {
 		t.Errorf("wc1 with a need serve refuses: %+v, want the failure with serve's reason", c)
+	}
+}
+
+// TestAgainstReportsASwitchOfDelivery: a cluster whose values move its
+// control plane from image URLs to oci:// (and back) is told that the
+// nodes roll; the served set alone decides whether it fails.
+func TestAgainstReportsASwitchOfDelivery(t *testing.T) {
+	cat, err := osimage.ParseInfo([]byte(catalogDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proposal, err := Propose(parse(t, mgmtDoc), cat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := func(url string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3MachineTemplate",
+			"metadata": map[string]any{"name": "wc-cp-1", "namespace": "wc"},
+			"spec":     map[string]any{"template": map[string]any{"spec": map[string]any{"image": map[string]any{"url": url, "format": "raw"}}}},
+		}}
+	}
+	httpURL := "https://192.0.2.10/images/" + string(sum("plain")) + "/ubuntu-plain.raw"
+	ociURL := "oci://192.0.2.10/images/" + string(sum("plain")) + "@sha256:" + strings.Repeat("0", 64)
+	served := osimage.ServedSet{sum("plain"): {Available: true}}
+	for _, c := range []struct {
+		name, extra, live string
+		want              string
+	}{
+		{"to oci", "  image_delivery: oci\n", httpURL, "its Metal3 objects take it by image URLs, and the cluster values now give it by oci:// URLs"},
+		{"back to http", "", ociURL, "its Metal3 objects take it by oci:// URLs, and the cluster values now give it by image URLs"},
+		{"no switch", "  image_delivery: oci\n", ociURL, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			doc := strings.Replace(clusterDoc("wc", true), "  image_provisioning_host: 192.0.2.10\n", "  image_provisioning_host: 192.0.2.10\n"+c.extra, 1)
+			in := fleet.Inputs{Namespace: "wc", Clusters: []fleet.ClusterValues{{Source: "wc.yaml", Values: parse(t, doc)}},
+				Objects: []*unstructured.Unstructured{template(c.live)}}
+			got := proposal.Against(served, []fleet.Inputs{in}, nil)[0]
+			lines := strings.Join(got.Lines, "|")
+			if got.Fails {
+				t.Errorf("a switch of delivery fails nothing: %+v", got)
+			}
+			if c.want == "" {
+				if lines != "unchanged" {
+					t.Errorf("got %q, want unchanged", lines)
+				}
+				return
+			}
+			if !strings.HasPrefix(lines, "rolls nodes: "+string(sum("plain"))+"/ubuntu-plain: "+c.want) || !strings.Contains(lines, "Metal3MachineTemplate wc/wc-cp-1") || !strings.Contains(lines, "wc.yaml .control_plane.capm3") {
+				t.Errorf("got %q, want the roll said, with who needs the image", lines)
+			}
+		})
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
 // The server as its HTTP face (package imagehttp) reads it.
@@ -21,11 +24,20 @@ func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
 func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 
 func (s *Server) endpoints() imagehttp.Endpoints {
-	return imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e.Registry = ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}.Handler()
+	return e
 }
 
 // servedImages implements imagehttp.Images.
 type servedImages struct{ s *Server }
+
+// servesLocked says whether the image URLs (and the OCI API) answer for
+// img: selected, or deselected but kept because referenced (or because the
+// references are not all known yet).
+func (s *Server) servesLocked(sum osimage.SHA256, img *image) bool {
+	return img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
+}
 
 func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	s := v.s
@@ -35,8 +47,39 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	if !ok {
 		return imagehttp.Image{}, false
 	}
-	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+	return imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+}
+
+// Image tells what is served of sum, for the OCI distribution face: the
+// same as its image URLs serve, with a tag per key of a selected image.
+func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
+	s := v.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	img, ok := s.images[sum]
+	if !ok || !s.servesLocked(sum, img) {
+		return ocidist.Image{}, false
+	}
+	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size}
+	if img.Selected {
+		oi.Tags = tagsOf(img.Wanted)
+	}
+	return oi, true
+}
+
+// tagsOf are the keys of w that can be tags.
+func tagsOf(w servedset.Wanted) []string {
+	keys := []string{w.Key}
+	for _, r := range w.Records {
+		keys = append(keys, r.Key)
+	}
+	var tags []string
+	for _, key := range keys {
+		if ocidist.ValidTag(key) && !slices.Contains(tags, key) {
+			tags = append(tags, key)
+		}
+	}
+	return tags
 }
 
 func (v servedImages) Open(sum osimage.SHA256) (*os.File, imagestore.Entry, error) {

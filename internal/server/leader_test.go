@@ -29,14 +29,23 @@ func (r oneReadyPeer) Synced() bool           { return true }
 type recordingPublisher struct {
 	mu        sync.Mutex
 	sets      []osimage.ServedSet
+	last      osimage.ServedOutput
 	previous  osimage.ServedSet
 	readCalls int
+}
+
+// output is the last output published.
+func (p *recordingPublisher) output() osimage.ServedOutput {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
 }
 
 func (p *recordingPublisher) Publish(_ context.Context, out osimage.ServedOutput) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sets = append(p.sets, out.Set)
+	p.last = out
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -23,9 +24,21 @@ func (s *Server) Served() osimage.ServedSet {
 // outputLocked is what is published: the served set and the filenames of
 // its images.
 func (s *Server) outputLocked() osimage.ServedOutput {
-	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}, Refused: s.refusedLocked()}
-	for sum := range out.Set {
-		out.Filenames[sum] = s.images[sum].ServedAs()
+	out := osimage.ServedOutput{Set: s.servedLocked(), Filenames: osimage.ServedFilenames{}, OCI: osimage.ServedOCI{}, Refused: s.refusedLocked()}
+	for sum, entry := range out.Set {
+		img := s.images[sum]
+		out.Filenames[sum] = img.ServedAs()
+		// Its manifest is of its sha256 and size: the verified size where
+		// this replica holds it, else the declared one (the same, or it
+		// would not have verified).
+		size := img.entry.Size
+		if !img.Stored {
+			size = img.Int64Field(osimage.FieldSize)
+		}
+		if entry.Available && size > 0 {
+			_, manifest := ocidist.Manifest(sum, size)
+			out.OCI[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest.String()}
+		}
 	}
 	if len(out.Refused) > 0 {
 		// The refusals of the fleet's needs never keep the served set

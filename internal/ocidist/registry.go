@@ -1,0 +1,215 @@
+package ocidist
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+// Image is what the registry needs of one image the server serves.
+type Image struct {
+	SHA256 osimage.SHA256
+	// Ready says that this server holds it verified: only then are its
+	// manifest and its blob reachable.
+	Ready bool
+	// Size is the verified file's length, when Ready.
+	Size int64
+	// Tags are the image keys it answers to as tags (the selected ones).
+	Tags []string
+}
+
+// Images is what the registry asks of the image server.
+type Images interface {
+	// Image tells what is served of sum; ok is false when it is not
+	// served.
+	Image(sum osimage.SHA256) (img Image, ok bool)
+}
+
+// Registry is the read-only distribution API over Images. Blobs are sent
+// by ServeBlob, the image server's own sender of verified files (ranges,
+// ETag, a file found tampered with).
+type Registry struct {
+	Images    Images
+	ServeBlob func(w http.ResponseWriter, r *http.Request, sum osimage.SHA256)
+	// RetryAfterSeconds is what a client is told to wait for an image
+	// that is served but not held verified yet.
+	RetryAfterSeconds int
+}
+
+// Handler serves /v2/ and everything under it. A GET pattern answers HEAD
+// too; any other method is refused: the registry is read-only.
+func (g Registry) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v2/{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, "{}")
+	})
+	mux.HandleFunc("GET /v2/images/{sha256}/manifests/{reference}", g.image(g.serveManifest))
+	mux.HandleFunc("GET /v2/images/{sha256}/blobs/{digest}", g.image(g.serveBlob))
+	mux.HandleFunc("GET /v2/images/{sha256}/tags/list", g.image(g.serveTags))
+	mux.HandleFunc("/v2/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			writeError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this registry is read-only: it serves the verified images of the osimages server, and takes no upload or deletion")
+			return
+		}
+		writeError(w, http.StatusNotFound, "NAME_UNKNOWN", "no such repository or endpoint: the osimages server answers repositories images/<sha256> of the images it serves (manifests, blobs and tags/list)")
+	})
+	return apiVersion(mux)
+}
+
+// apiVersion sets the header by which registry clients recognise the API.
+func apiVersion(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// image finds the image of the request's repository, images/<sha256>, and
+// answers NAME_UNKNOWN when it is not one served here.
+func (g Registry) image(serve func(http.ResponseWriter, *http.Request, Image)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sum, err := osimage.ParseSHA256(r.PathValue("sha256"))
+		if err != nil {
+			writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: not a sha256 (%v)", r.PathValue("sha256"), err))
+			return
+		}
+		img, ok := g.Images.Image(sum)
+		if !ok {
+			writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: no such image is served here", sum))
+			return
+		}
+		serve(w, r, img)
+	}
+}
+
+// tagPattern is the grammar of a tag in the distribution spec.
+var tagPattern = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
+
+// ValidTag says whether key can be a tag: image keys that cannot are
+// reachable by digest only.
+func ValidTag(key string) bool { return tagPattern.MatchString(key) }
+
+func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Image) {
+	ref := r.PathValue("reference")
+	d, err := digest.Parse(ref)
+	switch {
+	case err == nil:
+	case ValidTag(ref) && slices.Contains(img.Tags, ref):
+	case ValidTag(ref):
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: no selected image key of this name gives image %s", ref, img.SHA256))
+		return
+	default:
+		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagPattern))
+		return
+	}
+	if !img.Ready {
+		g.notReady(w, "MANIFEST_UNKNOWN", img)
+		return
+	}
+	body, want := Manifest(img.SHA256, img.Size)
+	if err == nil && d != want {
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s, not %s", img.SHA256, want, d))
+		return
+	}
+	w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+	w.Header().Set("Docker-Content-Digest", want.String())
+	w.Header().Set("ETag", `"`+want.String()+`"`)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
+	d, err := digest.Parse(r.PathValue("digest"))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "DIGEST_INVALID", fmt.Sprintf("blob %q: %v: give sha256:<64 hex digits>", r.PathValue("digest"), err))
+	case d == ocispec.DescriptorEmptyJSON.Digest:
+		body := ocispec.DescriptorEmptyJSON.Data
+		w.Header().Set("Content-Type", ocispec.MediaTypeEmptyJSON)
+		w.Header().Set("Docker-Content-Digest", d.String())
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		if r.Method != http.MethodHead {
+			_, _ = w.Write(body)
+		}
+	case d != LayerDigest(img.SHA256):
+		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
+	case !img.Ready:
+		g.notReady(w, "BLOB_UNKNOWN", img)
+	default:
+		w.Header().Set("Docker-Content-Digest", d.String())
+		g.ServeBlob(w, r, img.SHA256)
+	}
+}
+
+// notReady answers for an image served but not held verified yet: wait.
+func (g Registry) notReady(w http.ResponseWriter, code string, img Image) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(g.RetryAfterSeconds, 1)))
+	writeError(w, http.StatusServiceUnavailable, code, fmt.Sprintf("image %s is served but not held verified here yet", img.SHA256))
+}
+
+// tagList is the body of tags/list.
+type tagList struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
+}
+
+// serveTags lists the repository's tags, sorted, n at a time after last
+// when asked (the spec's pagination, with a Link to the next page).
+func (g Registry) serveTags(w http.ResponseWriter, r *http.Request, img Image) {
+	tags := slices.Sorted(slices.Values(img.Tags))
+	tags = slices.Compact(tags)
+	q := r.URL.Query()
+	if last := q.Get("last"); last != "" {
+		i, _ := slices.BinarySearch(tags, last)
+		for i < len(tags) && tags[i] <= last {
+			i++
+		}
+		tags = tags[i:]
+	}
+	repo := osimage.OCIRepository(img.SHA256)
+	if ns := q.Get("n"); ns != "" {
+		n, err := strconv.Atoi(ns)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "UNSUPPORTED", fmt.Sprintf("n=%q: give a count of tags, 0 or more", ns))
+			return
+		}
+		if n < len(tags) {
+			tags = tags[:n]
+			if n > 0 {
+				next := url.Values{"n": {ns}, "last": {tags[n-1]}}
+				w.Header().Set("Link", fmt.Sprintf(`</v2/%s/tags/list?%s>; rel="next"`, repo, next.Encode()))
+			}
+		}
+	}
+	if tags == nil {
+		tags = []string{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(tagList{Name: repo, Tags: tags})
+}
+
+// registryError is one error of the spec's error body.
+type registryError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(struct {
+		Errors []registryError `json:"errors"`
+	}{[]registryError{{Code: code, Message: message}}})
+}

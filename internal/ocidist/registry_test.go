@@ -1,0 +1,106 @@
+package ocidist
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sylva-projects/osimages/internal/osimage"
+)
+
+var sumA = osimage.SHA256(strings.Repeat("a", 64))
+
+func TestManifestDependsOnSHA256AndSizeOnly(t *testing.T) {
+	body, d := Manifest(sumA, 42)
+	again, d2 := Manifest(sumA, 42)
+	if d != d2 || string(body) != string(again) {
+		t.Fatalf("the same image gave two manifests:\n%s\n%s", body, again)
+	}
+	if _, o := Manifest(sumA, 43); o == d {
+		t.Error("another size gave the same digest")
+	}
+	if _, o := Manifest(osimage.SHA256(strings.Repeat("b", 64)), 42); o == d {
+		t.Error("another sha256 gave the same digest")
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.SchemaVersion != 2 || m.MediaType != ocispec.MediaTypeImageManifest || m.ArtifactType != ArtifactType || m.Config.Digest != ocispec.DescriptorEmptyJSON.Digest ||
+		len(m.Layers) != 1 || m.Layers[0].Digest.String() != "sha256:"+string(sumA) || m.Layers[0].Size != 42 ||
+		m.Layers[0].Annotations[ocispec.AnnotationTitle] != string(sumA)+".img" || len(m.Annotations) != 0 {
+		t.Errorf("manifest: %s", body)
+	}
+	ref := Reference("10.0.0.1:8443", sumA, 42)
+	if got := ref.String(); got != "oci://10.0.0.1:8443/images/"+string(sumA)+"@"+d.String() {
+		t.Errorf("reference %s", got)
+	}
+	if back, ok := osimage.ParseOCIReference(ref.String()); !ok || back != ref {
+		t.Errorf("the reference does not read back: %+v %v", back, ok)
+	}
+	for _, bad := range []string{
+		"oci://h/images/" + string(sumA) + ":tag",
+		"oci://h/os-images@" + d.String(),
+		"oci://h/images/" + strings.ToUpper(string(sumA)) + "@" + d.String(),
+		"oci://h/images/" + string(sumA) + "@sha512:" + strings.Repeat("0", 128),
+		"oci:///images/" + string(sumA) + "@" + d.String(),
+		"https://h/images/" + string(sumA) + "@" + d.String(),
+	} {
+		if _, ok := osimage.ParseOCIReference(bad); ok {
+			t.Errorf("%s read as an osimages reference", bad)
+		}
+	}
+}
+
+type images []Image
+
+func (i images) Image(sum osimage.SHA256) (Image, bool) {
+	for _, img := range i {
+		if img.SHA256 == sum {
+			return img, true
+		}
+	}
+	return Image{}, false
+}
+
+func TestTagListPages(t *testing.T) {
+	reg := Registry{Images: images{
+		{SHA256: sumA, Ready: true, Size: 1, Tags: []string{"c", "a", "b", "a"}},
+		{SHA256: osimage.SHA256(strings.Repeat("b", 64)), Tags: []string{"d"}},
+	}}
+	srv := httptest.NewServer(reg.Handler())
+	defer srv.Close()
+	get := func(query string) (tagList, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + "/v2/" + osimage.OCIRepository(sumA) + "/tags/list" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l tagList
+		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", query, resp.StatusCode, err)
+		}
+		return l, resp.Header.Get("Link")
+	}
+	if l, link := get(""); strings.Join(l.Tags, ",") != "a,b,c" || l.Name != "images/"+string(sumA) || link != "" {
+		t.Errorf("all tags: %+v %q", l, link)
+	}
+	l, link := get("?n=2")
+	if strings.Join(l.Tags, ",") != "a,b" || !strings.Contains(link, "last=b") || !strings.Contains(link, `rel="next"`) {
+		t.Errorf("first page: %+v %q", l, link)
+	}
+	if l, link := get("?n=2&last=b"); strings.Join(l.Tags, ",") != "c" || link != "" {
+		t.Errorf("second page: %+v %q", l, link)
+	}
+	if l, _ := get("?last=zzz"); l.Tags == nil || len(l.Tags) != 0 {
+		t.Errorf("past the last tag: %+v (want an empty list, not null)", l)
+	}
+	if resp, err := http.Get(srv.URL + "/v2/" + osimage.OCIRepository(sumA) + "/tags/list?n=-1"); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("n=-1: %v %v", resp.StatusCode, err)
+	}
+}
