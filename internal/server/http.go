@@ -8,6 +8,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 // The server as its HTTP face (package imagehttp) reads it.
@@ -21,7 +22,11 @@ func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
 func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 
 func (s *Server) endpoints() imagehttp.Endpoints {
-	return imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log, Hold: s.cfg.ClientHold}
+	if s.view != nil {
+		e.Peers = replica.Relay{View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log}
+	}
+	return e
 }
 
 // servedImages implements imagehttp.Images.
@@ -36,7 +41,13 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 		return imagehttp.Image{}, false
 	}
 	served := img.Selected || s.referencesUnknownLocked(img) || len(s.keptByLocked(sum, img)) > 0
-	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+	// Before it is stored here, the md5 is the one the catalog declares,
+	// which a peer that holds the image verified it against.
+	md5 := img.entry.MD5
+	if md5 == "" {
+		md5 = img.Image.Get(osimage.FieldMD5)
+	}
+	return imagehttp.Image{Served: served, Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: md5, VerifiedAt: img.entry.VerifiedAt}, true
 }
 
 func (v servedImages) Open(sum osimage.SHA256) (*os.File, imagestore.Entry, error) {
