@@ -13,7 +13,8 @@
 // simultaneous (3 replicas started together while the catalog already
 // selects the image), failover (3 replicas, the registry-pulling one
 // killed with SIGKILL at half of the layer), overlap (1 and 3 replicas,
-// clients from the selection on, so fill and serving overlap) and fanout
+// clients from the moment every replica has read the selection, so fill
+// and serving overlap) and fanout
 // (1 and 5 replicas at rates where the origin's NIC cannot feed four
 // followers).
 //
