@@ -15,6 +15,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/daemon"
 	"github.com/sylva-projects/osimages/internal/exitcode"
+	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -35,7 +36,7 @@ type serveOptions struct {
 	// are quantities, such as 200Gi; maxStorage "" is no bound but the
 	// disk.
 	maxStorage, freeSpaceMargin, maxImageSize, minRate, scrubRate string
-	stallTimeout, scrubInterval                                   time.Duration
+	stallTimeout, scrubInterval, clientHold                       time.Duration
 	tlsCert, tlsKey                                               string
 	registry                                                      oci.Options
 	poll                                                          time.Duration
@@ -100,6 +101,7 @@ same address.`,
 	f.StringVar(&o.peersService, "peers-service", "", "headless Service whose ready EndpointSlice endpoints are the other replicas: images are filled from peers first, one replica per image pulls from the registry, and the holder of --publisher-lease publishes (empty: one replica)")
 	f.StringVar(&o.peerListen, "peer-listen", daemon.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
 	f.DurationVar(&o.peerTimeout, "peer-timeout", replica.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
+	f.DurationVar(&o.clientHold, "client-hold", imagehttp.DefaultHold, "how long a client's request for a selected image that no replica holds verified yet waits for one before it is answered 503 with Retry-After (0: at once); with --peers-service, one a peer holds verified is answered from that peer's copy")
 	f.StringVar(&o.publisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
 	addFleetNeedsFlags(f, &o.fleetNeeds, "also serve")
 	f.StringVar(&o.fleetNeedsConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+osimage.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
@@ -277,6 +279,9 @@ func (o serveOptions) limits() (server.Config, error) {
 		err = fmt.Errorf("--min-rate %q is negative: give 0 for downloads never to give way", o.minRate)
 	}
 	errs = append(errs, err)
+	if o.clientHold < 0 {
+		errs = append(errs, fmt.Errorf("--client-hold %s is negative: give how long a request for an image not verified yet may wait, such as 20s, or 0 to answer at once", o.clientHold))
+	}
 	if o.peerTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--peer-timeout %s is negative: give how long a peer may show no progress, such as 30s", o.peerTimeout))
 	}
@@ -297,6 +302,6 @@ func (o serveOptions) limits() (server.Config, error) {
 	return server.Config{
 		Concurrency: o.concurrency, GCGrace: o.gcGrace, MaxStorage: maxStorage, FreeSpaceMargin: margin,
 		MaxImageSize: maxImage, StallTimeout: o.stallTimeout, MinRate: minRate,
-		ScrubInterval: o.scrubInterval, ScrubRate: scrubRate,
+		ScrubInterval: o.scrubInterval, ScrubRate: scrubRate, ClientHold: o.clientHold,
 	}, nil
 }

@@ -217,6 +217,7 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--fleet-needs-configmap", "ns/Not_A_Name"}, `--fleet-needs-configmap "ns/Not_A_Name": want NAMESPACE/NAME: name "Not_A_Name"`},
 		{[]string{"--output-configmap", "bad"}, `--output-configmap "bad": want NAMESPACE/NAME`},
 		{[]string{"--peer-timeout", "-1s"}, "--peer-timeout -1s is negative"},
+		{[]string{"--client-hold", "-1s"}, "--client-hold -1s is negative"},
 		{[]string{"--scrub-rate", "0"}, `--scrub-rate "0": give a positive quantity`},
 		{[]string{"--scrub-rate", "quick"}, `--scrub-rate "quick"`},
 	} {

@@ -66,7 +66,36 @@ type Endpoints struct {
 	// Registry, when set, answers /v2/: the same images through the OCI
 	// distribution API (package ocidist), on the same port and TLS.
 	Registry http.Handler
+	// Peers, when set, are the other replicas of the Service: a client's
+	// request for a served image this server does not hold verified is
+	// answered from a peer that does (replica.Relay).
+	Peers Peers
+	// Hold is how long a request for a served image that no replica
+	// holds verified yet (it is queued or downloading) waits for one
+	// before it is answered 503 with Retry-After; 0 answers at once.
+	Hold time.Duration
 }
+
+// Peers is what the HTTP face asks of the other replicas.
+type Peers interface {
+	// Holds says whether a peer holds sum verified.
+	Holds(sum osimage.SHA256) bool
+	// Serve answers a GET or HEAD of the image sum, under name, with a
+	// peer's verified copy; false, with nothing written, when no peer
+	// could.
+	Serve(w http.ResponseWriter, r *http.Request, sum osimage.SHA256, name string) bool
+}
+
+// DefaultHold is what serve's --client-hold defaults to. Ironic's
+// conductor checks an image URL with one HEAD and fails the host on
+// anything but 200, without retrying; it and its agent read with a 60 s
+// timeout (webserver_connection_timeout, image_download_connection_timeout):
+// a request held 20 s is answered well inside it.
+const DefaultHold = 20 * time.Second
+
+// holdPoll is how often a held request looks again: a peer's copy is
+// learnt from its state, read every replica.PollInterval.
+const holdPoll = 100 * time.Millisecond
 
 // RetryAfterSeconds is what a client is told to wait for an image that is
 // selected but not ready yet.
@@ -158,9 +187,29 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 		checksum = info.MD5
 	}
 	if !info.Stored || info.Phase != replica.PhaseReady {
-		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
-		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
-		return
+		var here, peer bool
+		info, here, peer = s.servable(r, sum)
+		switch {
+		case r.Context().Err() != nil:
+			return
+		case !info.Served:
+			http.NotFound(w, r) // deselected meanwhile
+			return
+		case here:
+			// Verified here while the request waited: served below.
+		case peer && suffix != "":
+			// A checksum file says what the URL and the catalog say, which
+			// a peer verified the bytes against: answered here.
+		case peer && s.Peers.Serve(w, r, sum, name):
+			return
+		default:
+			w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+			http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
+			return
+		}
+		if suffix == ".md5sum" {
+			checksum = info.MD5
+		}
 	}
 	if suffix != "" {
 		if checksum == "" {
@@ -177,6 +226,41 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.ServeStored(w, r, sum)
+}
+
+// servable waits, up to Hold, until sum is held verified here (here) or
+// by a peer (peer), or is no longer served. An image whose download
+// failed is not waited for: its retry is minutes away.
+func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, here, peer bool) {
+	var deadline <-chan time.Time
+	if s.Hold > 0 {
+		t := time.NewTimer(s.Hold)
+		defer t.Stop()
+		deadline = t.C
+	}
+	tick := time.NewTicker(holdPoll)
+	defer tick.Stop()
+	for {
+		var ok bool
+		info, ok = s.Images.Lookup(sum)
+		switch {
+		case !ok || !info.Served:
+			return Image{}, false, false
+		case info.Stored && info.Phase == replica.PhaseReady:
+			return info, true, false
+		case s.Peers != nil && s.Peers.Holds(sum):
+			return info, false, true
+		case deadline == nil || info.Phase == replica.PhaseFailed:
+			return info, false, false
+		}
+		select {
+		case <-r.Context().Done():
+			return info, false, false
+		case <-deadline:
+			return info, false, false
+		case <-tick.C:
+		}
+	}
 }
 
 // ServeStored sends the stored, verified file of sum (to a client, or to

@@ -10,6 +10,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/servedset"
 )
 
@@ -24,7 +25,10 @@ func (s *Server) Handler() http.Handler { return s.endpoints().Handler() }
 func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 
 func (s *Server) endpoints() imagehttp.Endpoints {
-	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log}
+	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log, Hold: s.cfg.ClientHold}
+	if s.view != nil {
+		e.Peers = replica.Relay{View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log}
+	}
 	e.Registry = ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}.Handler()
 	return e
 }
@@ -47,7 +51,13 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	if !ok {
 		return imagehttp.Image{}, false
 	}
-	return imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: img.entry.MD5, VerifiedAt: img.entry.VerifiedAt}, true
+	// Before it is stored here, the md5 is the one the catalog declares,
+	// which a peer that holds the image verified it against.
+	md5 := img.entry.MD5
+	if md5 == "" {
+		md5 = img.Image.Get(osimage.FieldMD5)
+	}
+	return imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: md5, VerifiedAt: img.entry.VerifiedAt}, true
 }
 
 // Image tells what is served of sum, for the OCI distribution face: the

@@ -11,6 +11,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -158,6 +159,12 @@ type Config struct {
 	PeerTimeout time.Duration
 	// ReportPeer, when set, also reports a peer that failed.
 	ReportPeer PeerReporter
+	// ClientHold is how long a client's request for a selected image that
+	// no replica holds verified yet waits for one before it is answered
+	// 503 with Retry-After (0: at once; imagehttp.Endpoints.Hold). With
+	// Replicas, a request for an image a peer holds verified is answered
+	// from that peer (replica.Relay).
+	ClientHold time.Duration
 
 	// ScrubInterval is how often each stored image is re-hashed, counted
 	// from when it was last verified or scrubbed (0: never; package scrub).
@@ -246,6 +253,8 @@ type Server struct {
 	readyOnce     bool
 	lastAvailable map[osimage.SHA256]bool
 	filler        *replica.Filler
+	// relayClient reaches the peers that relay an image to a client.
+	relayClient *http.Client
 	// notify is closed at each change of an image's state (Changed).
 	notifyMu sync.Mutex
 	notify   chan struct{}
@@ -270,6 +279,7 @@ func New(cfg Config) *Server {
 	cfg.FreeSpaceMargin = max(cfg.FreeSpaceMargin, 0)
 	cfg.MaxStorage = max(cfg.MaxStorage, 0)
 	cfg.MinRate = max(cfg.MinRate, 0)
+	cfg.ClientHold = max(cfg.ClientHold, 0)
 	if cfg.MaxImageSize <= 0 {
 		cfg.MaxImageSize = DefaultMaxImageSize
 	}
@@ -310,6 +320,7 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Replicas != nil {
 		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
+		s.relayClient = &http.Client{Transport: replica.Transport()}
 		s.filler = &replica.Filler{
 			View: s.view, Puller: replica.NewPuller(cfg.PeerTimeout), Wait: cfg.PeerTimeout, Log: cfg.Logger,
 			Registry: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/testenv"
+)
+
+// stallGate, once closed, holds the requests it is given until the test
+// ends: a source that stalls.
+type stallGate struct {
+	closed atomic.Bool
+	held   atomic.Int64
+	end    chan struct{}
+}
+
+func newStallGate(t *testing.T) *stallGate {
+	g := &stallGate{end: make(chan struct{})}
+	t.Cleanup(func() { close(g.end) })
+	return g
+}
+
+// hold blocks r while the stallGate is closed and pass says no.
+func (g *stallGate) hold(r *http.Request, pass bool) {
+	if !g.closed.Load() || pass {
+		return
+	}
+	g.held.Add(1)
+	select {
+	case <-g.end:
+	case <-r.Context().Done():
+	}
+}
+
+// TestServeReplicasAnswerClientsFromAPeerDuringAFill: Ironic's conductor
+// checks an image URL with one HEAD, fails the host on anything but 200
+// and does not retry (ironic/common/image_service.py, validate_href), so
+// a replica asked for an image it is still filling answers from a peer's
+// verified copy: the HEAD, the checksum files and the image itself, as
+// Ironic's own HttpImageService downloads it. The replica here cannot
+// fill at all (its peer's fills and the registry stall), so every answer
+// is the peer's copy, relayed.
+func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
+	registryGate := newStallGate(t)
+	reg := testenv.Registry(t, devregistry.Options{Middleware: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			registryGate.hold(r, !strings.Contains(r.URL.Path, "/blobs/"))
+			next.ServeHTTP(w, r)
+		})
+	}})
+	args, sums, _ := replicaImages(t, reg, 3<<20)
+	published := map[osimage.SHA256]devregistry.Published{}
+	for _, p := range publishedFor(t, reg) {
+		published[imageSHA(t, p)] = p
+	}
+	// a's peer listener, behind a stallGate that holds the fills but lets the
+	// relayed requests of clients through.
+	peerGate := newStallGate(t)
+	advertise := func(peerAddr string) string {
+		target, _ := url.Parse("http://" + peerAddr)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		addr := freeHostAddr(t)
+		srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			peerGate.hold(r, r.URL.Path == replica.StatePath || r.Header.Get(replica.RelayHeader) != "")
+			proxy.ServeHTTP(w, r)
+		})}
+		go srv.ListenAndServe()
+		t.Cleanup(func() { srv.Close() })
+		return addr
+	}
+	rs := newReplicaSet(t, args...)
+	a := rs.start("a", advertise)
+	testenv.Eventually(t, "a holds both images", 60*time.Second, func() (bool, string) {
+		return a.holds(sums...), fmt.Sprint(a.state()) + a.d.stderr.String()
+	})
+	registryGate.closed.Store(true)
+	peerGate.closed.Store(true)
+	b := rs.start("b", nil, "--client-hold", "1s")
+	testenv.Eventually(t, "b fills both images from a, held at the stallGate", 60*time.Second, func() (bool, string) {
+		st := b.state()
+		if st == nil {
+			return false, "b does not answer"
+		}
+		for _, sum := range sums {
+			if !st.Images[sum].FillsFromPeer() {
+				return false, fmt.Sprint(st)
+			}
+		}
+		return true, ""
+	})
+
+	for _, sum := range sums {
+		p := published[sum]
+		name := p.Fields.Get(osimage.FieldFilename)
+		size, _ := strconv.ParseInt(p.Fields.Get(osimage.FieldSize), 10, 64)
+		imageURL := b.d.url(osimage.ImagePath(sum, name))
+		// The conductor's HEAD.
+		resp, err := http.Head(imageURL)
+		if err != nil || resp.StatusCode != http.StatusOK || resp.ContentLength != size {
+			t.Fatalf("HEAD %s of b, which is still filling it: %v, %v; want 200 with Content-Length %d", name, err, resp, size)
+		}
+		// The checksum files.
+		for suffix, want := range map[string]string{".sha256sum": string(sum), ".md5sum": p.Fields.Get(osimage.FieldMD5)} {
+			body := httpGet(t, imageURL+suffix)
+			if body != want+"  "+name+"\n" {
+				t.Errorf("GET %s%s of b: %q, want %q", name, suffix, body, want+"  "+name+"\n")
+			}
+		}
+		// The image.
+		resp, err = http.Get(imageURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != string(sum) {
+			t.Fatalf("GET %s of b: %s, %v, %d bytes of sha256 %x; want 200 and the %d bytes of %s", name, resp.Status, err, n, h.Sum(nil), size, sum)
+		}
+	}
+	if b.holds(sums[0]) || b.holds(sums[1]) {
+		t.Fatalf("b holds an image: its fills were meant to stall, the answers to be relayed: %v", b.state())
+	}
+	if peerGate.held.Load() == 0 {
+		t.Fatal("no fill of b was held at a's stallGate")
+	}
+
+	t.Run("Ironic's HttpImageService", func(t *testing.T) {
+		shared := testenv.SharedDir(t)
+		p := published[sums[0]]
+		ironicDownload(t, shared, b.d.url(osimage.ImagePath(sums[0], p.Fields.Get(osimage.FieldFilename))), sums[0], p.Fields.Get(osimage.FieldSize))
+	})
+
+	// An image no replica holds verified yet is held --client-hold, then
+	// answered 503 with Retry-After, never with bytes of a fill.
+	t.Run("no verified copy anywhere", func(t *testing.T) {
+		c := rs.start("c", nil, "--client-hold", "1s", "--peers-service", "nobody")
+		testenv.Eventually(t, "c queues or pulls the images", 60*time.Second, func() (bool, string) {
+			st := c.state()
+			return st != nil && len(st.Images) == len(sums), fmt.Sprint(st)
+		})
+		p := published[sums[0]]
+		resp, err := http.Get(c.d.url(osimage.ImagePath(sums[0], p.Fields.Get(osimage.FieldFilename))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("GET of an image no replica holds: %s, Retry-After %q; want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
+		}
+	})
+}
+
+func httpGet(t *testing.T, u string) string {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", u, resp.Status, body)
+	}
+	return string(body)
+}
+
+// ironicDownload runs Ironic's own HttpImageService (a current Ironic's
+// code, shared/ironic, on Debian's python3-ironic libraries) as the
+// conductor uses it: show (the HEAD), the checksum file, then the
+// download, checked in transit. It skips where the code or the libraries
+// are absent.
+func ironicDownload(t *testing.T, shared, imageURL string, sum osimage.SHA256, size string) {
+	t.Helper()
+	tgz, _ := filepath.Glob(filepath.Join(shared, "ironic", "ironic-*.tgz"))
+	if len(tgz) == 0 {
+		t.Skip("shared/ironic holds no Ironic archive: Ironic's download is not checked")
+	}
+	// Debian's python3, which python3-ironic's libraries are for (a
+	// python3 of pyenv's first on PATH lacks them).
+	python := "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		if python, err = exec.LookPath("python3"); err != nil {
+			t.Skip("no python3: Ironic's download is not checked")
+		}
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("tar", "-C", dir, "-xzf", tgz[0]).CombinedOutput(); err != nil {
+		t.Fatalf("unpacking %s: %v: %s", tgz[0], err, out)
+	}
+	probe := exec.Command(python, "-c", "import oslo_config, oslo_utils, requests")
+	if out, err := probe.CombinedOutput(); err != nil {
+		t.Skipf("Ironic's libraries are missing (apt-get install python3-ironic): %s", out)
+	}
+	script := `
+import json, sys
+from ironic.conf import CONF
+CONF([], project='ironic')
+from ironic.common import checksum_utils, image_service
+url, out = sys.argv[1], sys.argv[2]
+s = image_service.HttpImageService()
+info = s.show(url)
+checksum = checksum_utils.get_checksum_from_url(url + '.sha256sum', url)
+with open(out, 'wb') as f:
+    s.download(url, f, checksum=checksum, checksum_algo='sha256')
+print(json.dumps({'size': info['size'], 'checksum': checksum, 'verified': s.transfer_verified_checksum}))
+`
+	file := filepath.Join(dir, "image")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "-c", script, imageURL, file)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("Ironic's download of %s: %v\n%s\n%s", imageURL, err, stdout.String(), stderr.String())
+	}
+	var got struct {
+		Size     int64  `json:"size"`
+		Checksum string `json:"checksum"`
+		Verified string `json:"verified"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("Ironic's download: %v\n%s", err, stdout.String())
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileSum := sha256.Sum256(data)
+	if strconv.FormatInt(got.Size, 10) != size || got.Checksum != string(sum) || got.Verified != "sha256:"+string(sum) || hex.EncodeToString(fileSum[:]) != string(sum) {
+		t.Fatalf("Ironic: size %d, checksum file %s, verified in transit %q, file sha256 %x; want size %s and sha256 %s",
+			got.Size, got.Checksum, got.Verified, fileSum, size, sum)
+	}
+	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified %s", got.Size, got.Verified)
+}
