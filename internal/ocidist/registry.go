@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -92,12 +93,16 @@ func (g Registry) image(serve func(http.ResponseWriter, *http.Request, Image)) h
 	}
 }
 
-// tagPattern is the grammar of a tag in the distribution spec.
-var tagPattern = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$`)
+// tagGrammar is the grammar of a tag in the distribution spec.
+const tagGrammar = `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`
+
+// tagPattern is compiled at first use: every command pays for what a
+// package builds at init.
+var tagPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("^" + tagGrammar + "$") })
 
 // ValidTag says whether key can be a tag: image keys that cannot are
 // reachable by digest only.
-func ValidTag(key string) bool { return tagPattern.MatchString(key) }
+func ValidTag(key string) bool { return tagPattern().MatchString(key) }
 
 func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Image) {
 	ref := r.PathValue("reference")
@@ -109,7 +114,7 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: no selected image key of this name gives image %s", ref, img.SHA256))
 		return
 	default:
-		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagPattern))
+		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagGrammar))
 		return
 	}
 	if !img.Ready {
