@@ -48,6 +48,9 @@ type serverReplica struct {
 	// front of peerAddr, say).
 	advertised string
 	removed    atomic.Bool // its endpoint is taken out of the Service
+	// unlisted: its endpoint is not in the Service yet (a pod without an
+	// address).
+	unlisted atomic.Bool
 }
 
 type replicaSet struct {
@@ -129,18 +132,29 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 	return rs
 }
 
-// start runs replica id; advertise, when set, wraps its peer address.
+// start runs replica id; advertise, when set, wraps its peer address. It
+// expects a set of one (--replicas 1), unless extra or the set's
+// arguments say otherwise.
 func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
+	return rs.startListed(true, id, advertise, extra...)
+}
+
+// startListed runs replica id as start does; unless listed, its endpoint
+// is left out of the Service until list is called.
+func (rs *replicaSet) startListed(listed bool, id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
 	r := &serverReplica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
-	// Its endpoint is listed (not ready) before it starts, as a pod's is
-	// once it has an address.
-	rs.putSlice(context.Background(), r, false)
-	r.d = startServe(t, r.httpAddr, append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
+	r.unlisted.Store(!listed)
+	if listed {
+		// Its endpoint is listed (not ready) before it starts, as a pod's
+		// is once it has an address.
+		rs.putSlice(context.Background(), r, false)
+	}
+	r.d = startServe(t, r.httpAddr, append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id, "--replicas", "1",
 		"--peers-service", peersService, "--peer-listen", peerAddr, "--peer-timeout", "5s",
 		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, append(extra, rs.args...)...)...)
 	rs.mu.Lock()
@@ -164,6 +178,9 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Unlock()
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	for _, r := range all {
+		if r.unlisted.Load() {
+			continue
+		}
 		if r.removed.Load() {
 			_ = slices.Delete(ctx, "osimages-"+r.id, metav1.DeleteOptions{})
 			continue

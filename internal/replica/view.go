@@ -39,6 +39,26 @@ const PollInterval = 250 * time.Millisecond
 // a download is claimed: two rounds of reading the peers.
 const listedSettle = 2 * PollInterval
 
+// DefaultClaimWait is how long after its first read of the peers a replica
+// that lists fewer replicas than ClaimRule.Replicas (or, that number
+// unknown, none but itself) waits before it claims a download anyway.
+const DefaultClaimWait = 10 * time.Second
+
+// ClaimRule says when a replica may claim its first downloads: once the
+// replicas listed, itself included, are Replicas or more (0: unknown, then
+// two or more) and stayed the same for listedSettle, or once Wait has
+// passed since its first read of the peers.
+//
+// Replicas started together each list the others only once these have an
+// address: a replica whose first listing is empty or partial would believe
+// it is alone, or first in rendezvous order, and pull what another pulls
+// too. The expected count, and the bounded wait for when it is wrong or
+// unknown, let it wait for the others to show.
+type ClaimRule struct {
+	Replicas int
+	Wait     time.Duration
+}
+
 // View is what a replica last read of its peers: their states, read
 // every PollInterval (Poll), and the answers the server takes from them.
 // It never calls the server while it holds its own lock, so the server
@@ -48,13 +68,16 @@ type View struct {
 	client   *http.Client
 	log      *slog.Logger
 	clock    clock.WithTicker
+	rule     ClaimRule
 
 	mu    sync.Mutex
 	peers map[string]peerView
 	known bool
-	// listedIDs are the replicas listed at the last read, changed at
-	// listedChangedAt; readySeen is when each ready peer was first seen
-	// ready.
+	// firstRead is when the peers were first read; listedIDs are the
+	// replicas listed at the last read, changed at listedChangedAt (the
+	// first read counts as a change); readySeen is when each ready peer
+	// was first seen ready.
+	firstRead       time.Time
 	listedIDs       []string
 	listedChangedAt time.Time
 	readySeen       map[string]time.Time
@@ -67,16 +90,20 @@ type peerView struct {
 	at    time.Time
 }
 
-// NewView reads the peers that replicas lists. A nil clock is the real
-// one.
-func NewView(replicas Replicas, log *slog.Logger, clk clock.WithTicker) *View {
+// NewView reads the peers that replicas lists, and lets downloads be
+// claimed under rule. A nil clock is the real one; a zero rule.Wait is
+// DefaultClaimWait.
+func NewView(replicas Replicas, log *slog.Logger, clk clock.WithTicker, rule ClaimRule) *View {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &View{replicas: replicas, log: log, clock: clk,
+	if rule.Wait <= 0 {
+		rule.Wait = DefaultClaimWait
+	}
+	return &View{replicas: replicas, log: log, clock: clk, rule: rule,
 		client: &http.Client{Transport: Transport(), Timeout: 5 * time.Second}}
 }
 
@@ -106,8 +133,9 @@ func (v *View) Poll(ctx context.Context, changed <-chan struct{}, read func()) {
 	}
 }
 
-// readAll reads every listed peer's state once.
-func (v *View) readAll(ctx context.Context) {
+// readAll reads every listed peer's state once, and returns what it read
+// (nil when ctx ended).
+func (v *View) readAll(ctx context.Context) map[string]peerView {
 	listed := v.replicas.Listed()
 	views := map[string]peerView{}
 	var mu sync.Mutex
@@ -122,7 +150,7 @@ func (v *View) readAll(ctx context.Context) {
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
-		return
+		return nil
 	}
 	ids := make([]string, 0, len(listed))
 	for _, p := range listed {
@@ -137,10 +165,17 @@ func (v *View) readAll(ctx context.Context) {
 		}
 	}
 	v.peers = views
-	v.known = true
-	if !slices.Equal(ids, v.listedIDs) {
-		v.listedIDs, v.listedChangedAt = ids, v.clock.Now()
+	now := v.clock.Now()
+	if !v.known {
+		// The first listing starts the settle, an empty one too: compared
+		// with no listing at all it would not count as a change, and a
+		// replica that listed nobody would claim at once.
+		v.known, v.firstRead, v.listedIDs, v.listedChangedAt = true, now, ids, now
 	}
+	if !slices.Equal(ids, v.listedIDs) {
+		v.listedIDs, v.listedChangedAt = ids, now
+	}
+	return views
 }
 
 // Known says whether the peers' states were read once.
@@ -154,11 +189,20 @@ func (v *View) Known() bool {
 // are known, or every replica would pull everything from the registry at
 // start; nor while the replicas listed changed less than listedSettle
 // ago, so that replicas started together list each other before they
-// choose who pulls what.
+// choose who pulls what; nor, until the claim rule's Wait has passed since
+// the first read, while fewer replicas are listed than it expects.
 func (v *View) Claimable() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.known && v.clock.Since(v.listedChangedAt) >= listedSettle
+	if !v.known || v.clock.Since(v.listedChangedAt) < listedSettle {
+		return false
+	}
+	want := v.rule.Replicas
+	if want <= 0 {
+		// Unknown: a replica that lists no other waits.
+		want = 2
+	}
+	return len(v.listedIDs)+1 >= want || v.clock.Since(v.firstRead) >= v.rule.Wait
 }
 
 // Available says whether sum is available: every ready replica holds it
@@ -249,19 +293,22 @@ func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
 	}
 	usable := func(id string) bool { return !skip(id) && views[id].err == nil }
 	order := Rendezvous(string(sum), ids)
-	// A verified copy first: it costs the registry nothing.
-	for _, id := range order {
-		if usable(id) && views[id].state.Images[sum].Verified() {
-			p := byID[id]
-			return &p
+	first := func(has func(Image) bool) *Peer {
+		for _, id := range order {
+			if usable(id) && has(views[id].state.Images[sum]) {
+				p := byID[id]
+				return &p
+			}
 		}
+		return nil
 	}
-	// Then a peer that pulls it from the registry already: it may have
-	// chosen itself before this replica was listed.
-	for _, id := range order {
-		if usable(id) && views[id].state.Images[sum].PullsFromRegistry() {
-			p := byID[id]
-			return &p
+	// A verified copy first: it costs the registry nothing. Then a peer
+	// that pulls it from the registry already: it may have chosen itself
+	// before this replica was listed. Then one that claims its pull: it
+	// goes ahead unless one pulls it already (ConfirmClaim).
+	for _, has := range []func(Image) bool{Image.Verified, Image.PullsFromRegistry, Image.ClaimsRegistry} {
+		if p := first(has); p != nil {
+			return p
 		}
 	}
 	// Else the first of the rendezvous order pulls from the registry, and
@@ -280,6 +327,69 @@ func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
 		}
 	}
 	return nil
+}
+
+// Verdict is what a replica that claimed the registry pull of an image
+// learns from its peers' states (ConfirmClaim).
+type Verdict int
+
+const (
+	// Proceed: no peer holds the image, pulls it, or claims it and ranks
+	// before this replica.
+	Proceed Verdict = iota
+	// GiveWay: a peer holds it, pulls it, or claims it and ranks before
+	// this replica: fill from it (Choose).
+	GiveWay
+	// Hold: a peer that ranks after this replica claims it too, and may
+	// not have seen this claim: read again until it gives way or pulls.
+	Hold
+)
+
+// ConfirmClaim reads every listed peer's state, once this replica
+// announces that it pulls sum from the registry (its state says so:
+// Image.ClaimsRegistry), and judges the claim, naming the peer it gives
+// way to or holds for. Two replicas that claim the same image each read
+// the other after their own announcement, so at least the later one sees
+// the earlier, as long as each lists the other: that one gives way when the other ranks first in
+// rendezvous order or already pulls, and holds while the other may still
+// give way to it. Only replicas that rank after it are held for, so no two
+// hold for each other. Peers for which skip says true, and peers whose
+// state cannot be read, are left out: they count as holding nothing.
+func (v *View) ConfirmClaim(ctx context.Context, sum osimage.SHA256, skip func(id string) bool) (Verdict, string) {
+	views := v.readAll(ctx)
+	self := v.replicas.Self()
+	ids := []string{self}
+	images := map[string]Image{}
+	for id, pv := range views {
+		if skip(id) || pv.err != nil {
+			continue
+		}
+		ids = append(ids, id)
+		images[id] = pv.state.Images[sum]
+	}
+	return judgeClaim(self, Rendezvous(string(sum), ids), images)
+}
+
+// judgeClaim judges self's claim of an image over the rendezvous order of
+// the replicas, from the peers' images.
+func judgeClaim(self string, order []string, images map[string]Image) (Verdict, string) {
+	verdict, peer := Proceed, ""
+	before := true
+	for _, id := range order {
+		if id == self {
+			before = false
+			continue
+		}
+		img, ok := images[id]
+		switch {
+		case !ok:
+		case img.Verified() || img.PullsFromRegistry() || img.ClaimsRegistry() && before:
+			return GiveWay, id
+		case img.ClaimsRegistry() && verdict == Proceed:
+			verdict, peer = Hold, id
+		}
+	}
+	return verdict, peer
 }
 
 // States are the peers' states as last read, by ID, for the status page;

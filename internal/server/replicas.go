@@ -31,7 +31,7 @@ func (s *Server) State() replica.State {
 	defer s.mu.Unlock()
 	out := replica.State{Replica: s.view.Self(), Images: map[osimage.SHA256]replica.Image{}}
 	for sum, img := range s.images {
-		ri := replica.Image{Phase: img.Phase, Source: img.source, Received: img.received}
+		ri := replica.Image{Phase: img.Phase, Source: img.source, Claiming: img.claiming, Received: img.received}
 		if img.Stored {
 			ri.Phase, ri.Size, ri.VerifiedAt = PhaseReady, img.entry.Size, img.entry.VerifiedAt
 		}
@@ -199,7 +199,25 @@ func (s *Server) peerRule() fill.Rule {
 func (s *Server) setSource(sum osimage.SHA256, source string) {
 	s.mu.Lock()
 	if img, ok := s.images[sum]; ok {
-		img.source = source
+		img.source, img.claiming = source, false
+	}
+	s.mu.Unlock()
+	s.broadcast()
+}
+
+// setClaim shows a step of this replica's claim of the registry pull of
+// sum in its state, at once: peers judge their own claims from it.
+func (s *Server) setClaim(sum osimage.SHA256, step replica.ClaimStep) {
+	s.mu.Lock()
+	if img, ok := s.images[sum]; ok {
+		switch step {
+		case replica.ClaimAnnounced:
+			img.source, img.claiming = fill.FromRegistry, true
+		case replica.ClaimConfirmed:
+			img.source, img.claiming = fill.FromRegistry, false
+		case replica.ClaimWithdrawn:
+			img.source, img.claiming = "", false
+		}
 	}
 	s.mu.Unlock()
 	s.broadcast()
