@@ -67,12 +67,23 @@ type replicaSet struct {
 type blobCounter struct {
 	sent    atomic.Int64
 	trickle atomic.Bool
+	// byDigest counts the bytes sent of each blob, by digest.
+	byDigest sync.Map
+}
+
+// sentOf is the bytes sent of the blob of digest d.
+func (c *blobCounter) sentOf(d string) int64 {
+	if n, ok := c.byDigest.Load(d); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 func (c *blobCounter) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
-			next.ServeHTTP(&countingResponse{ResponseWriter: w, c: c}, r)
+		if _, d, ok := strings.Cut(r.URL.Path, "/blobs/"); r.Method == http.MethodGet && ok {
+			n, _ := c.byDigest.LoadOrStore(d, new(atomic.Int64))
+			next.ServeHTTP(&countingResponse{ResponseWriter: w, c: c, blob: n.(*atomic.Int64)}, r)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -81,13 +92,15 @@ func (c *blobCounter) middleware(next http.Handler) http.Handler {
 
 type countingResponse struct {
 	http.ResponseWriter
-	c *blobCounter
+	c    *blobCounter
+	blob *atomic.Int64
 }
 
 func (w *countingResponse) Write(p []byte) (int, error) {
 	if !w.c.trickle.Load() {
 		n, err := w.ResponseWriter.Write(p)
 		w.c.sent.Add(int64(n))
+		w.blob.Add(int64(n))
 		return n, err
 	}
 	written := 0
@@ -95,6 +108,7 @@ func (w *countingResponse) Write(p []byte) (int, error) {
 		n, err := w.ResponseWriter.Write(p[:min(len(p), 64<<10)])
 		written += n
 		w.c.sent.Add(int64(n))
+		w.blob.Add(int64(n))
 		if err != nil {
 			return written, err
 		}

@@ -39,11 +39,11 @@ type Offer struct {
 	// Download is its registry pull in progress, which peers may stream
 	// (its image, and its compressed layer when it keeps one); Started
 	// says that network bytes came, Committing that the pull ended and is
-	// being committed.
+	// being committed. A replica filling from a peer offers none: it may
+	// turn to the registry in a moment (its source died) and continue the
+	// layer, which a follower then streams from its own checkpoint.
 	Download            *imagestore.Writer
 	Started, Committing bool
-	// FromPeer: it is filled from a peer now, and keeps no layer.
-	FromPeer bool
 	// Size is its declared size, 0 when unknown.
 	Size int64
 }
@@ -153,7 +153,7 @@ const (
 	// blobKept: the layer is kept, to stream.
 	blobKept blobAnswer = iota
 	// blobNone: there is none and will be none (the image is verified,
-	// filled from a peer, or its layer is not offered): copy the image.
+	// its fill keeps none, or its layer is not offered): copy the image.
 	blobNone
 	// blobNotYet: this replica has not started keeping it (it has not
 	// read the selection yet, or not claimed the image, or is committing
@@ -187,7 +187,7 @@ func (e Endpoints) blob(r *http.Request, sum osimage.SHA256) (*imagestore.Writer
 				answer = blobNone
 				return true
 			}
-		case o.Stored || o.FromPeer:
+		case o.Stored:
 			answer = blobNone
 			return true
 		}

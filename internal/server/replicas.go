@@ -54,12 +54,11 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 	o := replica.Offer{
 		Known:  name == "" || slices.Contains(img.ServedAs(), name) || stored && img.entry.Filename == name,
 		Stored: stored,
-		// A source left from an earlier attempt says nothing: the image
-		// may be claimed again.
-		FromPeer: busy && strings.HasPrefix(img.source, fill.FromPeerPrefix),
-		Size:     img.Int64Field(osimage.FieldSize),
+		Size:   img.Int64Field(osimage.FieldSize),
 	}
-	if !img.Stored && img.source == fill.FromRegistry && busy {
+	// A fill from a peer is not offered (yet): a follower that asks waits
+	// until this replica pulls the image (its source died) or holds it.
+	if !img.Stored && busy && img.writer != nil && img.source == fill.FromRegistry {
 		o.Download, o.Started, o.Committing = img.writer, img.received > 0, img.Phase == PhaseVerifying
 	}
 	return o
