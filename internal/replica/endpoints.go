@@ -36,12 +36,10 @@ type Offer struct {
 	Known bool
 	// Stored: it is held verified.
 	Stored bool
-	// Download is its registry pull in progress, which peers may stream
-	// (its image, and its compressed layer when it keeps one); Started
-	// says that network bytes came, Committing that the pull ended and is
-	// being committed. A replica filling from a peer offers none: it may
-	// turn to the registry in a moment (its source died) and continue the
-	// layer, which a follower then streams from its own checkpoint.
+	// Download is its fill in progress, from the registry or from a peer,
+	// which peers may stream (its image, and its compressed layer when it
+	// keeps one); Started says that network bytes came, Committing that
+	// the fill ended and is being committed.
 	Download            *imagestore.Writer
 	Started, Committing bool
 	// Size is its declared size, 0 when unknown.
@@ -49,8 +47,8 @@ type Offer struct {
 }
 
 // Endpoints serve the peer-only listener (--peer-listen): the images,
-// verified or, while they are pulled from the registry, in progress; their
-// compressed layers in progress; and the replica's state. Clients never
+// verified or, while they are filled, in progress; their compressed layers
+// in progress; and the replica's state. Clients never
 // reach it: only the headless Service names its port, and bytes in
 // progress are unverified.
 type Endpoints struct {
@@ -63,7 +61,7 @@ type Endpoints struct {
 }
 
 // BlobPath is where the peer listener serves the compressed layer of the
-// image sum while it pulls it from the registry.
+// image sum while it fills it.
 func BlobPath(sum osimage.SHA256) string { return "/peer/blobs/" + string(sum) }
 
 // Handler serves the endpoints.
@@ -118,7 +116,7 @@ func (e Endpoints) await(r *http.Request, decide func(Offer) bool, sum osimage.S
 	}
 }
 
-// serveImage serves an image: verified, or its registry pull in progress.
+// serveImage serves an image: verified, or its fill in progress.
 // It waits for the pull to start, or to be verified: a follower asks as
 // soon as it knows this replica pulls the image, which may be before this
 // replica has read the selection that names it (replicas read it each at
@@ -141,7 +139,7 @@ func (e Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this replica does not serve that image", http.StatusNotFound)
 	default:
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, "this replica is not pulling the image from the registry", http.StatusServiceUnavailable)
+		http.Error(w, "this replica is not filling the image", http.StatusServiceUnavailable)
 	}
 }
 
@@ -161,7 +159,7 @@ const (
 	blobNotYet
 )
 
-// blob waits (up to Wait) for the registry pull of sum to say whether it
+// blob waits (up to Wait) for the fill of sum to say whether it
 // keeps its layer: the writer that keeps it, or why there is none to
 // stream. A replica that claimed the image but has not started keeping its
 // layer is waited for, never taken for one that has none.

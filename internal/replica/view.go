@@ -277,6 +277,10 @@ func (v *View) HeldByReadyPeer(sum osimage.SHA256) bool {
 	return false
 }
 
+// FanOut is how many followers a replica feeds an image in progress at
+// most, when every replica lists the same others (Tree).
+const FanOut = 2
+
 // Choose is where to fill sum from: a peer, or nil for the registry. A
 // peer for which skip says true failed this image and is passed over.
 func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
@@ -286,47 +290,75 @@ func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
 	views := maps.Clone(v.peers)
 	v.mu.Unlock()
 	byID := map[string]Peer{}
-	ids := []string{}
+	ids := []string{self}
+	images := map[string]Image{}
 	for _, p := range listed {
+		if skip(p.ID) {
+			continue
+		}
 		byID[p.ID] = p
 		ids = append(ids, p.ID)
-	}
-	usable := func(id string) bool { return !skip(id) && views[id].err == nil }
-	order := Rendezvous(string(sum), ids)
-	first := func(has func(Image) bool) *Peer {
-		for _, id := range order {
-			if usable(id) && has(views[id].state.Images[sum]) {
-				p := byID[id]
-				return &p
-			}
+		if pv, ok := views[p.ID]; ok && pv.err == nil {
+			images[p.ID] = pv.state.Images[sum]
 		}
+	}
+	from := Tree(self, Rendezvous(string(sum), ids), images, FanOut)
+	if from == self {
 		return nil
 	}
-	// A verified copy first: it costs the registry nothing. Then a peer
-	// that pulls it from the registry already: it may have chosen itself
-	// before this replica was listed. Then one that claims its pull: it
-	// goes ahead unless one pulls it already (ConfirmClaim).
+	p := byID[from]
+	return &p
+}
+
+// Tree is where self fills an image from (self: the registry), given the
+// rendezvous order of the replicas that may fill it (the ones that failed
+// it left out) and the images of the peers whose state was read.
+//
+// The source comes first: a peer that holds the image verified (it costs
+// the registry nothing), else one that pulls it from the registry already
+// (it may have chosen itself before this replica was listed), else one
+// that claims its pull (it goes ahead unless one pulls already:
+// View.ConfirmClaim), else the first of the order, ready or not: readiness
+// changes as replicas start and fill, and replicas that judged it at
+// different moments would choose different pullers (a listed replica that
+// is down refuses at once, and is skipped). The others follow in
+// rendezvous order, each from the replica fanOut places up a tree rooted
+// at the source: replica i (0 the source) follows replica (i-1)/fanOut,
+// which streams what it receives as it receives it. So the source feeds
+// fanOut followers, not every one, and each replica's NIC carries at most
+// fanOut copies. Parents come before their children in the order, so no
+// two replicas follow each other; one that failed is left out by the
+// caller, which moves its children up the tree. A peer whose image failed
+// (it cannot store it, say) is left out too: it would send nothing.
+func Tree(self string, order []string, images map[string]Image, fanOut int) string {
+	order = slices.DeleteFunc(slices.Clone(order), func(id string) bool {
+		img := images[id]
+		return id != self && img.Phase == PhaseFailed && !img.Verified()
+	})
+	root := ""
 	for _, has := range []func(Image) bool{Image.Verified, Image.PullsFromRegistry, Image.ClaimsRegistry} {
-		if p := first(has); p != nil {
-			return p
+		for _, id := range order {
+			if img, ok := images[id]; ok && id != self && has(img) {
+				root = id
+				break
+			}
+		}
+		if root != "" {
+			break
 		}
 	}
-	// Else the first of the rendezvous order pulls from the registry, and
-	// the others stream its download. The order is over every replica
-	// listed and not terminating, ready or not: readiness changes as
-	// replicas start and fill, and replicas that judged it at different
-	// moments would choose different pullers. A listed replica that is
-	// down fails at once (its port refuses) and is skipped.
-	for _, id := range Rendezvous(string(sum), append(ids, self)) {
-		if id == self {
-			return nil
-		}
-		if !skip(id) {
-			p := byID[id]
-			return &p
-		}
+	if root == "" && len(order) > 0 {
+		root = order[0]
 	}
-	return nil
+	if root == self || root == "" {
+		return self
+	}
+	tree := append([]string{root}, slices.DeleteFunc(order, func(id string) bool { return id == root })...)
+	i := slices.Index(tree, self)
+	if i <= 0 {
+		return root
+	}
+	return tree[(i-1)/max(fanOut, 1)]
 }
 
 // Verdict is what a replica that claimed the registry pull of an image

@@ -56,9 +56,11 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 		Stored: stored,
 		Size:   img.Int64Field(osimage.FieldSize),
 	}
-	// A fill from a peer is not offered (yet): a follower that asks waits
-	// until this replica pulls the image (its source died) or holds it.
-	if !img.Stored && busy && img.writer != nil && img.source == fill.FromRegistry {
+	// A fill from a peer is offered as one from the registry: followers
+	// chain from it (replica.Tree), each verifying every byte itself, and
+	// keep following its layer when its own source dies and the next
+	// continues it.
+	if !img.Stored && busy && img.writer != nil {
 		o.Download, o.Started, o.Committing = img.writer, img.received > 0, img.Phase == PhaseVerifying
 	}
 	return o
