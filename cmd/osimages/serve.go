@@ -44,7 +44,8 @@ type serveOptions struct {
 	fleetNeeds                                                    fleetNeedsFlags
 	fleetNeedsConfigMap                                           string
 	replicaID, peersService, peerListen, publisherLease           string
-	peerTimeout                                                   time.Duration
+	peerTimeout, claimWait                                        time.Duration
+	expectedReplicas                                              int
 }
 
 func newServeCommand() *cobra.Command {
@@ -102,6 +103,8 @@ same address.`,
 	f.StringVar(&o.peerListen, "peer-listen", daemon.DefaultPeerListen, "address of the peer-only listener (EndpointSlice port \"peer\"): images, in progress too, and the replica's state; expose it only through the headless Service")
 	f.DurationVar(&o.peerTimeout, "peer-timeout", replica.DefaultPeerTimeout, "a peer that shows no progress for this long is skipped, and the next replica in rendezvous order pulls the image")
 	f.DurationVar(&o.clientHold, "client-hold", imagehttp.DefaultHold, "how long a client's request for a selected image that no replica holds verified yet waits for one before it is answered 503 with Retry-After (0: at once); with --peers-service, one a peer holds verified is answered from that peer's copy")
+	f.IntVar(&o.expectedReplicas, "replicas", 0, "with --peers-service, how many replicas the set should have (the chart gives server.replicas): a replica claims no download before it lists that many, itself included, or --claim-wait has passed since it first read its peers, so that replicas started together do not each pull what one pulls (0: unknown, a replica that lists no other waits --claim-wait)")
+	f.DurationVar(&o.claimWait, "claim-wait", replica.DefaultClaimWait, "with --peers-service, how long after its first read of the peers a replica that lists fewer than --replicas claims downloads anyway")
 	f.StringVar(&o.publisherLease, "publisher-lease", daemon.DefaultPublisherLease, "Lease, in the server's namespace ($POD_NAMESPACE), that elects the replica that writes --output-configmap")
 	addFleetNeedsFlags(f, &o.fleetNeeds, "also serve")
 	f.StringVar(&o.fleetNeedsConfigMap, "fleet-needs-configmap", "", "with --serve-fleet-needs, the fleet's needs, NS/NAME (default: "+osimage.FleetNeedsConfigMapName+" in the namespace of --os-images-configmap or --output-configmap)")
@@ -163,6 +166,7 @@ func (o serveOptions) options() (daemon.Options, error) {
 		TLSCert: o.tlsCert, TLSKey: o.tlsKey, Registry: o.registry, Poll: o.poll,
 		AllowEmpty: o.allowEmpty, KeepReferenced: o.keepReferenced,
 		ReplicaID: o.replicaID, PeersService: o.peersService, PublisherLease: o.publisherLease, PeerTimeout: o.peerTimeout,
+		ClaimRule: replica.ClaimRule{Replicas: o.expectedReplicas, Wait: o.claimWait},
 	}
 	for _, f := range []struct {
 		flag, value string
@@ -228,6 +232,12 @@ func (o serveOptions) replicas() (string, error) {
 	}
 	if o.peerTimeout <= 0 {
 		return "", fmt.Errorf("--peer-timeout %s: give a positive duration, such as 30s", o.peerTimeout)
+	}
+	if o.expectedReplicas < 0 {
+		return "", fmt.Errorf("--replicas %d is negative: give how many replicas the set should have, or 0 when unknown", o.expectedReplicas)
+	}
+	if o.claimWait <= 0 {
+		return "", fmt.Errorf("--claim-wait %s: give a positive duration, such as 10s", o.claimWait)
 	}
 	id := o.replicaID
 	if id == "" {

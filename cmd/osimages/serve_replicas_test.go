@@ -48,6 +48,9 @@ type serverReplica struct {
 	// front of peerAddr, say).
 	advertised string
 	removed    atomic.Bool // its endpoint is taken out of the Service
+	// unlisted: its endpoint is not in the Service yet (a pod without an
+	// address).
+	unlisted atomic.Bool
 }
 
 type replicaSet struct {
@@ -64,12 +67,23 @@ type replicaSet struct {
 type blobCounter struct {
 	sent    atomic.Int64
 	trickle atomic.Bool
+	// byDigest counts the bytes sent of each blob, by digest.
+	byDigest sync.Map
+}
+
+// sentOf is the bytes sent of the blob of digest d.
+func (c *blobCounter) sentOf(d string) int64 {
+	if n, ok := c.byDigest.Load(d); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 func (c *blobCounter) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
-			next.ServeHTTP(&countingResponse{ResponseWriter: w, c: c}, r)
+		if _, d, ok := strings.Cut(r.URL.Path, "/blobs/"); r.Method == http.MethodGet && ok {
+			n, _ := c.byDigest.LoadOrStore(d, new(atomic.Int64))
+			next.ServeHTTP(&countingResponse{ResponseWriter: w, c: c, blob: n.(*atomic.Int64)}, r)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -78,13 +92,15 @@ func (c *blobCounter) middleware(next http.Handler) http.Handler {
 
 type countingResponse struct {
 	http.ResponseWriter
-	c *blobCounter
+	c    *blobCounter
+	blob *atomic.Int64
 }
 
 func (w *countingResponse) Write(p []byte) (int, error) {
 	if !w.c.trickle.Load() {
 		n, err := w.ResponseWriter.Write(p)
 		w.c.sent.Add(int64(n))
+		w.blob.Add(int64(n))
 		return n, err
 	}
 	written := 0
@@ -92,6 +108,7 @@ func (w *countingResponse) Write(p []byte) (int, error) {
 		n, err := w.ResponseWriter.Write(p[:min(len(p), 64<<10)])
 		written += n
 		w.c.sent.Add(int64(n))
+		w.blob.Add(int64(n))
 		if err != nil {
 			return written, err
 		}
@@ -129,18 +146,29 @@ func newReplicaSet(t *testing.T, args ...string) *replicaSet {
 	return rs
 }
 
-// start runs replica id; advertise, when set, wraps its peer address.
+// start runs replica id; advertise, when set, wraps its peer address. It
+// expects a set of one (--replicas 1), unless extra or the set's
+// arguments say otherwise.
 func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
+	return rs.startListed(true, id, advertise, extra...)
+}
+
+// startListed runs replica id as start does; unless listed, its endpoint
+// is left out of the Service until list is called.
+func (rs *replicaSet) startListed(listed bool, id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
 	t := rs.t
 	peerAddr := freeHostAddr(t)
 	r := &serverReplica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
 	}
-	// Its endpoint is listed (not ready) before it starts, as a pod's is
-	// once it has an address.
-	rs.putSlice(context.Background(), r, false)
-	r.d = startServe(t, r.httpAddr, append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id,
+	r.unlisted.Store(!listed)
+	if listed {
+		// Its endpoint is listed (not ready) before it starts, as a pod's
+		// is once it has an address.
+		rs.putSlice(context.Background(), r, false)
+	}
+	r.d = startServe(t, r.httpAddr, append([]string{"--kubeconfig", rs.k.Kubeconfig, "--replica-id", id, "--replicas", "1",
 		"--peers-service", peersService, "--peer-listen", peerAddr, "--peer-timeout", "5s",
 		"--output-configmap", rs.ns + "/served", "--data", t.TempDir(), "--keep-referenced=false"}, append(extra, rs.args...)...)...)
 	rs.mu.Lock()
@@ -164,6 +192,9 @@ func (rs *replicaSet) syncEndpoints(ctx context.Context) {
 	rs.mu.Unlock()
 	slices := rs.k.Client.DiscoveryV1().EndpointSlices(rs.ns)
 	for _, r := range all {
+		if r.unlisted.Load() {
+			continue
+		}
 		if r.removed.Load() {
 			_ = slices.Delete(ctx, "osimages-"+r.id, metav1.DeleteOptions{})
 			continue

@@ -218,6 +218,8 @@ func TestServeRefusesBadFlagValues(t *testing.T) {
 		{[]string{"--output-configmap", "bad"}, `--output-configmap "bad": want NAMESPACE/NAME`},
 		{[]string{"--peer-timeout", "-1s"}, "--peer-timeout -1s is negative"},
 		{[]string{"--client-hold", "-1s"}, "--client-hold -1s is negative"},
+		{[]string{"--peers-service", "peers", "--output-configmap", "ns/served", "--replicas", "-1"}, "--replicas -1 is negative"},
+		{[]string{"--peers-service", "peers", "--output-configmap", "ns/served", "--claim-wait", "0s"}, "--claim-wait 0s: give a positive duration"},
 		{[]string{"--scrub-rate", "0"}, `--scrub-rate "0": give a positive quantity`},
 		{[]string{"--scrub-rate", "quick"}, `--scrub-rate "quick"`},
 	} {

@@ -28,7 +28,7 @@ func checkServerReplicas(t *testing.T, r *Rendered) {
 	}
 	c := container(t, sts)
 	args := stringsOf(c["args"])
-	for _, want := range []string{"--replica-id=$(POD_NAME)", "--peers-service=osimages-server-headless", "--peer-listen=:8081", "--publisher-lease=osimages-server-publisher"} {
+	for _, want := range []string{"--replica-id=$(POD_NAME)", "--peers-service=osimages-server-headless", "--peer-listen=:8081", "--publisher-lease=osimages-server-publisher", "--replicas=$(OSIMAGES_REPLICAS)", "--claim-wait=10s"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("server args lack %s: %v", want, args)
 		}
@@ -36,6 +36,14 @@ func checkServerReplicas(t *testing.T, r *Rendered) {
 	env := toYAML(t, &unstructured.Unstructured{Object: map[string]any{"env": c["env"]}})
 	if !contains(env, "name: POD_NAME", "fieldPath: metadata.name") {
 		t.Errorf("POD_NAME does not come from the pod's name:\n%s", env)
+	}
+	// The count the replicas expect comes from a ConfigMap, not the pod
+	// template (TestServerPodSameForEveryReplicaCount).
+	if !contains(env, "name: OSIMAGES_REPLICAS", "name: osimages-server-values", "key: replicas") {
+		t.Errorf("OSIMAGES_REPLICAS does not come from the server's ConfigMap:\n%s", env)
+	}
+	if n, _, _ := unstructured.NestedString(r.Find("ConfigMap", "osimages-server-values").Object, "data", "replicas"); n != "3" {
+		t.Errorf("the server's ConfigMap says replicas %q, want 3", n)
 	}
 	if !contains(toYAML(t, &unstructured.Unstructured{Object: map[string]any{"ports": c["ports"]}}), "name: peer", "containerPort: 8081") {
 		t.Error("the container has no port named peer on 8081")

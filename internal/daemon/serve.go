@@ -28,6 +28,7 @@ import (
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
+	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/server"
 	"github.com/sylva-projects/osimages/internal/serverio"
@@ -75,6 +76,9 @@ type Options struct {
 	ReplicaID, PeersService, PublisherLease string
 	PeerListener                            net.Listener
 	PeerTimeout                             time.Duration
+	// ClaimRule says when a replica starts claiming downloads: once it
+	// lists the replicas it expects, or after a bounded wait.
+	ClaimRule replica.ClaimRule
 }
 
 // StartError is an error that keeps the server from starting: an option,
@@ -222,7 +226,7 @@ func open(o Options) (_ *Daemon, err error) {
 		if d.replicas, err = openReplicas(o, log); err != nil {
 			return nil, err
 		}
-		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer
+		cfg.Replicas, cfg.PeerTimeout, cfg.ReportPeer, cfg.ClaimRule = d.replicas.tracker, o.PeerTimeout, d.replicas.reportPeer, o.ClaimRule
 	}
 	cfg.Store, cfg.Pull, cfg.Logger, cfg.Metrics = d.store, d.regs.Fill(), log, imagehttp.NewMetrics()
 	cfg.AllowEmpty = o.AllowEmpty

@@ -21,7 +21,10 @@ import (
 // and size of the file. progress gets the network bytes received and the
 // total expected (0 when unknown); a call without new bytes is a sign of
 // life (the bytes kept by an earlier attempt being read back and checked).
-// On error dst holds garbage: the caller resets or discards it.
+// On error dst holds garbage, up to a checkpoint maybe (Chain keeps it):
+// a source continues from it as pull.Puller does (imagestore.Writer.Kept
+// first, which resets dst when the checkpoint is of other bytes), or
+// resets dst before its first byte.
 type Source interface {
 	Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error)
 	// Name says where the bytes come from, for the image's state:
@@ -59,7 +62,13 @@ type Chooser func(w servedset.Wanted, skip []string) Source
 
 // Chain fills from the sources Choose gives, in turn, and from Last when it
 // gives none: a source that fails (not ctx) is reported, skipped, and the
-// next is tried from byte 0. Each source runs under Rule(source).
+// next is tried. What a source wrote before it failed is kept, for the
+// next to continue from its checkpoint when it sends the same bytes (a
+// peer that died streaming the registry's layer, then the registry: see
+// pull.Resumable), unless the source was refused for its content (a
+// *pull.VerifyError) or nothing was checkpointed: then dst is reset and
+// the next starts from byte 0. Each source runs
+// under Rule(source).
 type Chain struct {
 	Choose Chooser
 	Last   Source
@@ -100,6 +109,11 @@ func (c Chain) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Wri
 			c.Failed(w, src, err)
 		}
 		skip = append(skip, src.Name())
+		if dst.Checkpointed() && !errors.As(err, new(*pull.VerifyError)) {
+			// Cut short, not lying: the next source's pull checks the
+			// bytes kept against their checkpoint before it continues.
+			continue
+		}
 		if rerr := dst.Reset(); rerr != nil {
 			return pull.Result{}, "", errors.Join(err, fmt.Errorf("discarding what %s wrote: %w", src.Name(), rerr))
 		}

@@ -51,12 +51,21 @@ func (w *Writer) BlobWriter(digest string, size int64) (io.Writer, error) {
 	}
 	w.tailMu.Lock()
 	defer w.tailMu.Unlock()
-	if w.blob != nil {
-		w.blob.end(errors.New("the blob is being written again from its first byte"))
-	}
 	// After Kept, the blob goes on from the checkpoint; else from byte 0.
 	from := w.blobFrom
 	w.blobFrom = 0
+	if b := w.blob; b != nil {
+		if from > 0 && b.Digest == digest && b.Size == size {
+			// The same blob, continued in this writer from another source
+			// after the first failed: its readers read on.
+			if err := b.rewind(from); err != nil {
+				return nil, fmt.Errorf("image %s: keeping the blob: %w", w.sha256, err)
+			}
+			return b, nil
+		}
+		b.end(errors.New("the blob is being written again from its first byte"))
+		w.blob = nil
+	}
 	path := filepath.Join(w.dir, blobName)
 	f, err := openOwned(path, os.O_WRONLY|os.O_CREATE)
 	if err == nil {
@@ -99,6 +108,22 @@ func (b *blobFile) Write(p []byte) (int, error) {
 	}
 	b.tail.advance(b.off)
 	return n, nil
+}
+
+// rewind takes the blob back to off, where the next write goes (the last
+// checkpoint); readers past it wait for the bytes written again.
+func (b *blobFile) rewind(off int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.f == nil {
+		return errors.New("the blob ended")
+	}
+	if err := b.f.Truncate(off); err != nil {
+		return err
+	}
+	b.off, b.err = off, nil
+	b.tail.advance(off)
+	return nil
 }
 
 // end closes and removes the blob; readers that opened it read on to what

@@ -193,7 +193,9 @@ func (w *Writer) Kept(source string) (int64, string, io.ReadCloser, error) {
 	if w.release == nil {
 		return 0, "", nil, nil
 	}
+	w.tailMu.Lock()
 	c := w.kept
+	w.tailMu.Unlock()
 	if c == nil || c.Source != source || c.Offset == 0 {
 		return 0, "", nil, w.Reset()
 	}
@@ -221,11 +223,16 @@ func (w *Writer) Kept(source string) (int64, string, io.ReadCloser, error) {
 		}
 		return 0, "", nil, fmt.Errorf("image %s: reading the kept download: %w", w.sha256, err)
 	}
+	// The writer may have written past the checkpoint already: an earlier
+	// source of the same bytes failed (a peer that died), and the next
+	// continues. Readers of the download in progress wait for the bytes
+	// written again, which are the same.
 	if c.InBlob {
 		if err := w.f.Truncate(0); err != nil {
 			r.Close()
 			return 0, "", nil, fmt.Errorf("image %s: %w", w.sha256, err)
 		}
+		w.off, w.writtenOut = 0, 0
 		w.blobFrom = c.Offset
 	} else {
 		// Trailing zeros were skipped as holes: the length is set here.
@@ -234,8 +241,9 @@ func (w *Writer) Kept(source string) (int64, string, io.ReadCloser, error) {
 			return 0, "", nil, fmt.Errorf("image %s: %w", w.sha256, err)
 		}
 		w.off, w.writtenOut = c.Offset, c.Offset
-		w.currentTail().advance(w.off)
 	}
+	w.err = nil
+	w.currentTail().advance(w.off)
 	return c.Offset, c.SHA256, &sectionReadCloser{io.NewSectionReader(r, 0, c.Offset), r}, nil
 }
 
@@ -281,7 +289,20 @@ func (w *Writer) Checkpoint(source string, offset int64, sha256 string) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("image %s: writing the checkpoint: %w", w.sha256, err)
 	}
+	// A next pull into this writer (another source of the same bytes,
+	// after this one failed) continues from here, as a next process would.
+	w.tailMu.Lock()
+	w.kept = &checkpoint{Source: source, Offset: offset, SHA256: sha256, InBlob: inBlob}
+	w.tailMu.Unlock()
 	return nil
+}
+
+// Checkpointed says whether a checkpoint of this writer's download is
+// kept, which the next pull into it may continue from (Kept).
+func (w *Writer) Checkpointed() bool {
+	w.tailMu.Lock()
+	defer w.tailMu.Unlock()
+	return w.kept != nil && w.kept.Offset > 0
 }
 
 // Suspend ends the writer and keeps what it wrote, up to its last
@@ -313,7 +334,10 @@ func (w *Writer) Suspend() error {
 // dropCheckpoint removes the checkpoint: what is kept is no longer a
 // prefix anything continues from.
 func (w *Writer) dropCheckpoint() error {
-	w.kept, w.blobFrom = nil, 0
+	w.tailMu.Lock()
+	w.kept = nil
+	w.tailMu.Unlock()
+	w.blobFrom = 0
 	if w.release == nil {
 		return nil
 	}

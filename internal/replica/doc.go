@@ -4,10 +4,12 @@
 //
 // Each replica keeps its own verified copy. For each image, one replica
 // (the first of the rendezvous order of its sha256 over the replicas
-// listed) pulls it from the registry; the others stream that download
-// from its peer endpoints while it is in progress, or copy a peer's
-// verified copy, and verify every byte themselves as they would a registry
-// pull (Source). A peer that fails or sends bad bytes is reported and
+// listed, once they settled: ClaimRule, View.ConfirmClaim) pulls it from
+// the registry; the others stream that download from its peer endpoints
+// while it is in progress, or copy a peer's verified copy, in a tree of
+// FanOut followers per replica (Tree), each relaying what it received,
+// and verify every byte themselves as they would a registry pull
+// (Source). A fill whose source fails continues from the bytes it kept. A peer that fails or sends bad bytes is reported and
 // skipped for that image, and the next in the order takes over. One
 // replica, the holder of the Lease (Elect), publishes; an image is
 // available once every ready replica holds it verified (View.Available).

@@ -36,21 +36,19 @@ type Offer struct {
 	Known bool
 	// Stored: it is held verified.
 	Stored bool
-	// Download is its registry pull in progress, which peers may stream
-	// (its image, and its compressed layer when it keeps one); Started
-	// says that network bytes came, Committing that the pull ended and is
-	// being committed.
+	// Download is its fill in progress, from the registry or from a peer,
+	// which peers may stream (its image, and its compressed layer when it
+	// keeps one); Started says that network bytes came, Committing that
+	// the fill ended and is being committed.
 	Download            *imagestore.Writer
 	Started, Committing bool
-	// FromPeer: it is filled from a peer now, and keeps no layer.
-	FromPeer bool
 	// Size is its declared size, 0 when unknown.
 	Size int64
 }
 
 // Endpoints serve the peer-only listener (--peer-listen): the images,
-// verified or, while they are pulled from the registry, in progress; their
-// compressed layers in progress; and the replica's state. Clients never
+// verified or, while they are filled, in progress; their compressed layers
+// in progress; and the replica's state. Clients never
 // reach it: only the headless Service names its port, and bytes in
 // progress are unverified.
 type Endpoints struct {
@@ -63,7 +61,7 @@ type Endpoints struct {
 }
 
 // BlobPath is where the peer listener serves the compressed layer of the
-// image sum while it pulls it from the registry.
+// image sum while it fills it.
 func BlobPath(sum osimage.SHA256) string { return "/peer/blobs/" + string(sum) }
 
 // Handler serves the endpoints.
@@ -118,7 +116,7 @@ func (e Endpoints) await(r *http.Request, decide func(Offer) bool, sum osimage.S
 	}
 }
 
-// serveImage serves an image: verified, or its registry pull in progress.
+// serveImage serves an image: verified, or its fill in progress.
 // It waits for the pull to start, or to be verified: a follower asks as
 // soon as it knows this replica pulls the image, which may be before this
 // replica has read the selection that names it (replicas read it each at
@@ -141,7 +139,7 @@ func (e Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this replica does not serve that image", http.StatusNotFound)
 	default:
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, "this replica is not pulling the image from the registry", http.StatusServiceUnavailable)
+		http.Error(w, "this replica is not filling the image", http.StatusServiceUnavailable)
 	}
 }
 
@@ -153,7 +151,7 @@ const (
 	// blobKept: the layer is kept, to stream.
 	blobKept blobAnswer = iota
 	// blobNone: there is none and will be none (the image is verified,
-	// filled from a peer, or its layer is not offered): copy the image.
+	// its fill keeps none, or its layer is not offered): copy the image.
 	blobNone
 	// blobNotYet: this replica has not started keeping it (it has not
 	// read the selection yet, or not claimed the image, or is committing
@@ -161,7 +159,7 @@ const (
 	blobNotYet
 )
 
-// blob waits (up to Wait) for the registry pull of sum to say whether it
+// blob waits (up to Wait) for the fill of sum to say whether it
 // keeps its layer: the writer that keeps it, or why there is none to
 // stream. A replica that claimed the image but has not started keeping its
 // layer is waited for, never taken for one that has none.
@@ -187,7 +185,7 @@ func (e Endpoints) blob(r *http.Request, sum osimage.SHA256) (*imagestore.Writer
 				answer = blobNone
 				return true
 			}
-		case o.Stored || o.FromPeer:
+		case o.Stored:
 			answer = blobNone
 			return true
 		}

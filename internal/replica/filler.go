@@ -36,6 +36,10 @@ type Filler struct {
 	// Started is told which source fills an image, before its first byte
 	// (peers read it: they follow a registry pull).
 	Started func(sum osimage.SHA256, source string)
+	// Claim is told of this replica's claim of the registry pull of an
+	// image, which its state must show at once (Image.ClaimsRegistry):
+	// announced, then confirmed or withdrawn.
+	Claim func(sum osimage.SHA256, step ClaimStep)
 	// PeerFailed is told of a peer that failed to fill w.
 	PeerFailed func(w servedset.Wanted, peer string, err error)
 
@@ -43,17 +47,34 @@ type Filler struct {
 	bad map[osimage.SHA256]map[string]bool
 }
 
+// ClaimStep is a step of a replica's claim of a registry pull.
+type ClaimStep int
+
+const (
+	// ClaimAnnounced: the image's source is the registry, and it is
+	// claiming (Image.Claiming).
+	ClaimAnnounced ClaimStep = iota
+	// ClaimConfirmed: it pulls from the registry, claiming no more.
+	ClaimConfirmed
+	// ClaimWithdrawn: it gave way; its source is none until the next.
+	ClaimWithdrawn
+)
+
 // Fill fills dst with w, and says which source filled it.
 func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
 	chain := fill.Chain{
 		Choose: func(w servedset.Wanted, skip []string) fill.Source {
-			p := f.View.Choose(w.SHA256, func(id string) bool {
+			skipped := func(id string) bool {
 				return slices.Contains(skip, fill.FromPeerPrefix+id) || f.isBad(w.SHA256, id)
-			})
-			if p == nil {
-				return nil
 			}
-			return Source{Peer: *p, Puller: f.Puller, Wait: f.Wait, Log: f.Log}
+			for {
+				if p := f.View.Choose(w.SHA256, skipped); p != nil {
+					return Source{Peer: *p, Puller: f.Puller, Wait: f.Wait, Log: f.Log}
+				}
+				if f.claim(ctx, w, skipped) {
+					return nil
+				}
+			}
 		},
 		Last: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
 			// Followers stream the compressed layer as it arrives rather
@@ -83,6 +104,49 @@ func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.W
 		},
 	}
 	return chain.Fill(ctx, w, dst, progress)
+}
+
+// claim announces that this replica pulls w from the registry, and
+// confirms it against its peers' states read since (View.ConfirmClaim):
+// false when it gave way to a peer, which Choose then picks. A peer it
+// holds for that neither pulls nor gives way within Wait is passed over.
+func (f *Filler) claim(ctx context.Context, w servedset.Wanted, skip func(string) bool) bool {
+	log := f.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	tell := func(step ClaimStep) {
+		if f.Claim != nil {
+			f.Claim(w.SHA256, step)
+		}
+	}
+	tell(ClaimAnnounced)
+	deadline := time.Now().Add(f.Wait)
+	for {
+		verdict, peer := f.View.ConfirmClaim(ctx, w.SHA256, skip)
+		switch {
+		case ctx.Err() != nil:
+			// The registry's fill ends at once with ctx's error.
+			tell(ClaimConfirmed)
+			return true
+		case verdict == GiveWay:
+			tell(ClaimWithdrawn)
+			log.Info("a peer pulls the image from the registry, or claimed it first: following it", "sha256", w.SHA256, "key", w.Key, "peer", peer)
+			return false
+		case verdict == Proceed:
+			tell(ClaimConfirmed)
+			return true
+		case time.Now().After(deadline):
+			log.Warn("a peer that claims the registry pull of the image too neither pulls nor gives way: pulling it", "sha256", w.SHA256, "key", w.Key, "peer", peer, "waited", f.Wait.String())
+			tell(ClaimConfirmed)
+			return true
+		}
+		// Hold: the peer reads this claim at its next read.
+		select {
+		case <-ctx.Done():
+		case <-time.After(PollInterval / 5):
+		}
+	}
 }
 
 func (f *Filler) isBad(sum osimage.SHA256, peer string) bool {

@@ -23,7 +23,7 @@ func TestFillerSkipsAPeerThatFailedUntilForget(t *testing.T) {
 	liar.lie = bytes.Clone(img.data)
 	liar.lie[1<<19] ^= 0xff
 	p, _ := serve(t, "liar", liar, time.Second)
-	v := NewView(&replicas{self: "self", selfReady: true, ready: []Peer{p}}, nil, nil)
+	v := NewView(&replicas{self: "self", selfReady: true, ready: []Peer{p}}, nil, nil, ClaimRule{})
 	v.readAll(context.Background())
 
 	var sources, failed []string

@@ -536,7 +536,7 @@ func TestAvailabilityAsPeersJoinAndLeave(t *testing.T) {
 	a.set(sum, Image{Phase: PhaseReady})
 	rs := &replicas{self: "self", selfReady: true, ready: []Peer{a.Peer}}
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	v := NewView(rs, nil, clk)
+	v := NewView(rs, nil, clk, ClaimRule{})
 	ctx := context.Background()
 	v.readAll(ctx)
 
@@ -588,7 +588,7 @@ func TestClaimsWaitForTheListedReplicasToSettle(t *testing.T) {
 	a := startStatePeer(t, "a")
 	rs := &replicas{self: "self", ready: []Peer{a.Peer}}
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	v := NewView(rs, nil, clk)
+	v := NewView(rs, nil, clk, ClaimRule{})
 	if v.Claimable() || v.Known() {
 		t.Fatal("claimable before the peers were read")
 	}
@@ -620,7 +620,7 @@ func TestChooseVerifiedFirstThenThePullerThenTheRendezvous(t *testing.T) {
 		listed = append(listed, peers[id].Peer)
 	}
 	rs := &replicas{self: "self", ready: listed}
-	v := NewView(rs, nil, nil)
+	v := NewView(rs, nil, nil, ClaimRule{})
 	none := func(string) bool { return false }
 	order := Rendezvous(string(sum), []string{"a", "b", "c", "self"})
 

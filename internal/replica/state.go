@@ -40,7 +40,11 @@ type Image struct {
 	// Source is where the copy comes (or came) from: fill.FromRegistry,
 	// fill.FromPeerPrefix and the peer's ID, or fill.FromStore for a copy
 	// found on disk at start.
-	Source     string    `json:"source,omitempty"`
+	Source string `json:"source,omitempty"`
+	// Claiming: the replica chose to pull the image from the registry
+	// (Source is fill.FromRegistry) and checks that no peer does before
+	// its first byte (View.ConfirmClaim).
+	Claiming   bool      `json:"claiming,omitempty"`
 	Received   int64     `json:"received,omitempty"`
 	Size       int64     `json:"size,omitempty"`
 	VerifiedAt time.Time `json:"verifiedAt,omitzero"`
@@ -50,10 +54,18 @@ type Image struct {
 func (i Image) Verified() bool { return i.Phase == PhaseReady }
 
 // PullsFromRegistry says whether the replica is pulling the image from
-// the registry now: its download may be followed.
+// the registry now, its claim confirmed: its download may be followed.
 func (i Image) PullsFromRegistry() bool {
-	return i.Source == fill.FromRegistry && (i.Phase == PhaseDownloading || i.Phase == PhaseVerifying)
+	return i.Source == fill.FromRegistry && i.busy() && !i.Claiming
 }
+
+// ClaimsRegistry says whether the replica chose to pull the image from the
+// registry and is confirming it.
+func (i Image) ClaimsRegistry() bool {
+	return i.Source == fill.FromRegistry && i.busy() && i.Claiming
+}
+
+func (i Image) busy() bool { return i.Phase == PhaseDownloading || i.Phase == PhaseVerifying }
 
 // FillsFromPeer says whether the replica fills the image from a peer now.
 func (i Image) FillsFromPeer() bool {

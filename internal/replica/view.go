@@ -39,6 +39,26 @@ const PollInterval = 250 * time.Millisecond
 // a download is claimed: two rounds of reading the peers.
 const listedSettle = 2 * PollInterval
 
+// DefaultClaimWait is how long after its first read of the peers a replica
+// that lists fewer replicas than ClaimRule.Replicas (or, that number
+// unknown, none but itself) waits before it claims a download anyway.
+const DefaultClaimWait = 10 * time.Second
+
+// ClaimRule says when a replica may claim its first downloads: once the
+// replicas listed, itself included, are Replicas or more (0: unknown, then
+// two or more) and stayed the same for listedSettle, or once Wait has
+// passed since its first read of the peers.
+//
+// Replicas started together each list the others only once these have an
+// address: a replica whose first listing is empty or partial would believe
+// it is alone, or first in rendezvous order, and pull what another pulls
+// too. The expected count, and the bounded wait for when it is wrong or
+// unknown, let it wait for the others to show.
+type ClaimRule struct {
+	Replicas int
+	Wait     time.Duration
+}
+
 // View is what a replica last read of its peers: their states, read
 // every PollInterval (Poll), and the answers the server takes from them.
 // It never calls the server while it holds its own lock, so the server
@@ -48,13 +68,16 @@ type View struct {
 	client   *http.Client
 	log      *slog.Logger
 	clock    clock.WithTicker
+	rule     ClaimRule
 
 	mu    sync.Mutex
 	peers map[string]peerView
 	known bool
-	// listedIDs are the replicas listed at the last read, changed at
-	// listedChangedAt; readySeen is when each ready peer was first seen
-	// ready.
+	// firstRead is when the peers were first read; listedIDs are the
+	// replicas listed at the last read, changed at listedChangedAt (the
+	// first read counts as a change); readySeen is when each ready peer
+	// was first seen ready.
+	firstRead       time.Time
 	listedIDs       []string
 	listedChangedAt time.Time
 	readySeen       map[string]time.Time
@@ -67,16 +90,20 @@ type peerView struct {
 	at    time.Time
 }
 
-// NewView reads the peers that replicas lists. A nil clock is the real
-// one.
-func NewView(replicas Replicas, log *slog.Logger, clk clock.WithTicker) *View {
+// NewView reads the peers that replicas lists, and lets downloads be
+// claimed under rule. A nil clock is the real one; a zero rule.Wait is
+// DefaultClaimWait.
+func NewView(replicas Replicas, log *slog.Logger, clk clock.WithTicker, rule ClaimRule) *View {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &View{replicas: replicas, log: log, clock: clk,
+	if rule.Wait <= 0 {
+		rule.Wait = DefaultClaimWait
+	}
+	return &View{replicas: replicas, log: log, clock: clk, rule: rule,
 		client: &http.Client{Transport: Transport(), Timeout: 5 * time.Second}}
 }
 
@@ -106,8 +133,9 @@ func (v *View) Poll(ctx context.Context, changed <-chan struct{}, read func()) {
 	}
 }
 
-// readAll reads every listed peer's state once.
-func (v *View) readAll(ctx context.Context) {
+// readAll reads every listed peer's state once, and returns what it read
+// (nil when ctx ended).
+func (v *View) readAll(ctx context.Context) map[string]peerView {
 	listed := v.replicas.Listed()
 	views := map[string]peerView{}
 	var mu sync.Mutex
@@ -122,7 +150,7 @@ func (v *View) readAll(ctx context.Context) {
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
-		return
+		return nil
 	}
 	ids := make([]string, 0, len(listed))
 	for _, p := range listed {
@@ -137,10 +165,17 @@ func (v *View) readAll(ctx context.Context) {
 		}
 	}
 	v.peers = views
-	v.known = true
-	if !slices.Equal(ids, v.listedIDs) {
-		v.listedIDs, v.listedChangedAt = ids, v.clock.Now()
+	now := v.clock.Now()
+	if !v.known {
+		// The first listing starts the settle, an empty one too: compared
+		// with no listing at all it would not count as a change, and a
+		// replica that listed nobody would claim at once.
+		v.known, v.firstRead, v.listedIDs, v.listedChangedAt = true, now, ids, now
 	}
+	if !slices.Equal(ids, v.listedIDs) {
+		v.listedIDs, v.listedChangedAt = ids, now
+	}
+	return views
 }
 
 // Known says whether the peers' states were read once.
@@ -154,11 +189,20 @@ func (v *View) Known() bool {
 // are known, or every replica would pull everything from the registry at
 // start; nor while the replicas listed changed less than listedSettle
 // ago, so that replicas started together list each other before they
-// choose who pulls what.
+// choose who pulls what; nor, until the claim rule's Wait has passed since
+// the first read, while fewer replicas are listed than it expects.
 func (v *View) Claimable() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.known && v.clock.Since(v.listedChangedAt) >= listedSettle
+	if !v.known || v.clock.Since(v.listedChangedAt) < listedSettle {
+		return false
+	}
+	want := v.rule.Replicas
+	if want <= 0 {
+		// Unknown: a replica that lists no other waits.
+		want = 2
+	}
+	return len(v.listedIDs)+1 >= want || v.clock.Since(v.firstRead) >= v.rule.Wait
 }
 
 // Available says whether sum is available: every ready replica holds it
@@ -233,6 +277,10 @@ func (v *View) HeldByReadyPeer(sum osimage.SHA256) bool {
 	return false
 }
 
+// FanOut is how many followers a replica feeds an image in progress at
+// most, when every replica lists the same others (Tree).
+const FanOut = 2
+
 // Choose is where to fill sum from: a peer, or nil for the registry. A
 // peer for which skip says true failed this image and is passed over.
 func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
@@ -242,44 +290,138 @@ func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
 	views := maps.Clone(v.peers)
 	v.mu.Unlock()
 	byID := map[string]Peer{}
-	ids := []string{}
+	ids := []string{self}
+	images := map[string]Image{}
 	for _, p := range listed {
+		if skip(p.ID) {
+			continue
+		}
 		byID[p.ID] = p
 		ids = append(ids, p.ID)
-	}
-	usable := func(id string) bool { return !skip(id) && views[id].err == nil }
-	order := Rendezvous(string(sum), ids)
-	// A verified copy first: it costs the registry nothing.
-	for _, id := range order {
-		if usable(id) && views[id].state.Images[sum].Verified() {
-			p := byID[id]
-			return &p
+		if pv, ok := views[p.ID]; ok && pv.err == nil {
+			images[p.ID] = pv.state.Images[sum]
 		}
 	}
-	// Then a peer that pulls it from the registry already: it may have
-	// chosen itself before this replica was listed.
-	for _, id := range order {
-		if usable(id) && views[id].state.Images[sum].PullsFromRegistry() {
-			p := byID[id]
-			return &p
+	from := Tree(self, Rendezvous(string(sum), ids), images, FanOut)
+	if from == self {
+		return nil
+	}
+	p := byID[from]
+	return &p
+}
+
+// Tree is where self fills an image from (self: the registry), given the
+// rendezvous order of the replicas that may fill it (the ones that failed
+// it left out) and the images of the peers whose state was read.
+//
+// The source comes first: a peer that holds the image verified (it costs
+// the registry nothing), else one that pulls it from the registry already
+// (it may have chosen itself before this replica was listed), else one
+// that claims its pull (it goes ahead unless one pulls already:
+// View.ConfirmClaim), else the first of the order, ready or not: readiness
+// changes as replicas start and fill, and replicas that judged it at
+// different moments would choose different pullers (a listed replica that
+// is down refuses at once, and is skipped). The others follow in
+// rendezvous order, each from the replica fanOut places up a tree rooted
+// at the source: replica i (0 the source) follows replica (i-1)/fanOut,
+// which streams what it receives as it receives it. So the source feeds
+// fanOut followers, not every one, and each replica's NIC carries at most
+// fanOut copies. Parents come before their children in the order, so no
+// two replicas follow each other; one that failed is left out by the
+// caller, which moves its children up the tree. A peer whose image failed
+// (it cannot store it, say) is left out too: it would send nothing.
+func Tree(self string, order []string, images map[string]Image, fanOut int) string {
+	order = slices.DeleteFunc(slices.Clone(order), func(id string) bool {
+		img := images[id]
+		return id != self && img.Phase == PhaseFailed && !img.Verified()
+	})
+	root := ""
+	for _, has := range []func(Image) bool{Image.Verified, Image.PullsFromRegistry, Image.ClaimsRegistry} {
+		for _, id := range order {
+			if img, ok := images[id]; ok && id != self && has(img) {
+				root = id
+				break
+			}
+		}
+		if root != "" {
+			break
 		}
 	}
-	// Else the first of the rendezvous order pulls from the registry, and
-	// the others stream its download. The order is over every replica
-	// listed and not terminating, ready or not: readiness changes as
-	// replicas start and fill, and replicas that judged it at different
-	// moments would choose different pullers. A listed replica that is
-	// down fails at once (its port refuses) and is skipped.
-	for _, id := range Rendezvous(string(sum), append(ids, self)) {
+	if root == "" && len(order) > 0 {
+		root = order[0]
+	}
+	if root == self || root == "" {
+		return self
+	}
+	tree := append([]string{root}, slices.DeleteFunc(order, func(id string) bool { return id == root })...)
+	i := slices.Index(tree, self)
+	if i <= 0 {
+		return root
+	}
+	return tree[(i-1)/max(fanOut, 1)]
+}
+
+// Verdict is what a replica that claimed the registry pull of an image
+// learns from its peers' states (ConfirmClaim).
+type Verdict int
+
+const (
+	// Proceed: no peer holds the image, pulls it, or claims it and ranks
+	// before this replica.
+	Proceed Verdict = iota
+	// GiveWay: a peer holds it, pulls it, or claims it and ranks before
+	// this replica: fill from it (Choose).
+	GiveWay
+	// Hold: a peer that ranks after this replica claims it too, and may
+	// not have seen this claim: read again until it gives way or pulls.
+	Hold
+)
+
+// ConfirmClaim reads every listed peer's state, once this replica
+// announces that it pulls sum from the registry (its state says so:
+// Image.ClaimsRegistry), and judges the claim, naming the peer it gives
+// way to or holds for. Two replicas that claim the same image each read
+// the other after their own announcement, so at least the later one sees
+// the earlier, as long as each lists the other: that one gives way when the other ranks first in
+// rendezvous order or already pulls, and holds while the other may still
+// give way to it. Only replicas that rank after it are held for, so no two
+// hold for each other. Peers for which skip says true, and peers whose
+// state cannot be read, are left out: they count as holding nothing.
+func (v *View) ConfirmClaim(ctx context.Context, sum osimage.SHA256, skip func(id string) bool) (Verdict, string) {
+	views := v.readAll(ctx)
+	self := v.replicas.Self()
+	ids := []string{self}
+	images := map[string]Image{}
+	for id, pv := range views {
+		if skip(id) || pv.err != nil {
+			continue
+		}
+		ids = append(ids, id)
+		images[id] = pv.state.Images[sum]
+	}
+	return judgeClaim(self, Rendezvous(string(sum), ids), images)
+}
+
+// judgeClaim judges self's claim of an image over the rendezvous order of
+// the replicas, from the peers' images.
+func judgeClaim(self string, order []string, images map[string]Image) (Verdict, string) {
+	verdict, peer := Proceed, ""
+	before := true
+	for _, id := range order {
 		if id == self {
-			return nil
+			before = false
+			continue
 		}
-		if !skip(id) {
-			p := byID[id]
-			return &p
+		img, ok := images[id]
+		switch {
+		case !ok:
+		case img.Verified() || img.PullsFromRegistry() || img.ClaimsRegistry() && before:
+			return GiveWay, id
+		case img.ClaimsRegistry() && verdict == Proceed:
+			verdict, peer = Hold, id
 		}
 	}
-	return nil
+	return verdict, peer
 }
 
 // States are the peers' states as last read, by ID, for the status page;

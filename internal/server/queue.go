@@ -63,7 +63,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	}
 	// Where this attempt fills from is chosen by fill; the source of an
 	// earlier one would tell peers it keeps no layer (replicas.go).
-	best.source = ""
+	best.source, best.claiming = "", false
 	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
 	// Another worker is kicked for the rest of the queue.
 	s.changeLocked(best.SHA256, best, imagelife.Claimed{})

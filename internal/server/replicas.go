@@ -31,7 +31,7 @@ func (s *Server) State() replica.State {
 	defer s.mu.Unlock()
 	out := replica.State{Replica: s.view.Self(), Images: map[osimage.SHA256]replica.Image{}}
 	for sum, img := range s.images {
-		ri := replica.Image{Phase: img.Phase, Source: img.source, Received: img.received}
+		ri := replica.Image{Phase: img.Phase, Source: img.source, Claiming: img.claiming, Received: img.received}
 		if img.Stored {
 			ri.Phase, ri.Size, ri.VerifiedAt = PhaseReady, img.entry.Size, img.entry.VerifiedAt
 		}
@@ -54,12 +54,13 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 	o := replica.Offer{
 		Known:  name == "" || slices.Contains(img.ServedAs(), name) || stored && img.entry.Filename == name,
 		Stored: stored,
-		// A source left from an earlier attempt says nothing: the image
-		// may be claimed again.
-		FromPeer: busy && strings.HasPrefix(img.source, fill.FromPeerPrefix),
-		Size:     img.Int64Field(osimage.FieldSize),
+		Size:   img.Int64Field(osimage.FieldSize),
 	}
-	if !img.Stored && img.source == fill.FromRegistry && busy {
+	// A fill from a peer is offered as one from the registry: followers
+	// chain from it (replica.Tree), each verifying every byte itself, and
+	// keep following its layer when its own source dies and the next
+	// continues it.
+	if !img.Stored && busy && img.writer != nil {
 		o.Download, o.Started, o.Committing = img.writer, img.received > 0, img.Phase == PhaseVerifying
 	}
 	return o
@@ -199,7 +200,25 @@ func (s *Server) peerRule() fill.Rule {
 func (s *Server) setSource(sum osimage.SHA256, source string) {
 	s.mu.Lock()
 	if img, ok := s.images[sum]; ok {
-		img.source = source
+		img.source, img.claiming = source, false
+	}
+	s.mu.Unlock()
+	s.broadcast()
+}
+
+// setClaim shows a step of this replica's claim of the registry pull of
+// sum in its state, at once: peers judge their own claims from it.
+func (s *Server) setClaim(sum osimage.SHA256, step replica.ClaimStep) {
+	s.mu.Lock()
+	if img, ok := s.images[sum]; ok {
+		switch step {
+		case replica.ClaimAnnounced:
+			img.source, img.claiming = fill.FromRegistry, true
+		case replica.ClaimConfirmed:
+			img.source, img.claiming = fill.FromRegistry, false
+		case replica.ClaimWithdrawn:
+			img.source, img.claiming = "", false
+		}
 	}
 	s.mu.Unlock()
 	s.broadcast()

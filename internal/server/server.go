@@ -157,6 +157,9 @@ type Config struct {
 	// PeerTimeout is how long a peer may show no progress before another
 	// source takes over (0 means replica.DefaultPeerTimeout).
 	PeerTimeout time.Duration
+	// ClaimRule says when the first downloads may be claimed
+	// (replica.ClaimRule).
+	ClaimRule replica.ClaimRule
 	// ReportPeer, when set, also reports a peer that failed.
 	ReportPeer PeerReporter
 	// ClientHold is how long a client's request for a selected image that
@@ -221,6 +224,9 @@ type image struct {
 	// download in progress, which peers may stream.
 	source string
 	writer *imagestore.Writer
+	// claiming: the registry pull of this replica is being confirmed
+	// against its peers' states (replica.Filler).
+	claiming bool
 }
 
 // Server selects, downloads, serves and publishes images.
@@ -319,14 +325,14 @@ func New(cfg Config) *Server {
 		notify:  make(chan struct{}),
 	}
 	if cfg.Replicas != nil {
-		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock)
+		s.view = replica.NewView(cfg.Replicas, cfg.Logger, cfg.Clock, cfg.ClaimRule)
 		s.relayClient = &http.Client{Transport: replica.Transport()}
 		s.filler = &replica.Filler{
 			View: s.view, Puller: replica.NewPuller(cfg.PeerTimeout), Wait: cfg.PeerTimeout, Log: cfg.Logger,
 			Registry: fill.Func{Label: fill.FromRegistry, F: func(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
 				return s.cfg.Pull(ctx, w, dst, progress)
 			}},
-			RegistryRule: s.registryRule, PeerRule: s.peerRule(), Started: s.setSource, PeerFailed: s.reportPeer,
+			RegistryRule: s.registryRule, PeerRule: s.peerRule(), Started: s.setSource, Claim: s.setClaim, PeerFailed: s.reportPeer,
 		}
 	}
 	now := cfg.Now()
