@@ -31,7 +31,7 @@ func relayClient(t *testing.T, v *View, sum osimage.SHA256) string {
 // viewOf reads the states of peers once, as the replica "self".
 func viewOf(t *testing.T, peers ...Peer) *View {
 	t.Helper()
-	v := NewView(&replicas{self: "self", selfReady: true, ready: peers}, nil, nil)
+	v := NewView(&replicas{self: "self", selfReady: true, ready: peers}, nil, nil, ClaimRule{})
 	v.readAll(context.Background())
 	return v
 }
