@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,7 +33,10 @@ type replica struct {
 	killed bool
 }
 
-func startReplica(o options, k *testenv.Kube, dir, values string, i int, peers bool) (*replica, error) {
+// startReplica starts replica i of a set of count, as the chart does: with
+// --replicas count, so that replicas started together wait for each other
+// before they choose who pulls.
+func startReplica(o options, k *testenv.Kube, dir, values string, i, count int, peers bool) (*replica, error) {
 	r := &replica{id: fmt.Sprintf("osimages-server-%d", i), index: i,
 		clientURL: fmt.Sprintf("http://127.0.0.1:%d", clientPort+i)}
 	r.peer = replicaPkg.Peer{ID: r.id, URL: fmt.Sprintf("http://127.0.0.1:%d", peerPort+i)}
@@ -48,7 +52,7 @@ func startReplica(o options, k *testenv.Kube, dir, values string, i int, peers b
 		"--kubeconfig", k.Kubeconfig, "--keep-referenced=false", "--concurrency", "1"}
 	if peers {
 		args = append(args, "--replica-id", r.id, "--peers-service", headless,
-			"--peer-listen", fmt.Sprintf(":%d", peerPort+i), "--publisher-lease", lease)
+			"--peer-listen", fmt.Sprintf(":%d", peerPort+i), "--publisher-lease", lease, "--replicas", strconv.Itoa(count))
 	}
 	r.logPath = filepath.Join(dir, r.id+".log")
 	log, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

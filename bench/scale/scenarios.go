@@ -128,7 +128,7 @@ func (e *env) runOne(ctx context.Context, s spec, round int) (res runResult, err
 		t0 = time.Now()
 	}
 	for i := range s.replicas {
-		r, err := startReplica(e.o, e.k, dir, e.values, i, e.peers)
+		r, err := startReplica(e.o, e.k, dir, e.values, i, s.replicas, e.peers)
 		if err != nil {
 			return res, err
 		}
