@@ -318,3 +318,30 @@ func TestFilteredLargeCatalog(t *testing.T) {
 		t.Errorf("copy of %d bytes for two entries", size)
 	}
 }
+
+// TestFilteredCopyIsStable: a copy of many entries, decided again on the
+// same source and catalog, is in sync: the filtered document comes out as
+// the same bytes each time, so no copy is rewritten at every reconcile.
+func TestFilteredCopyIsStable(t *testing.T) {
+	r := rule
+	r.Catalog = osimage.InfoConfigMapName
+	var names []string
+	for i := range 200 {
+		names = append(names, fmt.Sprintf("image-%d", i))
+	}
+	src := configMap("sylva-system", "served", servedData(t, names, nil))
+	src.UID = "source-uid"
+	picks := picksOf(t, configMap("wc1", osimage.InfoConfigMapName, map[string]string{osimage.ValuesKey: catalogDoc(t, names[:100]...)}), nil)
+	wc := namespace("wc1", map[string]string{"wc": ""})
+	d := Decide(r, Observed{Namespace: wc, Source: src, Picks: picks}, false, now)
+	cp := d.Object
+	cp.ResourceVersion, cp.UID = "1", "copy-uid"
+	for range 20 {
+		if d := Decide(r, Observed{Namespace: wc, Source: src, Picks: picks}, false, now); d.Action != ActionCreate {
+			t.Fatalf("decision %+v", d)
+		}
+		if d := Decide(r, Observed{Namespace: wc, Source: src, Copy: cp, Picks: picks}, false, now); d.Action != ActionNone {
+			t.Fatalf("an unchanged copy of 100 entries is written again: %s", d.Reason)
+		}
+	}
+}
