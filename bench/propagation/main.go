@@ -47,7 +47,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
@@ -86,11 +89,11 @@ func main() {
 	extra := flag.String("osimages-args", "", "more flags for osimages propagate, space-separated (e.g. \"--workers 16\")")
 	flag.IntVar(&c.served, "served", 30, "images in the served set")
 	flag.IntVar(&c.catalogImages, "catalog-images", 0, "images in each namespace's os-images-info (0: no catalogs); one is not served")
-	copies := flag.String("osimages-copies", "filtered", "what osimages' copies hold: filtered (what the namespace's catalog can pick; whole without catalogs) or whole (a binary that copies the whole set)")
+	copies := flag.String("osimages-copies", "filtered", "what osimages' copies hold: filtered (what the namespace's catalog can pick: nothing without catalogs) or whole (a binary, or rules, that copy the whole set)")
 	flag.Parse()
 	switch *copies {
 	case "filtered":
-		c.filtered = c.catalogImages > 0
+		c.filtered = true
 	case "whole":
 	default:
 		fmt.Fprintf(os.Stderr, "bench-propagation: -osimages-copies %q: want filtered or whole\n", *copies)
@@ -383,7 +386,7 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 		return r, err
 	}
 	filtered := c.filtered && sys.name == "osimages"
-	w, err := watchCopies(ctx, k.Client, propagate.DefaultTargetName)
+	w, err := watchCopies(ctx, k.Config, propagate.DefaultTargetName)
 	if err != nil {
 		return r, err
 	}
@@ -555,67 +558,100 @@ func updateSource(ctx context.Context, c kubernetes.Interface, values string) er
 	}
 }
 
-// copyWatcher follows every object of the target name through one watch.
-// It keeps a hash of each copy's values.yaml, not the copies: at 2,000
-// namespaces x 1,000 images, whole copies are gigabytes.
+// copyWatcher follows every object of the target name. It watches their
+// metadata only and reads each changed copy with a GET, a few at a time:
+// one watch carrying whole copies (2,000 x 137 KiB at every update of a
+// 1,000-image served set) falls behind, and the apiserver closes a watch
+// that falls behind; a GET cannot. It keeps a hash of each copy's
+// values.yaml, not the copies.
 type copyWatcher struct {
 	mu     sync.Mutex
 	values map[string]string // namespace -> hex sha256 of values.yaml
 	change chan struct{}
 }
 
-func watchCopies(ctx context.Context, c kubernetes.Interface, target string) (*copyWatcher, error) {
+func watchCopies(ctx context.Context, cfg *rest.Config, target string) (*copyWatcher, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	w := &copyWatcher{values: map[string]string{}, change: make(chan struct{}, 1)}
+	queue := workqueue.NewTypedDelayingQueue[string]()
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	configMaps := corev1.SchemeGroupVersion.WithResource("configmaps")
 	sel := fields.OneTermEqualSelector("metadata.name", target).String()
 	lw := &toolscache.ListWatch{
 		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
-			return c.CoreV1().ConfigMaps("").List(ctx, o)
+			return md.Resource(configMaps).Namespace("").List(ctx, o)
 		},
 		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = sel
-			return c.CoreV1().ConfigMaps("").Watch(ctx, o)
+			return md.Resource(configMaps).Namespace("").Watch(ctx, o)
 		},
 	}
-	set := func(obj any) {
-		cm, ok := obj.(*corev1.ConfigMap)
-		if !ok {
+	enqueue := func(obj any) {
+		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			queue.Add(m.Namespace)
+		}
+	}
+	_, informer := toolscache.NewInformerWithOptions(toolscache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &metav1.PartialObjectMetadata{},
+		Handler: toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    enqueue,
+			UpdateFunc: func(_, obj any) { enqueue(obj) },
+			DeleteFunc: func(obj any) {
+				if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+					obj = tomb.Obj
+				}
+				enqueue(obj)
+			},
+		},
+	})
+	read := func(ns string) {
+		cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, target, metav1.GetOptions{})
+		w.mu.Lock()
+		switch {
+		case err == nil:
+			w.values[ns] = hashOf(cm.Data[osimage.ValuesKey])
+		case apierrors.IsNotFound(err):
+			delete(w.values, ns)
+		default:
+			// Read again: the watch says it changed.
+			w.mu.Unlock()
+			if ctx.Err() == nil {
+				queue.AddAfter(ns, time.Second)
+			}
 			return
 		}
-		w.mu.Lock()
-		w.values[cm.Namespace] = cm.Data[osimage.ValuesKey]
 		w.mu.Unlock()
 		select {
 		case w.change <- struct{}{}:
 		default:
 		}
 	}
-	_, informer := toolscache.NewInformerWithOptions(toolscache.InformerOptions{
-		ListerWatcher: lw,
-		ObjectType:    &corev1.ConfigMap{},
-		// The store keeps the name and the hash of values.yaml.
-		Transform: func(obj any) (any, error) {
-			if cm, ok := obj.(*corev1.ConfigMap); ok {
-				slim := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: cm.Namespace, Name: cm.Name, ResourceVersion: cm.ResourceVersion}}
-				if v, ok := cm.Data[osimage.ValuesKey]; ok {
-					slim.Data = map[string]string{osimage.ValuesKey: hashOf(v)}
+	for range 8 {
+		go func() {
+			for {
+				ns, quit := queue.Get()
+				if quit {
+					return
 				}
-				return slim, nil
+				read(ns)
+				queue.Done(ns)
 			}
-			return obj, nil
-		},
-		Handler: toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    set,
-			UpdateFunc: func(_, obj any) { set(obj) },
-			DeleteFunc: func(obj any) {
-				if cm, ok := obj.(*corev1.ConfigMap); ok {
-					w.mu.Lock()
-					delete(w.values, cm.Namespace)
-					w.mu.Unlock()
-				}
-			},
-		},
-	})
+		}()
+	}
 	go informer.RunWithContext(ctx)
 	if !toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return nil, errors.New("watching the copies: informer did not sync")

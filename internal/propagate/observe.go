@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,7 +56,8 @@ func (ob *observer) observe(ctx context.Context, r Rule, namespace string) (Obse
 	} else if found {
 		o.Copy = cp
 	}
-	if r.Catalog == "" || o.Namespace == nil {
+	// Decide reads the picks only where the rule makes a copy.
+	if r.Catalog == "" || o.Namespace == nil || !r.Selector.Matches(labels.Set(o.Namespace.Labels)) {
 		return o, nil
 	}
 	if o.Source != nil {
