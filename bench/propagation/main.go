@@ -205,7 +205,11 @@ func report(c config, rs []result) {
 		for _, name := range slices.Sorted(maps.Keys(r.hwm)) {
 			hwm = append(hwm, fmt.Sprintf("%s %s MiB", name, mib(r.hwm[name])))
 		}
-		fmt.Printf("%-16s %12s %26s %14s %8s MiB %.1f   (peak per process: %s)\n", r.name, secs(r.fill), strings.Join(ups, " "), secs(r.median()), mib(r.peakRSS), r.cpu.Seconds(), strings.Join(hwm, ", "))
+		median := "-"
+		if len(r.updates) > 0 {
+			median = secs(r.median())
+		}
+		fmt.Printf("%-16s %12s %26s %14s %8s MiB %.1f   (peak per process: %s)\n", r.name, secs(r.fill), strings.Join(ups, " "), median, mib(r.peakRSS), r.cpu.Seconds(), strings.Join(hwm, ", "))
 		var apiserver []string
 		for _, name := range slices.Sorted(maps.Keys(r.apiserver)) {
 			apiserver = append(apiserver, fmt.Sprintf("%s %s MiB (%s at the end)", name, mib(r.apiserver[name]), mib(r.apiserverEnd[name])))
