@@ -6,6 +6,10 @@
 #
 #   hack/bench-propagation.sh [-namespaces 500] [-updates 3] [-timeout 10m]
 #   OSIMAGES_BENCH_KYVERNO=0 hack/bench-propagation.sh   # osimages only
+#   OSIMAGES_BENCH_KYVERNO=0 hack/bench-propagation.sh -namespaces 2000 -served 1000 -catalog-images 20
+#       # at scale: each namespace with its catalog; prints etcd's and the
+#       # apiserver's RSS too. -osimages other/osimages -osimages-copies whole
+#       # measures a binary that copies the whole set.
 #
 # Kyverno is built once (about 2-5 minutes and 2.8 GB of RAM) from the tools
 # module hack/tools/kyverno into the tools cache, like hack/tools.sh does for

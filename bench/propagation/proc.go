@@ -20,6 +20,8 @@ type proc struct {
 	name    string
 	logPath string
 	restart bool
+	// fixedPID is a process the bench did not start (apiserverProcs).
+	fixedPID int
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -114,9 +116,52 @@ func (p *proc) stop() {
 }
 
 func (p *proc) pid() int {
+	if p.fixedPID != 0 {
+		return p.fixedPID
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cmd.Process.Pid
+}
+
+// apiserverProcs finds the etcd and kube-apiserver that envtest started
+// for this process (its children), to follow their RSS.
+func apiserverProcs() ([]*proc, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]*proc{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		open, end := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm := string(b[open+1 : end])
+		f := strings.Fields(string(b[end+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		if comm == "etcd" || comm == "kube-apiserver" {
+			if found[comm] != nil {
+				return nil, fmt.Errorf("two %s processes are children of the bench: is an earlier apiserver still running?", comm)
+			}
+			found[comm] = &proc{name: comm, fixedPID: pid}
+		}
+	}
+	if len(found) != 2 {
+		return nil, fmt.Errorf("found %d of etcd and kube-apiserver among the bench's children", len(found))
+	}
+	return []*proc{found["etcd"], found["kube-apiserver"]}, nil
 }
 
 // status reads a kB field of /proc/PID/status, in bytes.

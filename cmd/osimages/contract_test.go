@@ -28,7 +28,7 @@ func TestContractDocumentsEveryConfigMap(t *testing.T) {
 		osimage.ServedConfigMapName, "capm3_os_image_server_images", osimage.ServedFilenamesKey, "served_filenames",
 		osimage.RefusedNeedsKey, "refused_needs",
 		controller.DefaultServedCopy, propagate.LabelRule, propagate.LabelSourceNamespace, propagate.LabelSourceName,
-		propagate.AnnotationSourceHash, propagate.AnnotationOwnerProof, propagate.AnnotationStaleSince,
+		propagate.AnnotationSourceHash, propagate.AnnotationOwnerProof, propagate.AnnotationStaleSince, propagate.AnnotationPicks,
 		fleet.StatusConfigMapName, fleet.StatusKey, fleet.StatusLabel, controller.CatalogStatusKey,
 		osimage.FleetNeedsConfigMapName, osimage.FleetNeedsKey, osimage.FleetNeedsLabel,
 		osimage.RefusedRegistry, osimage.RefusedURI, osimage.RefusedImages, osimage.RefusedBytes, osimage.RefusedStorage,

@@ -34,7 +34,10 @@ namespace its selector matches, and keeps the copies equal to the source
 
 Without --config, the rule is Sylva's: sylva-system/capm3-os-image-server-os-images
 is copied as kyverno-cloned-os-image-server-images into the namespaces labelled
-sylva-project.org/workload-cluster="". A rules file reads:
+sylva-project.org/workload-cluster="", each copy holding only the served entries
+whose sha256 that namespace's os-images-info names (or its osimages-status lists
+as needed); a namespace without a readable os-images-info gets no entry. A rules
+file reads:
 
   rules:
   - name: os-image-server-images
@@ -42,6 +45,7 @@ sylva-project.org/workload-cluster="". A rules file reads:
     target: kyverno-cloned-os-image-server-images
     namespaceSelector:
       matchLabels: {sylva-project.org/workload-cluster: ""}
+    catalog: os-images-info   # leave out to copy the source whole
 
 When the source is deleted the copies are kept and annotated stale; an object
 of the target name that osimages did not create is left alone unless --adopt.
@@ -82,7 +86,7 @@ func runPropagate(ctx context.Context, o propagateOptions, stderr io.Writer) err
 		return exitcode.InputError(err)
 	}
 	for _, r := range rules {
-		mgr.Logger.Info("rule", "name", r.Name, "source", r.Source.String(), "target", r.Target, "namespaceSelector", r.Selector.String())
+		mgr.Logger.Info("rule", "name", r.Name, "source", r.Source.String(), "target", r.Target, "namespaceSelector", r.Selector.String(), "catalog", r.Catalog)
 	}
 	opts := propagate.Options{Rules: rules, Adopt: o.adopt, Resync: o.resync, Workers: o.workers, ManagerOptions: mgr}
 	return exitcode.FailureError(propagate.Run(ctx, cfg, opts))

@@ -23,17 +23,14 @@ const (
 	ServedConfigMapNamespace = "sylva-system"
 )
 
-type infoDocument struct {
-	OSImages Catalog `json:"os_images"`
-}
-
-// MarshalInfo renders the values.yaml document of os-images-info. Map keys
-// come out sorted, so equal catalogs give equal bytes.
+// MarshalInfo renders the values.yaml document of os-images-info. Image
+// keys come out in byte order (marshalSorted), so equal catalogs give equal
+// bytes.
 func MarshalInfo(c Catalog) ([]byte, error) {
 	if c == nil {
 		c = Catalog{}
 	}
-	return yaml.Marshal(infoDocument{OSImages: c})
+	return marshalSorted("os_images", c)
 }
 
 // ParseInfo reads the values.yaml document of an os-images-info ConfigMap.
@@ -107,7 +104,7 @@ func MarshalServed(s ServedSet) ([]byte, error) {
 	if s == nil {
 		s = ServedSet{}
 	}
-	return yaml.Marshal(servedDocument{Images: s})
+	return marshalSorted("capm3_os_image_server_images", s)
 }
 
 // ParseServed reads the values.yaml document of the served-images ConfigMap.

@@ -30,7 +30,7 @@ func MarshalServedFilenames(f ServedFilenames) ([]byte, error) {
 	if f == nil {
 		f = ServedFilenames{}
 	}
-	return yaml.Marshal(servedFilenamesDocument{Filenames: f})
+	return marshalSorted("served_filenames", f)
 }
 
 // ParseServedFilenames reads the served-filenames.yaml document. As in

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/sylva-projects/osimages/internal/fleet"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -41,6 +43,7 @@ type reconciler struct {
 	rules    []Rule
 	byName   map[string]Rule
 	reader   client.Reader // the informer cache
+	observer *observer
 	writer   client.Client
 	recorder events.EventRecorder
 	metrics  *collector
@@ -51,35 +54,11 @@ type reconciler struct {
 }
 
 func newReconciler(rules []Rule, reader client.Reader, writer client.Client, recorder events.EventRecorder, m *collector, adopt bool) *reconciler {
-	c := &reconciler{rules: rules, byName: map[string]Rule{}, reader: reader, writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now, log: logr.Discard()}
+	c := &reconciler{rules: rules, byName: map[string]Rule{}, reader: reader, observer: newObserver(reader), writer: writer, recorder: recorder, metrics: m, adopt: adopt, now: time.Now, log: logr.Discard()}
 	for _, r := range rules {
 		c.byName[r.Name] = r
 	}
 	return c
-}
-
-// observe reads what Decide needs from the cache.
-func (c *reconciler) observe(ctx context.Context, r Rule, namespace string) (Observed, error) {
-	var o Observed
-	ns := &corev1.Namespace{}
-	if found, err := get(ctx, c.reader, types.NamespacedName{Name: namespace}, ns); err != nil {
-		return o, fmt.Errorf("reading namespace %s: %w", namespace, err)
-	} else if found {
-		o.Namespace = ns
-	}
-	src := &corev1.ConfigMap{}
-	if found, err := get(ctx, c.reader, types.NamespacedName{Namespace: r.Source.Namespace, Name: r.Source.Name}, src); err != nil {
-		return o, fmt.Errorf("reading source ConfigMap %s: %w", r.Source, err)
-	} else if found {
-		o.Source = src
-	}
-	cp := &corev1.ConfigMap{}
-	if found, err := get(ctx, c.reader, types.NamespacedName{Namespace: namespace, Name: r.Target}, cp); err != nil {
-		return o, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, r.Target, err)
-	} else if found {
-		o.Copy = cp
-	}
-	return o, nil
 }
 
 func get(ctx context.Context, r client.Reader, key types.NamespacedName, obj client.Object) (bool, error) {
@@ -98,7 +77,7 @@ func (c *reconciler) Reconcile(ctx context.Context, k Key) (reconcile.Result, er
 		return reconcile.Result{}, nil
 	}
 	log := logr.FromContextOrDiscard(ctx)
-	o, err := c.observe(ctx, r, k.Namespace)
+	o, err := c.observer.observe(ctx, r, k.Namespace)
 	if err != nil {
 		c.metrics.reconcileError(r.Name)
 		return reconcile.Result{}, err
@@ -130,6 +109,10 @@ func (c *reconciler) Reconcile(ctx context.Context, k Key) (reconcile.Result, er
 			c.recorder.Eventf(d.Object, nil, corev1.EventTypeWarning, "SourceMissing", "Propagate", "rule %s: %s", r.Name, d.Reason)
 		case ActionCreate, ActionUpdate:
 			c.metrics.synced(r.Name, c.now())
+			if o.Picks.Unreadable != nil {
+				c.recorder.Eventf(d.Object, o.Namespace, corev1.EventTypeWarning, "CatalogUnreadable", "Propagate",
+					"rule %s: %s; the copy keeps no served entry for it, so renders in this namespace fail until it is fixed", r.Name, o.Picks.Note)
+			}
 			if o.Copy != nil && o.Copy.Labels[LabelRule] == "" {
 				c.recorder.Eventf(d.Object, nil, corev1.EventTypeNormal, "Adopted", "Propagate", "rule %s: adopted by osimages (--adopt)", r.Name)
 			}
@@ -175,7 +158,7 @@ func (c *reconciler) keysForConfigMap(ctx context.Context, obj client.Object) []
 		if obj.GetNamespace() == r.Source.Namespace && obj.GetName() == r.Source.Name {
 			keys = append(keys, c.keysForRule(ctx, r)...)
 		}
-		if obj.GetName() == r.Target {
+		if obj.GetName() == r.Target || (r.Catalog != "" && (obj.GetName() == r.Catalog || obj.GetName() == fleet.StatusConfigMapName)) {
 			keys = append(keys, Key{Rule: r.Name, Namespace: obj.GetNamespace()})
 		}
 	}
@@ -219,11 +202,15 @@ func (c *reconciler) keysForNamespace(_ context.Context, obj client.Object) []Ke
 }
 
 // Relevant tells whether the propagation controller ever reads the content
-// of ConfigMap namespace/name: the rules' sources and the objects of their
-// target names.
+// of ConfigMap namespace/name: the rules' sources, the objects of their
+// target names, and for a rule with a Catalog, the catalogs and statuses
+// that cut its copies down.
 func Relevant(rules []Rule, namespace, name string) bool {
 	for _, r := range rules {
 		if name == r.Target || (namespace == r.Source.Namespace && name == r.Source.Name) {
+			return true
+		}
+		if r.Catalog != "" && (name == r.Catalog || name == fleet.StatusConfigMapName) {
 			return true
 		}
 	}

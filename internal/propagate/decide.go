@@ -80,6 +80,11 @@ type Observed struct {
 	// Copy is whatever object holds the target name in the namespace, ours
 	// or not.
 	Copy *corev1.ConfigMap
+	// For a rule with a Catalog: Served is the source read as a served
+	// set (read from Source when nil), and Picks what the namespace can
+	// use.
+	Served *ServedSource
+	Picks  Picks
 }
 
 // Decision is what to do about one (rule, namespace) pair.
@@ -147,13 +152,17 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 		stale.Annotations[AnnotationStaleSince] = now.UTC().Format(time.RFC3339)
 		return Decision{Action: ActionMarkStale, State: StateStale, Object: stale, Reason: fmt.Sprintf("source %s not found; copy kept and marked stale", r.Source)}
 	}
+	want, err := wanted(r, o)
+	if err != nil {
+		return Decision{Action: ActionNone, State: StateOutOfSync, Reason: fmt.Sprintf("making the copy of source %s: %v", r.Source, err)}
+	}
 	if cp == nil {
-		return Decision{Action: ActionCreate, State: StateOutOfSync, Object: newCopy(r, o.Source, ns.Name), Reason: "copy missing"}
+		return Decision{Action: ActionCreate, State: StateOutOfSync, Object: newCopy(r, o.Source, ns.Name, want), Reason: "copy missing"}
 	}
 	if cp.Immutable != nil && *cp.Immutable {
 		// An immutable ConfigMap refuses new data; deleting it lets the
 		// next pass create it afresh.
-		if inSync(r, o.Source, cp) {
+		if inSync(r, o.Source, cp, want) {
 			return Decision{Action: ActionNone, State: StateInSync, Reason: "copy in sync"}
 		}
 		if !Owned(r, o.Source, cp) {
@@ -161,7 +170,7 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 		}
 		return Decision{Action: ActionDelete, State: StateOutOfSync, Object: cp, Reason: "copy is immutable and differs from the source; recreating it"}
 	}
-	if inSync(r, o.Source, cp) {
+	if inSync(r, o.Source, cp, want) {
 		return Decision{Action: ActionNone, State: StateInSync, Reason: "copy in sync"}
 	}
 	reason := "copy differs from the source"
@@ -170,7 +179,7 @@ func Decide(r Rule, o Observed, adopt bool, now time.Time) Decision {
 	} else if cp.Annotations[AnnotationStaleSince] != "" {
 		reason = "source is back"
 	}
-	return Decision{Action: ActionUpdate, State: StateOutOfSync, Object: updatedCopy(r, o.Source, cp), Reason: reason}
+	return Decision{Action: ActionUpdate, State: StateOutOfSync, Object: updatedCopy(r, o.Source, cp, want), Reason: reason}
 }
 
 // Owned says whether cp is provably a copy osimages made for r from src:
@@ -237,23 +246,58 @@ func ownLabels(r Rule) map[string]string {
 	}
 }
 
-func newCopy(r Rule, src *corev1.ConfigMap, namespace string) *corev1.ConfigMap {
-	return &corev1.ConfigMap{
+// content is what a copy carries.
+type content struct {
+	data   map[string]string
+	binary map[string][]byte
+	// hash is the value of AnnotationSourceHash.
+	hash string
+	// picks is the value of AnnotationPicks, "" on a whole copy.
+	picks string
+}
+
+// wanted is the content of the copy of o.Source in o.Namespace: the
+// source's data, or for a rule with a Catalog, what the namespace can use
+// of it (ServedSource.Filtered). The hash is that of the data carried, so
+// that a source change that leaves a filtered copy as it was does not
+// rewrite it.
+func wanted(r Rule, o Observed) (content, error) {
+	if r.Catalog == "" {
+		return content{data: o.Source.Data, binary: o.Source.BinaryData, hash: SourceHash(o.Source)}, nil
+	}
+	served := o.Served
+	if served == nil {
+		s := ReadServedSource(o.Source)
+		served = &s
+	}
+	data, binary, note, err := served.Filtered(o.Namespace.Name, o.Picks)
+	if err != nil {
+		return content{}, err
+	}
+	return content{data: data, binary: binary, hash: SourceHash(&corev1.ConfigMap{Data: data, BinaryData: binary}), picks: note}, nil
+}
+
+func newCopy(r Rule, src *corev1.ConfigMap, namespace string, want content) *corev1.ConfigMap {
+	cp := &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        r.Target,
 			Namespace:   namespace,
 			Labels:      ownLabels(r),
-			Annotations: map[string]string{AnnotationSourceHash: SourceHash(src), AnnotationOwnerProof: OwnerProof(r, src, namespace)},
+			Annotations: map[string]string{AnnotationSourceHash: want.hash, AnnotationOwnerProof: OwnerProof(r, src, namespace)},
 		},
-		Data:       maps.Clone(src.Data),
-		BinaryData: cloneBinary(src.BinaryData),
+		Data:       maps.Clone(want.data),
+		BinaryData: cloneBinary(want.binary),
 	}
+	if want.picks != "" {
+		cp.Annotations[AnnotationPicks] = want.picks
+	}
+	return cp
 }
 
 // updatedCopy keeps what others added to the copy's metadata (labels,
 // annotations, owners), and puts back ours and the data.
-func updatedCopy(r Rule, src, cp *corev1.ConfigMap) *corev1.ConfigMap {
+func updatedCopy(r Rule, src, cp *corev1.ConfigMap, want content) *corev1.ConfigMap {
 	out := cp.DeepCopy()
 	out.ManagedFields = nil
 	if out.Labels == nil {
@@ -263,24 +307,29 @@ func updatedCopy(r Rule, src, cp *corev1.ConfigMap) *corev1.ConfigMap {
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[AnnotationSourceHash] = SourceHash(src)
+	out.Annotations[AnnotationSourceHash] = want.hash
 	out.Annotations[AnnotationOwnerProof] = OwnerProof(r, src, cp.Namespace)
 	delete(out.Annotations, AnnotationStaleSince)
-	out.Data = maps.Clone(src.Data)
-	out.BinaryData = cloneBinary(src.BinaryData)
+	delete(out.Annotations, AnnotationPicks)
+	if want.picks != "" {
+		out.Annotations[AnnotationPicks] = want.picks
+	}
+	out.Data = maps.Clone(want.data)
+	out.BinaryData = cloneBinary(want.binary)
 	return out
 }
 
-func inSync(r Rule, src, cp *corev1.ConfigMap) bool {
+func inSync(r Rule, src, cp *corev1.ConfigMap, want content) bool {
 	for k, v := range ownLabels(r) {
 		if cp.Labels[k] != v {
 			return false
 		}
 	}
-	if cp.Annotations[AnnotationStaleSince] != "" || cp.Annotations[AnnotationSourceHash] != SourceHash(src) || cp.Annotations[AnnotationOwnerProof] != OwnerProof(r, src, cp.Namespace) {
+	if cp.Annotations[AnnotationStaleSince] != "" || cp.Annotations[AnnotationSourceHash] != want.hash || cp.Annotations[AnnotationOwnerProof] != OwnerProof(r, src, cp.Namespace) ||
+		cp.Annotations[AnnotationPicks] != want.picks {
 		return false
 	}
-	return maps.Equal(cp.Data, src.Data) && maps.EqualFunc(cp.BinaryData, src.BinaryData, bytes.Equal)
+	return maps.Equal(cp.Data, want.data) && maps.EqualFunc(cp.BinaryData, want.binary, bytes.Equal)
 }
 
 func cloneBinary(m map[string][]byte) map[string][]byte {

@@ -38,7 +38,12 @@ func source(data string) *corev1.ConfigMap {
 
 // ourCopy is what osimages writes for source(data) in ns, as stored.
 func ourCopy(ns, data string) *corev1.ConfigMap {
-	cp := newCopy(rule, source(data), ns)
+	src := source(data)
+	want, err := wanted(rule, Observed{Source: src})
+	if err != nil {
+		panic(err)
+	}
+	cp := newCopy(rule, src, ns, want)
 	cp.ResourceVersion = "42"
 	cp.UID = "copy-uid"
 	return cp

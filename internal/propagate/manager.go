@@ -116,6 +116,7 @@ func AddToManager(mgr manager.Manager, o Options) error {
 	m := newMetrics(o.Rules)
 	c := newReconciler(o.Rules, nil, nil, nil, m, o.Adopt)
 	c.reader = mgr.GetCache()
+	c.observer = newObserver(c.reader)
 	c.writer = mgr.GetClient()
 	c.recorder = kube.BoundedEvents(mgr.GetEventRecorder(FieldOwner))
 	c.log = mgr.GetLogger().WithValues("controller", "propagate")
@@ -156,7 +157,7 @@ func AddToManager(mgr manager.Manager, o Options) error {
 		defer cancel()
 		return mgr.GetCache().WaitForCacheSync(ctx)
 	}
-	m.reader, m.ready, m.adopt = mgr.GetCache(), synced, o.Adopt
+	m.reader, m.observer, m.ready, m.adopt = mgr.GetCache(), c.observer, synced, o.Adopt
 	if err := o.Registerer.Register(m); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}

@@ -27,11 +27,12 @@ type collector struct {
 	copiesDesc, sourceDesc, sinceDesc *prometheus.Desc
 
 	// set once the controller exists: the collector reads through it.
-	rules  []Rule
-	reader client.Reader
-	ready  func() bool
-	adopt  bool
-	now    func() time.Time
+	rules    []Rule
+	reader   client.Reader
+	observer *observer
+	ready    func() bool
+	adopt    bool
+	now      func() time.Time
 }
 
 func newMetrics(rules []Rule) *collector {
@@ -117,14 +118,9 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 
 // count runs Decide over every namespace in the cache.
 func (m *collector) count(ctx context.Context, r Rule, now time.Time) (map[State]int, bool, error) {
-	var o Observed
-	src := &corev1.ConfigMap{}
-	srcFound, err := get(ctx, m.reader, types.NamespacedName{Namespace: r.Source.Namespace, Name: r.Source.Name}, src)
+	srcFound, err := get(ctx, m.reader, types.NamespacedName{Namespace: r.Source.Namespace, Name: r.Source.Name}, &corev1.ConfigMap{})
 	if err != nil {
 		return nil, false, err
-	}
-	if srcFound {
-		o.Source = src
 	}
 	var nss corev1.NamespaceList
 	if err := m.reader.List(ctx, &nss); err != nil {
@@ -132,15 +128,9 @@ func (m *collector) count(ctx context.Context, r Rule, now time.Time) (map[State
 	}
 	counts := map[State]int{}
 	for i := range nss.Items {
-		o.Namespace = &nss.Items[i]
-		o.Copy = nil
-		cp := &corev1.ConfigMap{}
-		found, err := get(ctx, m.reader, types.NamespacedName{Namespace: o.Namespace.Name, Name: r.Target}, cp)
+		o, err := m.observer.observe(ctx, r, nss.Items[i].Name)
 		if err != nil {
 			return nil, false, err
-		}
-		if found {
-			o.Copy = cp
 		}
 		counts[Decide(r, o, m.adopt, now).State]++
 	}

@@ -22,6 +22,12 @@ type Rule struct {
 	Source   kube.ObjectKey
 	Target   string
 	Selector labels.Selector
+	// Catalog, when set, makes the source a served set (contract §6) and
+	// each copy only what its namespace can use: the entries whose sha256
+	// the namespace's ConfigMap of this name (os-images-info) names, or
+	// its osimages-status lists (see filter.go). "" copies the source
+	// whole.
+	Catalog string
 }
 
 // Names of Sylva's rule, the default one (contract §7).
@@ -34,13 +40,15 @@ const (
 
 // DefaultRules is Sylva's rule: the served-images ConfigMap copied into
 // every workload-cluster namespace, under the name the Kyverno policy gave
-// it, so that consumers of the copy need no change.
+// it, so that consumers of the copy need no change; each copy holds the
+// entries its namespace's os-images-info can pick.
 func DefaultRules() []Rule {
 	return []Rule{{
 		Name:     DefaultRuleName,
 		Source:   kube.ObjectKey{Namespace: osimage.ServedConfigMapNamespace, Name: osimage.ServedConfigMapName},
 		Target:   DefaultTargetName,
 		Selector: labels.SelectorFromSet(labels.Set{WorkloadClusterLabel: ""}),
+		Catalog:  osimage.InfoConfigMapName,
 	}}
 }
 
@@ -50,6 +58,7 @@ type fileRule struct {
 	Source            string                `json:"source"`
 	Target            string                `json:"target"`
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector"`
+	Catalog           string                `json:"catalog"`
 }
 
 type fileConfig struct {
@@ -78,6 +87,7 @@ func LoadRules(path string) ([]Rule, error) {
 //	  target: kyverno-cloned-os-image-server-images
 //	  namespaceSelector:
 //	    matchLabels: {sylva-project.org/workload-cluster: ""}
+//	  catalog: os-images-info   # optional: copy only what this catalog can pick
 func ParseRules(data []byte) ([]Rule, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, errors.New("no rules: the file is empty")
@@ -148,6 +158,13 @@ func parseRule(fr fileRule) (Rule, []error) {
 	} else if msgs := validation.IsDNS1123Subdomain(fr.Target); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("target %q is not a valid ConfigMap name: %s", fr.Target, msgs[0]))
 	}
+	if fr.Catalog != "" {
+		if msgs := validation.IsDNS1123Subdomain(fr.Catalog); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("catalog %q is not a valid ConfigMap name: %s", fr.Catalog, msgs[0]))
+		} else if fr.Catalog == fr.Target {
+			errs = append(errs, fmt.Errorf("catalog %q is the target: a copy cannot be cut down by itself (the catalog is the namespace's os-images-info)", fr.Catalog))
+		}
+	}
 	var sel labels.Selector
 	if fr.NamespaceSelector == nil {
 		// A missing selector is more likely an omission than a wish to
@@ -159,7 +176,7 @@ func parseRule(fr fileRule) (Rule, []error) {
 	if len(errs) > 0 {
 		return Rule{}, errs
 	}
-	return Rule{Name: fr.Name, Source: src, Target: fr.Target, Selector: sel}, nil
+	return Rule{Name: fr.Name, Source: src, Target: fr.Target, Selector: sel, Catalog: fr.Catalog}, nil
 }
 
 // LoadRulesOrDefault reads the rules file path, or returns Sylva's one

@@ -15,7 +15,7 @@ func TestDefaultRulesAreSylvas(t *testing.T) {
 		t.Fatalf("%d rules", len(rules))
 	}
 	r := rules[0]
-	if r.Source.String() != "sylva-system/capm3-os-image-server-os-images" || r.Target != "kyverno-cloned-os-image-server-images" {
+	if r.Source.String() != "sylva-system/capm3-os-image-server-os-images" || r.Target != "kyverno-cloned-os-image-server-images" || r.Catalog != "os-images-info" {
 		t.Errorf("rule %+v", r)
 	}
 	if !r.Selector.Matches(labels.Set{"sylva-project.org/workload-cluster": ""}) {
@@ -34,6 +34,7 @@ rules:
   target: kyverno-cloned-os-image-server-images
   namespaceSelector:
     matchLabels: {sylva-project.org/workload-cluster: ""}
+  catalog: os-images-info
 - name: mgmt-state
   source: sylva-system/mgmt-cluster-state-values
   target: kyverno-cloned-mgmt-cluster-state-values
@@ -44,7 +45,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rules) != 2 || rules[1].Name != "mgmt-state" || rules[1].Source.Name != "mgmt-cluster-state-values" {
+	if len(rules) != 2 || rules[1].Name != "mgmt-state" || rules[1].Source.Name != "mgmt-cluster-state-values" || rules[0].Catalog != "os-images-info" || rules[1].Catalog != "" {
 		t.Fatalf("rules %+v", rules)
 	}
 	if !rules[1].Selector.Matches(labels.Set{"sylva-project.org/workload-cluster": "x"}) || rules[1].Selector.Matches(labels.Set{}) {
@@ -74,6 +75,8 @@ func TestParseRulesErrors(t *testing.T) {
 		{"target invalid", "rules:\n- name: a\n  source: a/b\n  target: Not/Valid\n  namespaceSelector: {}\n", []string{`target "Not/Valid" is not a valid ConfigMap name`}},
 		{"no selector", "rules:\n- name: a\n  source: a/b\n  target: c\n", []string{"namespaceSelector is required (write {} to select every namespace)"}},
 		{"bad selector", "rules:\n- name: a\n  source: a/b\n  target: c\n  namespaceSelector: {matchExpressions: [{key: k, operator: Sometimes}]}\n", []string{"namespaceSelector:", `"Sometimes" is not a valid label selector operator`}},
+		{"catalog invalid", "rules:\n- name: a\n  catalog: Not/Valid\n" + ok, []string{`.rules[0] (a): catalog "Not/Valid" is not a valid ConfigMap name`}},
+		{"catalog is the target", "rules:\n- name: a\n  catalog: c\n" + ok, []string{`.rules[0] (a): catalog "c" is the target`}},
 		{"duplicate names", "rules:\n- name: a\n" + ok + "- name: a\n  source: a/b\n  target: d\n  namespaceSelector: {}\n", []string{`.rules[1] (a): name "a" is already used by .rules[0]`}},
 		{"duplicate targets", "rules:\n- name: a\n" + ok + "- name: b\n" + ok, []string{`.rules[1] (b): target "c" is already written by rule "a"`}},
 		{"every problem reported", "rules:\n- name: a\n  source: x\n- name: b\n  target: c\n", []string{

@@ -63,6 +63,9 @@ rules:
   target: {{ .Values.propagation.target }}
   namespaceSelector:
     {{- toYaml .Values.propagation.namespaceSelector | nindent 4 }}
+{{- with .Values.propagation.catalog }}
+  catalog: {{ . }}
+{{- end }}
 {{- with .Values.propagation.extraRules }}
 {{ toYaml . }}
 {{- end }}
