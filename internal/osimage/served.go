@@ -78,7 +78,7 @@ func MarshalServedOCI(o ServedOCI) ([]byte, error) {
 	if o == nil {
 		o = ServedOCI{}
 	}
-	return yaml.Marshal(servedOCIDocument{References: o})
+	return marshalSorted("served_oci", o)
 }
 
 // ParseServedOCI reads the served-oci.yaml document; an entry whose key is

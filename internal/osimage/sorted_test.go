@@ -15,7 +15,7 @@ import (
 // own key order is not an order on sha256s, and gave a new document at
 // almost every call from about 20 entries.
 func TestMarshalIsDeterministic(t *testing.T) {
-	set, files := ServedSet{}, ServedFilenames{}
+	set, files, oci := ServedSet{}, ServedFilenames{}, ServedOCI{}
 	for i := range 200 {
 		h := sha256.Sum256([]byte(fmt.Sprint(i)))
 		sha, err := ParseSHA256(hex.EncodeToString(h[:]))
@@ -24,6 +24,7 @@ func TestMarshalIsDeterministic(t *testing.T) {
 		}
 		set[sha] = ServedImage{Available: i%2 == 0, ImageKey: fmt.Sprintf("image-%d", i)}
 		files[sha] = []string{fmt.Sprintf("image-%d.raw", i)}
+		oci[sha] = OCIServed{Repository: OCIRepository(sha), Manifest: "sha256:" + string(sha)}
 	}
 	// Keys on which yaml's order goes round in a circle, and values it
 	// writes as block scalars or quotes.
@@ -34,6 +35,7 @@ func TestMarshalIsDeterministic(t *testing.T) {
 	docs := map[string]func() ([]byte, error){
 		"served set": func() ([]byte, error) { return MarshalServed(set) },
 		"filenames":  func() ([]byte, error) { return MarshalServedFilenames(files) },
+		"oci":        func() ([]byte, error) { return MarshalServedOCI(oci) },
 		"catalog":    func() ([]byte, error) { return MarshalInfo(cat) },
 	}
 	for name, marshal := range docs {

@@ -41,9 +41,9 @@ const notesMax = 512
 // source.
 type ServedSource struct {
 	out osimage.ServedOutput
-	// hasFilenames, hasRefused: which optional keys the source holds; a
-	// copy holds the same ones.
-	hasFilenames, hasRefused bool
+	// hasFilenames, hasOCI, hasRefused: which optional keys the source
+	// holds; a copy holds the same ones.
+	hasFilenames, hasOCI, hasRefused bool
 	// other are the data keys osimages does not know, copied as they are.
 	other  map[string]string
 	binary map[string][]byte
@@ -70,6 +70,12 @@ func ReadServedSource(src *corev1.ConfigMap) ServedSource {
 			errs = append(errs, fmt.Errorf("%s: %w", osimage.ServedFilenamesKey, err))
 		}
 	}
+	if oci, ok := src.Data[osimage.ServedOCIKey]; ok {
+		s.hasOCI = true
+		if s.out.OCI, err = osimage.ParseServedOCI([]byte(oci)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", osimage.ServedOCIKey, err))
+		}
+	}
 	if refused, ok := src.Data[osimage.RefusedNeedsKey]; ok {
 		s.hasRefused = true
 		if s.out.Refused, err = osimage.ParseRefusedNeeds([]byte(refused)); err != nil {
@@ -81,7 +87,7 @@ func ReadServedSource(src *corev1.ConfigMap) ServedSource {
 	}
 	for k, v := range src.Data {
 		switch k {
-		case osimage.ValuesKey, osimage.ServedFilenamesKey, osimage.RefusedNeedsKey:
+		case osimage.ValuesKey, osimage.ServedFilenamesKey, osimage.ServedOCIKey, osimage.RefusedNeedsKey:
 		default:
 			if s.other == nil {
 				s.other = map[string]string{}
@@ -204,6 +210,19 @@ func (s ServedSource) Filtered(namespace string, p Picks) (map[string]string, ma
 			return nil, nil, "", err
 		}
 		data[osimage.ServedFilenamesKey] = string(doc)
+	}
+	if s.hasOCI {
+		refs := osimage.ServedOCI{}
+		for sha := range set {
+			if ref, ok := s.out.OCI[sha]; ok {
+				refs[sha] = ref
+			}
+		}
+		doc, err := osimage.MarshalServedOCI(refs)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		data[osimage.ServedOCIKey] = string(doc)
 	}
 	if s.hasRefused {
 		// Every refusal of the namespace stays, whatever its sha256: one

@@ -26,10 +26,11 @@ func digest(name string) osimage.SHA256 {
 // under the filename NAME.raw, and refusing what refused says.
 func servedData(t testing.TB, names []string, refused osimage.RefusedNeeds) map[string]string {
 	t.Helper()
-	out := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}, Refused: refused}
+	out := osimage.ServedOutput{Set: osimage.ServedSet{}, Filenames: osimage.ServedFilenames{}, OCI: osimage.ServedOCI{}, Refused: refused}
 	for _, n := range names {
 		out.Set[digest(n)] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + n}
 		out.Filenames[digest(n)] = []string{n + ".raw"}
+		out.OCI[digest(n)] = osimage.OCIServed{Repository: osimage.OCIRepository(digest(n)), Manifest: "sha256:" + string(digest("manifest of "+n))}
 	}
 	data, err := out.ConfigMapData("test source")
 	if err != nil {
@@ -124,6 +125,9 @@ func TestFilteredKeepsWhatTheCatalogCanPick(t *testing.T) {
 	}
 	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.Filenames), want) || out.Filenames[digest("b")][0] != "b.raw" {
 		t.Errorf("filenames %v", out.Filenames)
+	}
+	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.OCI), want) || out.OCI[digest("a")].Manifest != "sha256:"+string(digest("manifest of a")) {
+		t.Errorf("OCI references %v", out.OCI)
 	}
 	if len(out.Refused) != 2 || out.Refused[0].Namespace != "wc1" || out.Refused[1].Namespace != "wc1" {
 		t.Errorf("refused needs %+v, want wc1's two", out.Refused)
