@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,85 +52,6 @@ func startOCIServers(t *testing.T) (map[string]devregistry.Published, []ociServe
 	return published, servers
 }
 
-// ironicClient runs Ironic's own image services (a current Ironic's code,
-// ../shared/ironic, on Debian's python3-ironic libraries) against each of
-// urls, in one Python process: OciImageService for oci:// URLs
-// (identify_specific_image, show, download) and HttpImageService for
-// http(s):// ones (show, the checksum file, download). It returns what
-// Ironic reports for each, or skips, saying why, where Ironic's code or its
-// libraries are absent.
-func ironicClient(t *testing.T, caFile string, urls ...string) []map[string]any {
-	t.Helper()
-	shared := testenv.SharedDir(t)
-	tgz, _ := filepath.Glob(filepath.Join(shared, "ironic", "ironic-*.tgz"))
-	if len(tgz) == 0 {
-		t.Skip("../shared/ironic holds no Ironic archive: Ironic's clients are not run")
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import oslo_config, requests, oslo_utils").Run(); err != nil {
-		t.Skip("Debian's python3-ironic (the libraries Ironic's code needs) is not installed: Ironic's clients are not run; hack/tools.sh installs it where it can")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("tar", "-C", dir, "-xzf", tgz[0]).CombinedOutput(); err != nil {
-		t.Fatalf("unpacking %s: %v\n%s", tgz[0], err, out)
-	}
-	script := `
-import json, sys
-from ironic.conf import CONF
-CONF([], project='ironic')
-ca, outdir, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
-if ca:
-    CONF.set_override('webserver_verify_ca', ca)
-else:
-    CONF.set_override('permit_fallback_to_http_transport', True, group='oci')
-from ironic.common import checksum_utils, image_service
-results = []
-for i, url in enumerate(urls):
-    res, out = {}, '%s/%d' % (outdir, i)
-    if url.startswith('oci://'):
-        s = image_service.OciImageService()
-        s.set_image_auth(url, {})
-        ident = s.identify_specific_image(url)
-        res['identified'] = {k: ident.get(k) for k in ('image_url', 'image_checksum', 'image_size', 'image_disk_format', 'oci_image_manifest_url', 'image_filename')}
-        specific = ident.get('oci_image_manifest_url') or url
-        res['show'] = s.show(specific)
-        with open(out, 'wb') as f:
-            s.download(specific, f)
-    else:
-        s = image_service.HttpImageService()
-        res['show'] = {'size': s.show(url)['size']}
-        checksum = checksum_utils.get_checksum_from_url(url + '.sha256sum', url)
-        with open(out, 'wb') as f:
-            s.download(url, f, checksum=checksum, checksum_algo='sha256')
-        res['checksum'] = checksum
-    res['verified'] = s.transfer_verified_checksum
-    results.append(res)
-print(json.dumps(results))
-`
-	outdir := t.TempDir()
-	cmd := exec.Command("/usr/bin/python3", append([]string{"-c", script, caFile, outdir}, urls...)...)
-	// requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE override the CA
-	// Ironic configures: they go, so that Ironic's own setting decides.
-	cmd.Env = []string{"PYTHONPATH=" + dir}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REQUESTS_CA_BUNDLE=") && !strings.HasPrefix(kv, "CURL_CA_BUNDLE=") && !strings.HasPrefix(kv, "PYTHONPATH=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("Ironic's clients of %v: %v\n%s\n%s", urls, err, stdout.String(), stderr.String())
-	}
-	var got []map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil || len(got) != len(urls) {
-		t.Fatalf("Ironic's clients of %v: %v\n%s", urls, err, stdout.String())
-	}
-	for i := range got {
-		got[i]["file_sha256"] = fileSHA256(t, filepath.Join(outdir, strconv.Itoa(i)))
-	}
-	return got
-}
-
 // Today's Ironic judges both paths: it verifies in transit the checksum it
 // takes from the server (the layer digest through oci://, the checksum
 // file through HTTP), and it must be the catalog's sha256.
@@ -151,21 +69,23 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 			byDigest := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + "@" + manifest.String()
 			byTag := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + ":ubuntu-plain"
 			httpURL := srv.scheme + "://" + srv.host + osimage.ImagePath(sum, plain.Fields.Get(osimage.FieldFilename))
-			got := ironicClient(t, srv.caFile, byDigest, byTag, httpURL)
+			got, why := testenv.Ironic(t, srv.caFile, byDigest, byTag, httpURL)
+			if why != "" {
+				t.Skip(why)
+			}
 			wantBlob := srv.scheme + "://" + srv.host + "/v2/" + osimage.OCIRepository(sum) + "/blobs/sha256:" + sum.String()
 			for i, url := range []string{byDigest, byTag} {
-				show, _ := got[i]["show"].(map[string]any)
-				ident, _ := got[i]["identified"].(map[string]any)
-				if got[i]["verified"] != "sha256:"+sum.String() || got[i]["file_sha256"] != sum.String() || show["checksum"] != sum.String() ||
-					show["size"] != float64(size) || ident["image_checksum"] != sum.String() || ident["image_url"] != wantBlob {
-					t.Errorf("Ironic's OciImageService on %s: %v; want the catalog's sha256 %s, size %d, blob %s", url, got[i], sum, size, wantBlob)
+				r := got[i]
+				if r.Verified != "sha256:"+sum.String() || r.FileSHA256 != sum.String() || r.Show["checksum"] != sum.String() ||
+					r.Size() != size || r.Identified["image_checksum"] != sum.String() || r.Identified["image_url"] != wantBlob {
+					t.Errorf("Ironic's OciImageService on %s: %+v; want the catalog's sha256 %s, size %d, blob %s", url, r, sum, size, wantBlob)
 				}
-				if ident["oci_image_manifest_url"] != byDigest {
-					t.Errorf("Ironic resolved %s to %v, want %s", url, ident["oci_image_manifest_url"], byDigest)
+				if r.Identified["oci_image_manifest_url"] != byDigest {
+					t.Errorf("Ironic resolved %s to %v, want %s", url, r.Identified["oci_image_manifest_url"], byDigest)
 				}
 			}
-			if h := got[2]; h["verified"] != sum.String() && h["verified"] != "sha256:"+sum.String() || h["file_sha256"] != sum.String() || h["checksum"] != sum.String() {
-				t.Errorf("Ironic's HttpImageService on %s: %v; want sha256 %s", httpURL, h, sum)
+			if err := testenv.CheckIronicHTTP(got[2], sum.String(), size); err != nil {
+				t.Errorf("%s: %v", httpURL, err)
 			}
 		})
 	}

@@ -1,19 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -146,9 +140,8 @@ func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
 	}
 
 	t.Run("Ironic's HttpImageService", func(t *testing.T) {
-		shared := testenv.SharedDir(t)
 		p := published[sums[0]]
-		ironicDownload(t, shared, b.d.url(osimage.ImagePath(sums[0], p.Fields.Get(osimage.FieldFilename))), sums[0], p.Fields.Get(osimage.FieldSize))
+		ironicDownload(t, b.d.url(osimage.ImagePath(sums[0], p.Fields.Get(osimage.FieldFilename))), sums[0], p.Fields.Get(osimage.FieldSize))
 	})
 
 	// An image no replica holds verified yet is held --client-hold, then
@@ -185,72 +178,22 @@ func httpGet(t *testing.T, u string) string {
 	return string(body)
 }
 
-// ironicDownload runs Ironic's own HttpImageService (a current Ironic's
-// code, shared/ironic, on Debian's python3-ironic libraries) as the
-// conductor uses it: show (the HEAD), the checksum file, then the
+// ironicDownload runs Ironic's own HttpImageService as the conductor
+// uses it (testenv.Ironic): show (the HEAD), the checksum file, then the
 // download, checked in transit. It skips where the code or the libraries
 // are absent.
-func ironicDownload(t *testing.T, shared, imageURL string, sum osimage.SHA256, size string) {
+func ironicDownload(t *testing.T, imageURL string, sum osimage.SHA256, size string) {
 	t.Helper()
-	tgz, _ := filepath.Glob(filepath.Join(shared, "ironic", "ironic-*.tgz"))
-	if len(tgz) == 0 {
-		t.Skip("shared/ironic holds no Ironic archive: Ironic's download is not checked")
+	got, why := testenv.Ironic(t, "", imageURL)
+	if why != "" {
+		t.Skip(why)
 	}
-	// Debian's python3, which python3-ironic's libraries are for (a
-	// python3 of pyenv's first on PATH lacks them).
-	python := "/usr/bin/python3"
-	if _, err := os.Stat(python); err != nil {
-		if python, err = exec.LookPath("python3"); err != nil {
-			t.Skip("no python3: Ironic's download is not checked")
-		}
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("tar", "-C", dir, "-xzf", tgz[0]).CombinedOutput(); err != nil {
-		t.Fatalf("unpacking %s: %v: %s", tgz[0], err, out)
-	}
-	probe := exec.Command(python, "-c", "import oslo_config, oslo_utils, requests")
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Skipf("Ironic's libraries are missing (apt-get install python3-ironic): %s", out)
-	}
-	script := `
-import json, sys
-from ironic.conf import CONF
-CONF([], project='ironic')
-from ironic.common import checksum_utils, image_service
-url, out = sys.argv[1], sys.argv[2]
-s = image_service.HttpImageService()
-info = s.show(url)
-checksum = checksum_utils.get_checksum_from_url(url + '.sha256sum', url)
-with open(out, 'wb') as f:
-    s.download(url, f, checksum=checksum, checksum_algo='sha256')
-print(json.dumps({'size': info['size'], 'checksum': checksum, 'verified': s.transfer_verified_checksum}))
-`
-	file := filepath.Join(dir, "image")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, python, "-c", script, imageURL, file)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("Ironic's download of %s: %v\n%s\n%s", imageURL, err, stdout.String(), stderr.String())
-	}
-	var got struct {
-		Size     int64  `json:"size"`
-		Checksum string `json:"checksum"`
-		Verified string `json:"verified"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("Ironic's download: %v\n%s", err, stdout.String())
-	}
-	data, err := os.ReadFile(file)
+	n, err := strconv.ParseInt(size, 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fileSum := sha256.Sum256(data)
-	if strconv.FormatInt(got.Size, 10) != size || got.Checksum != string(sum) || got.Verified != "sha256:"+string(sum) || hex.EncodeToString(fileSum[:]) != string(sum) {
-		t.Fatalf("Ironic: size %d, checksum file %s, verified in transit %q, file sha256 %x; want size %s and sha256 %s",
-			got.Size, got.Checksum, got.Verified, fileSum, size, sum)
+	if err := testenv.CheckIronicHTTP(got[0], string(sum), n); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified %s", got.Size, got.Verified)
+	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified %s", got[0].Size(), got[0].Verified)
 }

@@ -3,15 +3,10 @@
 package e2e
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 const (
@@ -242,54 +239,13 @@ func clientPod(name string, args ...string) *corev1.Pod {
 // file next to the image, then the download, checked in transit.
 func ironicFetch(t *testing.T, url string, img published) {
 	t.Helper()
-	if env.shared == "" {
-		t.Log("../shared (Ironic's code) is absent: Ironic's download is not checked")
+	got, why := testenv.Ironic(t, "", url)
+	if why != "" {
+		t.Log(why)
 		return
 	}
-	tgz, _ := filepath.Glob(filepath.Join(env.shared, "ironic", "ironic-*.tgz"))
-	if len(tgz) == 0 {
-		t.Log("../shared/ironic holds no Ironic archive: Ironic's download is not checked")
-		return
-	}
-	dir := t.TempDir()
-	run(t, "tar", "-C", dir, "-xzf", tgz[0])
-	script := `
-import json, sys
-from ironic.conf import CONF
-CONF([], project='ironic')
-from ironic.common import checksum_utils, image_service
-url, out = sys.argv[1], sys.argv[2]
-s = image_service.HttpImageService()
-info = s.show(url)
-checksum = checksum_utils.get_checksum_from_url(url + '.sha256sum', url)
-with open(out, 'wb') as f:
-    s.download(url, f, checksum=checksum, checksum_algo='sha256')
-print(json.dumps({'size': info['size'], 'checksum': checksum, 'verified': s.transfer_verified_checksum}))
-`
-	file := filepath.Join(dir, "image")
-	cmd := exec.Command("/usr/bin/python3", "-c", script, url, file)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("Ironic's download of %s: %v\n%s\n%s", url, err, stdout.String(), stderr.String())
-	}
-	var got struct {
-		Size     int64  `json:"size"`
-		Checksum string `json:"checksum"`
-		Verified string `json:"verified"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("Ironic's download: %v\n%s", err, stdout.String())
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
+	if err := testenv.CheckIronicHTTP(got[0], img.sha256, img.size); err != nil {
 		t.Fatal(err)
 	}
-	sum := sha256.Sum256(data)
-	if got.Size != img.size || got.Checksum != img.sha256 || got.Verified != "sha256:"+img.sha256 || hex.EncodeToString(sum[:]) != img.sha256 {
-		t.Fatalf("Ironic: size %d, checksum file %s, verified in transit %q, file sha256 %x; want size %d and sha256 %s",
-			got.Size, got.Checksum, got.Verified, sum, img.size, img.sha256)
-	}
-	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified sha256:%s", got.Size, got.Checksum)
+	t.Logf("Ironic's HttpImageService: HEAD size %d, checksum file and transfer verified %s", got[0].Size(), got[0].Verified)
 }
