@@ -628,7 +628,8 @@ func podArgs(t *testing.T, obj *unstructured.Unstructured, local map[string]stri
 
 // serverArgs are the server's arguments as the chart gives them (podArgs),
 // with what the kubelet and the EndpointSlice controller give a running
-// pod: $(POD_NAME) expanded, and the pod listed ready in the headless
+// pod: $(POD_NAME) expanded, $(OSIMAGES_REPLICAS) from the key of the
+// ConfigMap its env names, and the pod listed ready in the headless
 // Service's EndpointSlice. Every replica runs as one of a set, a single one
 // too, and counts what is available over the ready replicas listed there.
 // The apiserver refuses loopback addresses in an EndpointSlice: it names a
@@ -638,6 +639,15 @@ func serverArgs(t *testing.T, k *testenv.Kube, ns string, r *Rendered, local map
 	const pod = "osimages-server-0"
 	local["--replica-id"] = pod
 	local["--peer-listen"] = "127.0.0.1:0"
+	values := r.Find("ConfigMap", "osimages-server-values")
+	if values == nil {
+		t.Fatal("no ConfigMap osimages-server-values")
+	}
+	replicas, _, _ := unstructured.NestedString(values.Object, "data", "replicas")
+	if replicas == "" {
+		t.Fatalf("ConfigMap osimages-server-values has no key replicas, which the server's OSIMAGES_REPLICAS reads")
+	}
+	local["--replicas"] = replicas
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "osimages-server-headless-e2e", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "osimages-server-headless"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
