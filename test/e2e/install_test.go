@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/sylva-projects/osimages/internal/ocidist"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -102,6 +104,29 @@ func (s *suite) install(t *testing.T) {
 	// Ironic's own image service, from the cluster's network namespace
 	// (this process's).
 	ironicFetch(t, url, a)
+
+	// The same image through oci://, as BareMetalOperator 0.12 takes it:
+	// render with image_delivery: oci, a client pod that reads the manifest
+	// and the blob, and Ironic's OciImageService.
+	hostPort := svc.Spec.ClusterIP + fmt.Sprintf(":%d", svc.Spec.Ports[0].Port)
+	ociURL, ociChecksum := renderURL(t, hostPort, "  image_delivery: oci\n")
+	if want := ocidist.Reference(hostPort, osimage.SHA256(a.sha256), a.size).String(); ociURL != want || ociChecksum != "" {
+		t.Fatalf("render with image_delivery: oci: url %s, checksum %q; want %s and no checksum", ociURL, ociChecksum, want)
+	}
+	out, ok = runClient(t, "fetch-install-oci", "fetch", ociURL, a.sha256)
+	if !ok {
+		t.Fatalf("the client pod's download through oci:// failed: %s", out)
+	}
+	t.Logf("client pod, oci://: %s", strings.TrimSpace(out))
+	got, why := testenv.Ironic(t, "", ociURL)
+	if why != "" {
+		t.Log(why)
+		return
+	}
+	if got[0].Verified != "sha256:"+a.sha256 || got[0].FileSHA256 != a.sha256 {
+		t.Fatalf("Ironic's OciImageService on %s: %+v; want sha256 %s verified in transit", ociURL, got[0], a.sha256)
+	}
+	t.Logf("Ironic's OciImageService: %s verified in transit", got[0].Verified)
 }
 
 func jobComplete(j *batchv1.Job) bool {
@@ -148,10 +173,14 @@ machine_deployments:
 // renderURL runs `osimages render` as an operator does, against the
 // release's os-images-info and served set, and returns the image URL and
 // checksum of its templates (one image for every level).
-func renderURL(t *testing.T, host string) (url, checksum string) {
+// capm3 are more lines of the cluster's capm3 block, such as
+// "  image_delivery: oci\n".
+func renderURL(t *testing.T, host string, capm3 ...string) (url, checksum string) {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "cluster.yaml")
-	if err := os.WriteFile(f, []byte(workloadClusterValues("e2e-cluster", "v1.32.5+rke2r1", "{os: ubuntu, hardened: false}", host)), 0o600); err != nil {
+	values := strings.Replace(workloadClusterValues("e2e-cluster", "v1.32.5+rke2r1", "{os: ubuntu, hardened: false}", host),
+		"  image_provisioning_scheme: http\n", "  image_provisioning_scheme: http\n"+strings.Join(capm3, ""), 1)
+	if err := os.WriteFile(f, []byte(values), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out := run(t, env.osimages, "render", "-f", f, "--kubeconfig", env.kubeconfig,

@@ -1,6 +1,8 @@
 // Command client is the client pod of the end-to-end scenarios:
 //
-//	client fetch URL SHA256            download URL once, check its sha256; exit 0 when it matches
+//	client fetch URL SHA256            download URL once, check its sha256; exit 0 when it matches;
+//	                                   an oci://HOST/REPO@DIGEST URL is read as a registry client
+//	                                   does (plain HTTP): its manifest, then its one layer
 //	client fetch --loop URL SHA256     download it again and again until SIGTERM
 //	client api CHECKS                  make the requests CHECKS lists (JSON: [{"method", "path", "body"}])
 //	                                   to the apiserver with the pod's own ServiceAccount token
@@ -78,6 +80,45 @@ func main() {
 	}
 }
 
+// layerURL reads the manifest of oci://HOST/REPO@DIGEST over plain HTTP,
+// checks its digest, and returns the URL of its one layer.
+func layerURL(ctx context.Context, client *http.Client, ref string) (string, error) {
+	host, path, _ := strings.Cut(strings.TrimPrefix(ref, "oci://"), "/")
+	repo, digest, ok := strings.Cut(path, "@")
+	if !ok {
+		return "", fmt.Errorf("%s: want oci://HOST/REPO@DIGEST", ref)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/v2/"+repo+"/manifests/"+digest, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("manifest %s: %s", digest, resp.Status)
+	}
+	if sum := sha256.Sum256(body); "sha256:"+hex.EncodeToString(sum[:]) != digest {
+		return "", fmt.Errorf("manifest %s: its bytes hash to sha256:%x", digest, sum)
+	}
+	var m struct {
+		Layers []struct {
+			Digest string `json:"digest"`
+		} `json:"layers"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil || len(m.Layers) != 1 {
+		return "", fmt.Errorf("manifest %s: want one layer: %s", digest, body)
+	}
+	return "http://" + host + "/v2/" + repo + "/blobs/" + m.Layers[0].Digest, nil
+}
+
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: client fetch [--loop] URL SHA256 | client api CHECKS-JSON")
 	os.Exit(2)
@@ -111,6 +152,14 @@ func fetch(ctx context.Context, url, want string, loop bool, pause time.Duration
 func download(ctx context.Context, client *http.Client, url, want string) (a Attempt) {
 	a.Time = time.Now().UTC()
 	defer func() { a.Millis = time.Since(a.Time).Milliseconds() }()
+	if strings.HasPrefix(url, "oci://") {
+		blob, err := layerURL(ctx, client, url)
+		if err != nil {
+			a.Error = err.Error()
+			return a
+		}
+		url = blob
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		a.Error = err.Error()
