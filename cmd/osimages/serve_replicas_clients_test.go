@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -130,6 +131,26 @@ func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != string(sum) {
 			t.Fatalf("GET %s of b: %s, %v, %d bytes of sha256 %x; want 200 and the %d bytes of %s", name, resp.Status, err, n, h.Sum(nil), size, sum)
+		}
+	}
+	// The same through oci://: the manifest (of the declared size, which
+	// a's copy was verified against) and the blob, from a's copy.
+	for _, sum := range sums {
+		size, _ := strconv.ParseInt(published[sum].Fields.Get(osimage.FieldSize), 10, 64)
+		body, manifest := ocidist.Manifest(sum, size)
+		repo := "/v2/" + osimage.OCIRepository(sum)
+		if got := httpGet(t, b.d.url(repo+"/manifests/"+manifest.String())); got != string(body) {
+			t.Fatalf("manifest of %s from b, which is still filling it: %s, want %s", sum, got, body)
+		}
+		resp, err := http.Get(b.d.url(repo + "/blobs/" + ocidist.LayerDigest(sum).String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != string(sum) || resp.Header.Get("Docker-Content-Digest") != ocidist.LayerDigest(sum).String() {
+			t.Fatalf("blob of %s from b: %s, %v, %d bytes of sha256 %x, digest header %q", sum, resp.Status, err, n, h.Sum(nil), resp.Header.Get("Docker-Content-Digest"))
 		}
 	}
 	if b.holds(sums[0]) || b.holds(sums[1]) {

@@ -22,8 +22,11 @@ type Image struct {
 	// Ready says that this server holds it verified: only then are its
 	// manifest and its blob reachable.
 	Ready bool
-	// Size is the verified file's length, when Ready.
+	// Size is the verified file's length, when Ready; else the length the
+	// catalog declares (0 when it declares none).
 	Size int64
+	// Filename is a name it is served under, for a peer's image URL.
+	Filename string
 	// Tags are the image keys it answers to as tags (the selected ones).
 	Tags []string
 }
@@ -41,6 +44,10 @@ type Images interface {
 type Registry struct {
 	Images    Images
 	ServeBlob func(w http.ResponseWriter, r *http.Request, sum osimage.SHA256)
+	// Peers, when set, answer for an image this replica does not hold
+	// verified yet from a peer's verified copy, as its image URL does
+	// (replica.Relay): a replica still filling never fails a client.
+	Peers Peers
 	// RetryAfterSeconds is what a client is told to wait for an image
 	// that is served but not held verified yet.
 	RetryAfterSeconds int
@@ -93,6 +100,16 @@ func (g Registry) image(serve func(http.ResponseWriter, *http.Request, Image)) h
 	}
 }
 
+// Peers is what the registry asks of the other replicas.
+type Peers interface {
+	// Holds says whether a peer holds sum verified.
+	Holds(sum osimage.SHA256) bool
+	// Serve answers a GET or HEAD of the image sum, under name, with a
+	// peer's verified copy; false, with nothing written, when no peer
+	// could.
+	Serve(w http.ResponseWriter, r *http.Request, sum osimage.SHA256, name string) bool
+}
+
 // tagGrammar is the grammar of a tag in the distribution spec.
 const tagGrammar = `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`
 
@@ -117,7 +134,9 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagGrammar))
 		return
 	}
-	if !img.Ready {
+	// A peer's verified copy has the declared size: it was verified
+	// against it.
+	if !img.Ready && (g.Peers == nil || img.Size <= 0 || !g.Peers.Holds(img.SHA256)) {
 		g.notReady(w, "MANIFEST_UNKNOWN", img)
 		return
 	}
@@ -151,6 +170,11 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 	case d != LayerDigest(img.SHA256):
 		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
 	case !img.Ready:
+		w.Header().Set("Docker-Content-Digest", d.String())
+		if g.Peers != nil && img.Filename != "" && g.Peers.Serve(w, r, img.SHA256, img.Filename) {
+			return
+		}
+		w.Header().Del("Docker-Content-Digest")
 		g.notReady(w, "BLOB_UNKNOWN", img)
 	default:
 		w.Header().Set("Docker-Content-Digest", d.String())

@@ -29,7 +29,11 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 	if s.view != nil {
 		e.Peers = replica.Relay{View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log}
 	}
-	e.Registry = ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}.Handler()
+	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}
+	if e.Peers != nil {
+		reg.Peers = e.Peers
+	}
+	e.Registry = reg.Handler()
 	return e
 }
 
@@ -71,6 +75,12 @@ func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 		return ocidist.Image{}, false
 	}
 	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size}
+	if !oi.Ready {
+		oi.Size = img.Int64Field(osimage.FieldSize)
+	}
+	if names := img.ServedAs(); len(names) > 0 {
+		oi.Filename = names[0]
+	}
 	if img.Selected {
 		oi.Tags = tagsOf(img.Wanted)
 	}
