@@ -7,13 +7,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -36,37 +33,8 @@ type serveProcess struct {
 	done   chan struct{}
 }
 
-// freeAddr is a free address on 127.0.0.1 for a server the test starts
-// (and restarts, on the same address). The port is taken below the
-// kernel's ephemeral range: a port of that range, free when looked at,
-// can be the local port of any outgoing connection of the tests running
-// in parallel by the time the server binds it ("address already in use").
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				low = n
-			}
-		}
-	}
-	if low > 11000 {
-		for range 200 {
-			addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(low-10000))
-			if ln, err := net.Listen("tcp", addr); err == nil {
-				ln.Close()
-				return addr
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+// freeAddr is testenv.FreeAddr.
+func freeAddr(t *testing.T) string { return testenv.FreeAddr(t) }
 
 func startServe(t *testing.T, addr string, args ...string) *serveProcess {
 	t.Helper()

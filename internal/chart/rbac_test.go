@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -588,17 +587,8 @@ func grepMetric(page, name string) string {
 	return strings.Join(out, "\n")
 }
 
-// freeAddr is a free 127.0.0.1 port, for components that take an address
-// and do not log the one they got.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// freeAddr is testenv.FreeAddr.
+func freeAddr(t *testing.T) string { return testenv.FreeAddr(t) }
 
 // podArgs returns the arguments the chart gives obj's container, with the
 // values of the flags in local replaced (paths the pod mounts, its ports), so

@@ -90,54 +90,46 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 // image URLs and oci:// changes every template of the levels concerned.
 func deliverySwitches(needs []Need) []PlanLine {
 	type kinds struct {
-		key              string
-		live, values     []string
-		liveBy, valuesBy []string
+		key          string
+		live, values map[string]bool
+		by           []string
 	}
 	by := map[osimage.SHA256]*kinds{}
 	for _, n := range needs {
 		k := by[n.SHA256]
 		if k == nil {
-			k = &kinds{}
+			k = &kinds{live: map[string]bool{}, values: map[string]bool{}}
 			by[n.SHA256] = k
 		}
 		if k.key == "" {
 			k.key = n.ImageKey
 		}
 		if n.Live {
-			k.live, k.liveBy = appendNew(k.live, n.Delivery), append(k.liveBy, n.By)
+			k.live[n.Delivery] = true
 		} else {
-			k.values, k.valuesBy = appendNew(k.values, n.Delivery), append(k.valuesBy, n.By)
+			k.values[n.Delivery] = true
 		}
+		k.by = append(k.by, n.By)
 	}
 	var out []PlanLine
 	for _, sha := range slices.Sorted(maps.Keys(by)) {
 		k := by[sha]
-		slices.Sort(k.live)
-		slices.Sort(k.values)
-		if len(k.live) == 0 || len(k.values) == 0 || slices.Equal(k.live, k.values) {
+		if len(k.live) == 0 || len(k.values) == 0 || maps.Equal(k.live, k.values) {
 			continue
 		}
 		name := string(sha) + "/" + k.key
-		out = append(out, PlanLine{Verdict: Rolls, Image: name, By: append(k.valuesBy, k.liveBy...),
+		out = append(out, PlanLine{Verdict: Rolls, Image: name, By: k.by,
 			Detail: fmt.Sprintf("%s: its Metal3 objects take it by %s, and the cluster values now give it by %s: the next render writes new Metal3MachineTemplates, and their nodes roll",
 				name, deliveryWords(k.live), deliveryWords(k.values))})
 	}
 	return out
 }
 
-func appendNew(list []string, s string) []string {
-	if slices.Contains(list, s) {
-		return list
-	}
-	return append(list, s)
-}
-
 // deliveryWords names kinds of URL for a plan line.
-func deliveryWords(kinds []string) string {
-	words := make([]string, len(kinds))
-	for i, k := range kinds {
-		words[i] = map[string]string{levels.DeliveryHTTP: "image URLs", levels.DeliveryOCI: "oci:// URLs"}[k]
+func deliveryWords(kinds map[string]bool) string {
+	var words []string
+	for _, k := range slices.Sorted(maps.Keys(kinds)) {
+		words = append(words, map[string]string{levels.DeliveryHTTP: "image URLs", levels.DeliveryOCI: "oci:// URLs"}[k])
 	}
 	return strings.Join(words, " and ")
 }
