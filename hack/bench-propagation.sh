@@ -9,7 +9,11 @@
 #   OSIMAGES_BENCH_KYVERNO=0 hack/bench-propagation.sh -namespaces 2000 -served 1000 -catalog-images 20
 #       # at scale: each namespace with its catalog; prints etcd's and the
 #       # apiserver's RSS too. -osimages other/osimages -osimages-copies whole
-#       # measures a binary that copies the whole set.
+#       # measures a binary that copies the whole set. -floor also measures
+#       # the same copies written by the bench alone (what any copier costs
+#       # etcd and the apiserver) and exits 1 when osimages costs more than
+#       # 1.10x that; -apiserver-profiles DIR keeps the apiserver's heap
+#       # profile at each phase.
 #
 # Kyverno is built once (about 2-5 minutes and 2.8 GB of RAM) from the tools
 # module hack/tools/kyverno into the tools cache, like hack/tools.sh does for

@@ -71,8 +71,10 @@ var clusterPolicies = schema.GroupVersionResource{Group: "kyverno.io", Version: 
 // kyvernoSystem runs Kyverno's admission and background controllers out of
 // cluster, as shared/docs/kyverno-baseline.md describes, and applies the
 // policy once they are up.
+const kyvernoName = "kyverno 1.19.1"
+
 func kyvernoSystem(binDir string) system {
-	return system{name: "kyverno 1.19.1", start: func(ctx context.Context, k *testenv.Kube, dir string) ([]*proc, error) {
+	return system{name: kyvernoName, start: func(ctx context.Context, k *testenv.Kube, dir string) ([]*proc, error) {
 		c := k.Client
 		if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kyverno"}}, metav1.CreateOptions{}); err != nil {
 			return nil, err

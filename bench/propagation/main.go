@@ -20,6 +20,10 @@
 // catalog can pick (-osimages-copies filtered), or the whole set
 // (-osimages-copies whole: the binary of a release that copied it whole).
 //
+// With -floor, a third system writes the same copies from the bench itself
+// and nothing else (floor.go): what the copies alone cost etcd and the
+// apiserver, which osimages' figures are then held to.
+//
 // hack/bench-propagation.sh builds everything and runs it.
 package main
 
@@ -74,6 +78,11 @@ type config struct {
 	filtered bool
 	// osimagesArgs are more flags for `osimages propagate`.
 	osimagesArgs []string
+	// profiles, when set, is where the apiserver's heap profile and RSS are
+	// saved at each phase.
+	profiles string
+	// floor: also measure the apiserver under the copies' writes alone.
+	floor bool
 }
 
 func main() {
@@ -89,6 +98,8 @@ func main() {
 	extra := flag.String("osimages-args", "", "more flags for osimages propagate, space-separated (e.g. \"--workers 16\")")
 	flag.IntVar(&c.served, "served", 30, "images in the served set")
 	flag.IntVar(&c.catalogImages, "catalog-images", 0, "images in each namespace's os-images-info (0: no catalogs); one is not served")
+	flag.StringVar(&c.profiles, "apiserver-profiles", "", "folder where kube-apiserver's heap profile (/debug/pprof/heap) is saved at each phase, with its RSS (empty: none)")
+	flag.BoolVar(&c.floor, "floor", false, "also measure, on a fresh apiserver, the same copies written by the bench itself and nothing else: what the copies alone cost etcd and the apiserver")
 	copies := flag.String("osimages-copies", "filtered", "what osimages' copies hold: filtered (what the namespace's catalog can pick: nothing without catalogs) or whole (a binary, or rules, that copy the whole set)")
 	flag.Parse()
 	switch *copies {
@@ -157,6 +168,13 @@ func run(ctx context.Context, c config) error {
 		return fmt.Errorf("osimages: %w", err)
 	}
 	results := []result{ours}
+	if c.floor {
+		floor, err := measure(ctx, c, crds, floorSystem(c))
+		if err != nil {
+			return fmt.Errorf("writes alone: %w", err)
+		}
+		results = append(results, floor)
+	}
 	var kyvernoErr error
 	if c.kyvernoBin != "" {
 		theirs, err := measure(ctx, c, crds, kyvernoSystem(c.kyvernoBin))
@@ -166,14 +184,24 @@ func run(ctx context.Context, c config) error {
 			results = append(results, theirs)
 		}
 	}
-	report(c, results)
+	missed := report(c, results)
 	if kyvernoErr != nil {
 		return fmt.Errorf("kyverno: %w", kyvernoErr)
+	}
+	if missed {
+		return errors.New("a target was missed")
 	}
 	return nil
 }
 
-func report(c config, rs []result) {
+// floorTarget bounds what osimages may cost etcd and the apiserver beyond
+// what its copies cost them (-floor): at 2,000 namespaces the copies alone
+// hold the apiserver over 500 MiB, so a bound in MiB would measure the
+// apiserver, not the controller.
+const floorTarget = 1.10
+
+// report prints the table, and says whether a target it checks was missed.
+func report(c config, rs []result) (missed bool) {
 	secs := func(d time.Duration) string {
 		if d < 0 {
 			return fmt.Sprintf(">%.0f", c.timeout.Seconds())
@@ -209,7 +237,13 @@ func report(c config, rs []result) {
 		if len(r.updates) > 0 {
 			median = secs(r.median())
 		}
-		fmt.Printf("%-16s %12s %26s %14s %8s MiB %.1f   (peak per process: %s)\n", r.name, secs(r.fill), strings.Join(ups, " "), median, mib(r.peakRSS), r.cpu.Seconds(), strings.Join(hwm, ", "))
+		if len(r.hwm) == 0 {
+			// The writes alone run in the bench's process: no figure of
+			// their own.
+			fmt.Printf("%-16s %12s %26s %14s %12s %s\n", r.name, secs(r.fill), strings.Join(ups, " "), median, "-", "-")
+		} else {
+			fmt.Printf("%-16s %12s %26s %14s %8s MiB %.1f   (peak per process: %s)\n", r.name, secs(r.fill), strings.Join(ups, " "), median, mib(r.peakRSS), r.cpu.Seconds(), strings.Join(hwm, ", "))
+		}
 		var apiserver []string
 		for _, name := range slices.Sorted(maps.Keys(r.apiserver)) {
 			apiserver = append(apiserver, fmt.Sprintf("%s %s MiB (%s at the end)", name, mib(r.apiserver[name]), mib(r.apiserverEnd[name])))
@@ -219,11 +253,29 @@ func report(c config, rs []result) {
 			fmt.Printf("    %s\n", r.notes)
 		}
 	}
-	if len(rs) < 2 {
-		fmt.Println("\nNo baseline measured (no -kyverno-bin): ratios not computed.")
-		return
+	ours := rs[0]
+	for _, floor := range rs[1:] {
+		if floor.name != floorSystem(c).name {
+			continue
+		}
+		fmt.Println()
+		for _, name := range slices.Sorted(maps.Keys(ours.apiserver)) {
+			ratio := float64(ours.apiserver[name]) / float64(floor.apiserver[name])
+			verdict := "met"
+			if ratio > floorTarget {
+				verdict, missed = "NOT met", true
+			}
+			fmt.Printf("%s: peak RSS %s MiB under osimages, %s MiB under the copies' writes alone (%+.0f MiB, %.2fx; target <= %.2fx: %s)\n", name,
+				mib(ours.apiserver[name]), mib(floor.apiserver[name]),
+				float64(ours.apiserver[name]-floor.apiserver[name])/(1<<20), ratio, floorTarget, verdict)
+		}
 	}
-	ours, theirs := rs[0], rs[1]
+	i := slices.IndexFunc(rs, func(r result) bool { return r.name == kyvernoName })
+	if i < 0 {
+		fmt.Println("\nNo baseline measured (no -kyverno-bin): ratios not computed.")
+		return missed
+	}
+	theirs := rs[i]
 	fmt.Println()
 	switch {
 	case theirs.fill < 0:
@@ -239,6 +291,7 @@ func report(c config, rs []result) {
 		fmt.Printf("fill: osimages %.1fx faster at creating every copy\n", theirs.fill.Seconds()/ours.fill.Seconds())
 	}
 	fmt.Printf("memory: osimages peak RSS is %.2fx Kyverno's (target <= 0.5x)\n", float64(ours.peakRSS)/float64(theirs.peakRSS))
+	return missed
 }
 
 // system starts the controller under test against k and returns its
@@ -332,27 +385,32 @@ func catalogDoc(c config, ns int) string {
 // wantCopies is what every namespace's copy must carry for version of the
 // source, by namespace.
 func wantCopies(c config, filtered bool, version int) map[string]string {
-	whole := servedValues(c.served, version)
 	all := servedSet(c.served, version)
+	c.filtered = filtered
 	out := make(map[string]string, c.namespaces)
 	for ns := range c.namespaces {
-		if !filtered {
-			out[namespaceName(ns)] = whole
-			continue
-		}
-		kept := osimage.ServedSet{}
+		out[namespaceName(ns)] = filteredValues(c, all, ns)
+	}
+	return out
+}
+
+// filteredValues is the values.yaml of namespace ns's copy of the served
+// set all: what its catalog can pick, or all of it when copies are whole.
+func filteredValues(c config, all osimage.ServedSet, ns int) string {
+	kept := all
+	if c.filtered {
+		kept = osimage.ServedSet{}
 		for _, i := range catalogImages(c, ns) {
 			if e, ok := all[imageSHA256(i)]; ok {
 				kept[imageSHA256(i)] = e
 			}
 		}
-		doc, err := osimage.MarshalServed(kept)
-		if err != nil {
-			panic(err)
-		}
-		out[namespaceName(ns)] = string(doc)
 	}
-	return out
+	doc, err := osimage.MarshalServed(kept)
+	if err != nil {
+		panic(err)
+	}
+	return string(doc)
 }
 
 func namespaceName(i int) string { return fmt.Sprintf("wc-%03d", i) }
@@ -389,7 +447,13 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 	if err != nil {
 		return r, err
 	}
-	filtered := c.filtered && sys.name == "osimages"
+	phase := func(name string) {
+		if c.profiles != "" {
+			saveProfile(ctx, k.Client, apiserver, filepath.Join(c.profiles, sys.name+"-"+name))
+		}
+	}
+	phase("0-before")
+	filtered := c.filtered && sys.name != kyvernoName
 	w, err := watchCopies(ctx, k.Config, propagate.DefaultTargetName)
 	if err != nil {
 		return r, err
@@ -428,6 +492,7 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 		r.fill = -1
 		r.notes = fmt.Sprintf("fill: %d of %d copies after %s. ", n, c.namespaces, c.timeout)
 	}
+	phase("1-filled")
 	for i := 1; i <= c.updates && r.fill >= 0 && ctx.Err() == nil; i++ {
 		time.Sleep(2 * time.Second)
 		want := wantCopies(c, filtered, i)
@@ -445,6 +510,7 @@ func measure(ctx context.Context, c config, crds []string, sys system) (result, 
 			fmt.Fprintf(os.Stderr, "%s: update %d reached only %d of %d copies in %s\n", sys.name, i, n, c.namespaces, c.timeout)
 		}
 		r.updates = append(r.updates, took)
+		phase(fmt.Sprintf("%d-update", i+1))
 	}
 	if ctx.Err() != nil {
 		return r, fmt.Errorf("interrupted: %w", ctx.Err())
@@ -700,4 +766,31 @@ func (w *copyWatcher) wait(ctx context.Context, want map[string]string, timeout 
 			return count, false
 		}
 	}
+}
+
+// saveProfile saves kube-apiserver's heap profile (after a GC: what is
+// live) as PATH.pprof, and the RSS of etcd and kube-apiserver, now and at
+// their peak so far, as PATH.txt. A failure is printed, not fatal: the
+// profile only explains the figures.
+func saveProfile(ctx context.Context, c kubernetes.Interface, procs []*proc, path string) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-propagation: profile:", err)
+		return
+	}
+	heap, err := c.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/heap").Param("gc", "1").DoRaw(ctx)
+	if err == nil {
+		err = os.WriteFile(path+".pprof", heap, 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-propagation: kube-apiserver's heap profile:", err)
+	}
+	var b strings.Builder
+	for _, p := range procs {
+		fmt.Fprintf(&b, "%s rss %d MiB peak %d MiB\n", p.name, p.rss()>>20, p.hwm()>>20)
+	}
+	if err := os.WriteFile(path+".txt", []byte(b.String()), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-propagation: profile:", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench-propagation: %s: %s", filepath.Base(path), strings.ReplaceAll(b.String(), "\n", "; "))
+	fmt.Fprintln(os.Stderr)
 }
