@@ -57,7 +57,7 @@ and the exit code is 1 (2 for unreadable input).`,
 	f := cmd.Flags()
 	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "cluster values file; repeat to merge several, later wins")
 	f.StringVar(&o.osImagesConfigMap, "os-images-configmap", "", "the cluster's os-images-info ConfigMap, NS/NAME: (A) is its os_images with the values' own merged on top")
-	f.StringVar(&o.servedConfigMap, "served-configmap", "", "read (B) from this served-images ConfigMap, NS/NAME")
+	f.StringVar(&o.servedConfigMap, "served-configmap", "", "read (B) from this served-images ConfigMap, NS/NAME (its values.yaml, and served-oci.yaml when there: an oci:// URL must name the manifest the server answers)")
 	addKubeconfigFlag(f, &o.kubeconfig)
 	f.StringVar(&o.apiVersion, "api-version", "v1beta1", "Metal3MachineTemplate API version: v1beta1 (format) or v1beta2 (diskFormat)")
 	f.StringVarP(&o.namespace, "namespace", "n", "", "namespace of the templates (required with --apply)")
@@ -117,17 +117,25 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 			return exitcode.InputError(err)
 		}
 	}
+	var bOCI osimage.ServedOCI
 	if o.servedConfigMap != "" {
-		doc, err := cluster.ConfigMapData(ctx, o.servedConfigMap, osimage.ValuesKey)
+		docs, err := cluster.ConfigMapDocuments(ctx, o.servedConfigMap, osimage.ValuesKey, osimage.ServedOCIKey)
 		if err != nil {
 			return exitcode.FailureError(err)
 		}
-		if b, err = osimage.ParseServed(doc); err != nil {
+		if b, err = osimage.ParseServed(docs[osimage.ValuesKey]); err != nil {
 			return exitcode.FailureError(fmt.Errorf("ConfigMap %s: %w", o.servedConfigMap, err))
+		}
+		// An osimages server's copy also says which manifest each image's
+		// oci:// URL answers; Sylva's does not, and then nobody can tell.
+		if doc, ok := docs[osimage.ServedOCIKey]; ok {
+			if bOCI, err = osimage.ParseServedOCI(doc); err != nil {
+				return exitcode.FailureError(fmt.Errorf("ConfigMap %s, key %s: %w", o.servedConfigMap, osimage.ServedOCIKey, err))
+			}
 		}
 	}
 
-	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, APIVersion: o.apiVersion, Namespace: o.namespace})
+	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, ServedOCI: bOCI, APIVersion: o.apiVersion, Namespace: o.namespace})
 	if err != nil {
 		return exitcode.FailureError(err)
 	}

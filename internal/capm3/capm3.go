@@ -38,6 +38,12 @@ type Input struct {
 	// Served is (B), what the management cluster's image server serves:
 	// only checked against, never picked from.
 	Served osimage.ServedSet
+	// ServedOCI is where that server answers each available image through
+	// oci:// (its served-oci.yaml), nil when unknown (Sylva's chart, which
+	// reads values.yaml only, or a server that does not publish it). Like
+	// Served, it is only checked against: an oci:// URL render writes must
+	// name the manifest the server answers.
+	ServedOCI osimage.ServedOCI
 	// APIVersion is V1Beta1 (when empty) or V1Beta2; "v1beta1" and
 	// "v1beta2" are accepted too.
 	APIVersion string
@@ -92,7 +98,7 @@ func Render(in Input) ([]Template, error) {
 	// Levels are rendered even when a cluster value is wrong, so that one
 	// run reports every mistake; nothing is returned unless all is well.
 
-	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, apiVersion: apiVersion}
+	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, servedOCI: in.ServedOCI, apiVersion: apiVersion}
 	out := make([]Template, 0, len(lvs))
 	byName := map[string]string{}
 	for _, lv := range lvs {

@@ -86,3 +86,56 @@ func TestRenderOCIDeliveryErrors(t *testing.T) {
 		})
 	}
 }
+
+// An oci:// URL names a manifest whose digest render builds from the
+// workload catalog's size, and the server from the management one's. When
+// render knows what the server publishes (served-oci.yaml), a URL the
+// server would answer 404 fails the render, naming both digests; before,
+// the template was written and Ironic failed the host at deploy time.
+func TestRenderOCIDeliveryHoldsToTheServedManifest(t *testing.T) {
+	plain := osimage.SHA256(sha('a'))
+	published := func(size int64) osimage.ServedOCI {
+		ref := ocidist.Reference("192.0.2.10", plain, size)
+		return osimage.ServedOCI{plain: {Repository: osimage.OCIRepository(plain), Manifest: ref.Manifest}}
+	}
+	withOthers := func(o osimage.ServedOCI) osimage.ServedOCI {
+		for sum, img := range servedAll() {
+			if _, ok := o[sum]; !ok && img.Available {
+				ref := ocidist.Reference("192.0.2.10", sum, 1048576)
+				o[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: ref.Manifest}
+			}
+		}
+		return o
+	}
+	values := "capm3: {image_delivery: oci}"
+
+	// The same size on both sides: the URL is the one the server answers.
+	ts, err := Render(Input{Values: vals(t, values), Catalog: sizedCatalog(), Served: servedAll(), ServedOCI: withOthers(published(1048576))})
+	if err != nil {
+		t.Fatalf("render with matching manifests: %v", err)
+	}
+	if u := field(t, ts[0].Object, "spec", "template", "spec", "image", "url"); u != ocidist.Reference("192.0.2.10", plain, 1048576).String() {
+		t.Errorf("url %v", u)
+	}
+
+	// The management catalog says another size: nothing is rendered.
+	other := ocidist.Reference("192.0.2.10", plain, 2097152).Manifest
+	ts, err = Render(Input{Values: vals(t, values), Catalog: sizedCatalog(), Served: servedAll(), ServedOCI: withOthers(published(2097152))})
+	for _, want := range []string{"image " + string(plain) + "/ubuntu-plain-rke2-1-32", "answers its oci:// URL with manifest " + other, "size of 1048576 bytes", "correct os_images.ubuntu-plain-rke2-1-32.size", "image_delivery: http"} {
+		if err == nil || ts != nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("sizes that differ: got %v, %d templates; want an error with %q", err, len(ts), want)
+		}
+	}
+
+	// Published, but without this image: said so.
+	ts, err = Render(Input{Values: vals(t, values), Catalog: sizedCatalog(), Served: servedAll(), ServedOCI: osimage.ServedOCI{}})
+	if err == nil || ts != nil || !strings.Contains(err.Error(), "publishes no oci:// reference for it") {
+		t.Fatalf("no reference published: got %v, %d templates", err, len(ts))
+	}
+
+	// Image URLs do not go through the OCI API: what it publishes does not
+	// matter to them.
+	if _, err := Render(Input{Values: vals(t), Catalog: sizedCatalog(), Served: servedAll(), ServedOCI: withOthers(published(2097152))}); err != nil {
+		t.Errorf("http delivery held to the OCI manifests: %v", err)
+	}
+}

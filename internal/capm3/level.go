@@ -32,6 +32,7 @@ type renderer struct {
 	cluster    cluster
 	catalog    osimage.Catalog
 	served     osimage.ServedSet
+	servedOCI  osimage.ServedOCI
 	apiVersion string
 }
 
@@ -170,10 +171,14 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		return nil, err
 	}
 	if delivery == levels.DeliveryOCI {
+		ref := ocidist.Reference(host, sha, size)
+		if err := r.checkServedOCI(ref, size, key, path); err != nil {
+			return nil, err
+		}
 		// Metal3 verifies an oci:// image by its manifest's layer digest,
 		// the image's sha256: no checksum fields.
 		return map[string]any{
-			"url":           ocidist.Reference(host, sha, size).String(),
+			"url":           ref.String(),
 			r.formatField(): format,
 		}, nil
 	}
@@ -189,6 +194,25 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 func (r *renderer) checkServed(sha osimage.SHA256, key, path string) error {
 	if err := r.served.Require(sha, key); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// checkServedOCI holds an oci:// URL to what the server publishes of the
+// image, when render knows it: the manifest's digest comes from the
+// workload catalog's size, the server's from the management one's, and a
+// catalog that gives another size would make a template whose URL the
+// server answers 404 (Ironic fails the host at deploy time).
+func (r *renderer) checkServedOCI(ref osimage.OCIReference, size int64, key, path string) error {
+	if r.servedOCI == nil {
+		return nil
+	}
+	served, ok := r.servedOCI[ref.SHA256]
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: image %s/%s is served, but the management cluster's image server publishes no oci:// reference for it (served-oci.yaml): set .image_delivery: http, or wait until it publishes one", path, ref.SHA256, key)
+	case served.Manifest != ref.Manifest:
+		return fmt.Errorf("%s: image %s/%s: the management cluster's image server answers its oci:// URL with manifest %s, but the cluster's catalog gives the image a size of %d bytes, hence manifest %s: the two catalogs disagree on the image's size; correct os_images.%s.size in the cluster's catalog, or set .image_delivery: http", path, ref.SHA256, key, served.Manifest, size, ref.Manifest, key)
 	}
 	return nil
 }

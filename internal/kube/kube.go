@@ -103,6 +103,17 @@ func GetConfigMap(ctx context.Context, c Client, key ObjectKey) (*corev1.ConfigM
 // ConfigMapValues returns the values.yaml document of a ConfigMap that must
 // exist.
 func ConfigMapValues(ctx context.Context, c Client, key ObjectKey, dataKey string) ([]byte, error) {
+	docs, err := ConfigMapDocuments(ctx, c, key, dataKey)
+	if err != nil {
+		return nil, err
+	}
+	return docs[dataKey], nil
+}
+
+// ConfigMapDocuments reads, in one read of a ConfigMap that must exist, its
+// dataKey document, which must be there, and those of the optional keys it
+// holds (absent from the map when it does not).
+func ConfigMapDocuments(ctx context.Context, c Client, key ObjectKey, dataKey string, optional ...string) (map[string][]byte, error) {
 	cm, err := GetConfigMap(ctx, c, key)
 	if err != nil {
 		return nil, err
@@ -114,7 +125,13 @@ func ConfigMapValues(ctx context.Context, c Client, key ObjectKey, dataKey strin
 	if !ok {
 		return nil, fmt.Errorf("ConfigMap %s has no data key %q", key, dataKey)
 	}
-	return []byte(data), nil
+	docs := map[string][]byte{dataKey: []byte(data)}
+	for _, k := range optional {
+		if doc, ok := cm.Data[k]; ok {
+			docs[k] = []byte(doc)
+		}
+	}
+	return docs, nil
 }
 
 // ApplyConfigMap writes cm with server-side apply, forcing ownership of the
@@ -191,4 +208,13 @@ func (t *Target) ConfigMapData(ctx context.Context, nsName, dataKey string) ([]b
 		return nil, err
 	}
 	return ConfigMapValues(ctx, t.Client, key, dataKey)
+}
+
+// ConfigMapDocuments is ConfigMapDocuments of ConfigMap NS/NAME.
+func (t *Target) ConfigMapDocuments(ctx context.Context, nsName, dataKey string, optional ...string) (map[string][]byte, error) {
+	key, err := ParseObjectKey(nsName)
+	if err != nil {
+		return nil, err
+	}
+	return ConfigMapDocuments(ctx, t.Client, key, dataKey, optional...)
 }
