@@ -9,8 +9,10 @@
 // while it is in progress, or copy a peer's verified copy, in a tree of
 // FanOut followers per replica (Tree), each relaying what it received,
 // and verify every byte themselves as they would a registry pull
-// (Source). A fill whose source fails continues from the bytes it kept. A peer that fails or sends bad bytes is reported and
-// skipped for that image, and the next in the order takes over. One
+// (Source). A fill whose source fails continues from the bytes it kept.
+// A peer that fails or sends bad bytes is reported and skipped for that
+// image, as long as it runs as the same process (State.Instance), and the
+// next in the order takes over. One
 // replica, the holder of the Lease (Elect), publishes; an image is
 // available once every ready replica holds it verified (View.Available).
 //

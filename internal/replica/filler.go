@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +20,8 @@ const DefaultPeerTimeout = 30 * time.Second
 
 // Filler fills a replica's images: from the peers its View chooses, in
 // rendezvous order, the registry last. A peer that failed to fill an image
-// is skipped for that image until Forget.
+// is skipped for that image until Forget, or until it runs again as
+// another instance (State.Instance).
 type Filler struct {
 	View   *View
 	Puller *pull.Puller
@@ -43,8 +43,10 @@ type Filler struct {
 	// PeerFailed is told of a peer that failed to fill w.
 	PeerFailed func(w servedset.Wanted, peer string, err error)
 
-	mu  sync.Mutex
-	bad map[osimage.SHA256]map[string]bool
+	mu sync.Mutex
+	// bad are the peers that failed each image, with the instance that
+	// failed it.
+	bad map[osimage.SHA256]map[string]string
 }
 
 // ClaimStep is a step of a replica's claim of a registry pull.
@@ -63,13 +65,16 @@ const (
 // Fill fills dst with w, and says which source filled it.
 func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
 	chain := fill.Chain{
-		Choose: func(w servedset.Wanted, skip []string) fill.Source {
-			skipped := func(id string) bool {
-				return slices.Contains(skip, fill.FromPeerPrefix+id) || f.isBad(w.SHA256, id)
-			}
+		// Failed records every source the chain skips: a peer that
+		// failed is skipped by isBad alone, which tries it again once it
+		// runs as another instance (the chain's list would skip it for
+		// the rest of this fill, by name).
+		Choose: func(w servedset.Wanted, _ []string) fill.Source {
+			skipped := func(id string) bool { return f.isBad(w.SHA256, id) }
 			for {
 				if p := f.View.Choose(w.SHA256, skipped); p != nil {
-					return Source{Peer: *p, Puller: f.Puller, Wait: f.Wait, Log: f.Log}
+					instance, _ := f.View.instanceOf(p.ID)
+					return Source{Peer: *p, Instance: instance, Puller: f.Puller, Wait: f.Wait, Log: f.Log}
 				}
 				if f.claim(ctx, w, skipped) {
 					return nil
@@ -91,14 +96,18 @@ func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.W
 		Started: func(w servedset.Wanted, src fill.Source) { f.Started(w.SHA256, src.Name()) },
 		Failed: func(w servedset.Wanted, src fill.Source, err error) {
 			peer := strings.TrimPrefix(src.Name(), fill.FromPeerPrefix)
+			instance := ""
+			if s, ok := src.(Source); ok {
+				instance = s.Instance
+			}
 			f.mu.Lock()
 			if f.bad == nil {
-				f.bad = map[osimage.SHA256]map[string]bool{}
+				f.bad = map[osimage.SHA256]map[string]string{}
 			}
 			if f.bad[w.SHA256] == nil {
-				f.bad[w.SHA256] = map[string]bool{}
+				f.bad[w.SHA256] = map[string]string{}
 			}
-			f.bad[w.SHA256][peer] = true
+			f.bad[w.SHA256][peer] = instance
 			f.mu.Unlock()
 			f.PeerFailed(w, peer, err)
 		},
@@ -149,10 +158,21 @@ func (f *Filler) claim(ctx context.Context, w servedset.Wanted, skip func(string
 	}
 }
 
+// isBad says whether peer failed sum, as the instance it runs now. A peer
+// started again since (a pod replaced by a rollout, under the same name)
+// is tried again: the process that failed is gone, and the new one may
+// pull the image from the registry already. Skipped, it would be left
+// out of this replica's claim too (View.ConfirmClaim), and both would
+// pull the image from the registry.
 func (f *Filler) isBad(sum osimage.SHA256, peer string) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.bad[sum][peer]
+	failed, ok := f.bad[sum][peer]
+	f.mu.Unlock()
+	if !ok {
+		return false
+	}
+	now, read := f.View.instanceOf(peer)
+	return !read || now == "" || now == failed
 }
 
 // Forget tries every peer again for sum: it is stored, or no longer known.

@@ -69,6 +69,8 @@ type holder struct {
 	img   testImage
 	// lie, when set, is served instead of the verified file.
 	lie []byte
+	// instance is the State's Instance.
+	instance string
 
 	mu       sync.Mutex
 	known    bool
@@ -137,7 +139,7 @@ func (h *holder) startDownload(t *testing.T) (write func(n int)) {
 func (h *holder) State() State {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st := State{Replica: "origin", Images: map[osimage.SHA256]Image{}}
+	st := State{Replica: "origin", Instance: h.instance, Images: map[osimage.SHA256]Image{}}
 	switch {
 	case h.stored:
 		st.Images[h.img.w.SHA256] = Image{Phase: PhaseReady, Source: fill.FromRegistry, Size: int64(len(h.img.data))}

@@ -32,8 +32,12 @@ func NewPuller(wait time.Duration) *pull.Puller {
 // the compressed layer of the peer's registry pull while it is in
 // progress, else the peer's image.
 type Source struct {
-	Peer   Peer
-	Puller *pull.Puller
+	Peer Peer
+	// Instance is the peer's instance (State.Instance) as its state was
+	// read when it was chosen: a failure is held against that instance
+	// alone (Filler).
+	Instance string
+	Puller   *pull.Puller
 	// Wait is the peer's --peer-timeout, for the messages.
 	Wait time.Duration
 	Log  *slog.Logger

@@ -30,8 +30,13 @@ const (
 // State is one replica's images, as its state endpoint (/peer/state)
 // answers it.
 type State struct {
-	Replica string                   `json:"replica"`
-	Images  map[osimage.SHA256]Image `json:"images"`
+	Replica string `json:"replica"`
+	// Instance names this run of the replica's process (View.Instance).
+	// A replica started again under the same ID (a StatefulSet's pod
+	// replaced by a rollout keeps its name) is another instance, which
+	// its peers try again for the images the previous one failed them.
+	Instance string                   `json:"instance,omitempty"`
+	Images   map[osimage.SHA256]Image `json:"images"`
 }
 
 // Image is one image on one replica.

@@ -2,6 +2,8 @@ package replica
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -69,6 +71,7 @@ type View struct {
 	log      *slog.Logger
 	clock    clock.WithTicker
 	rule     ClaimRule
+	instance string
 
 	mu    sync.Mutex
 	peers map[string]peerView
@@ -103,12 +106,34 @@ func NewView(replicas Replicas, log *slog.Logger, clk clock.WithTicker, rule Cla
 	if rule.Wait <= 0 {
 		rule.Wait = DefaultClaimWait
 	}
-	return &View{replicas: replicas, log: log, clock: clk, rule: rule,
+	return &View{replicas: replicas, log: log, clock: clk, rule: rule, instance: newInstance(),
 		client: &http.Client{Transport: Transport(), Timeout: 5 * time.Second}}
 }
 
 // Self is this replica's ID.
 func (v *View) Self() string { return v.replicas.Self() }
+
+// Instance names this run of the replica (State.Instance): random, drawn
+// when the View is made, once per process.
+func (v *View) Instance() string { return v.instance }
+
+func newInstance() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // crypto/rand.Read does not fail
+	return hex.EncodeToString(b)
+}
+
+// instanceOf is peer id's instance as its state was last read; false
+// when that read failed, or the peer was not read.
+func (v *View) instanceOf(id string) (string, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	pv, ok := v.peers[id]
+	if !ok || pv.err != nil {
+		return "", false
+	}
+	return pv.state.Instance, true
+}
 
 // Poll reads the state of every peer listed, ready or not, every
 // PollInterval and whenever changed fires, until ctx ends; read is called

@@ -29,7 +29,7 @@ type PeerReporter func(peer string, sha256 osimage.SHA256, reason string)
 func (s *Server) State() replica.State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := replica.State{Replica: s.view.Self(), Images: map[osimage.SHA256]replica.Image{}}
+	out := replica.State{Replica: s.view.Self(), Instance: s.view.Instance(), Images: map[osimage.SHA256]replica.Image{}}
 	for sum, img := range s.images {
 		ri := replica.Image{Phase: img.Phase, Source: img.source, Claiming: img.claiming, Received: img.received}
 		if img.Stored {
