@@ -278,6 +278,22 @@ func gzipImageSum(t *testing.T, reg *devregistry.Registry) osimage.SHA256 {
 	return ""
 }
 
+// gzipLayer is gzipImageSum with the size and digest of its layer, which
+// the registry proxy counts.
+func gzipLayer(t *testing.T, reg *devregistry.Registry) (sum osimage.SHA256, size int64, digest string) {
+	t.Helper()
+	sum = gzipImageSum(t, reg)
+	for _, p := range publishedFor(t, reg) {
+		if imageSHA(t, p) == sum {
+			if _, err := fmt.Sscan(p.Fields.Get("archive-size"), &size); err != nil {
+				t.Fatalf("archive-size of the gzip image: %v", err)
+			}
+			digest = p.LayerDigest.String()
+		}
+	}
+	return sum, size, digest
+}
+
 // waitHold waits until every replica of ids holds every image of sums
 // verified.
 func (rs *replicaSet) waitHold(ids []string, sums ...osimage.SHA256) {

@@ -86,15 +86,7 @@ func TestServeReplicasRestartEveryPodMidFill(t *testing.T) {
 	counter.trickle.Store(true)
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, _ := replicaImages(t, reg, 48<<20)
-	gzSum := gzipImageSum(t, reg)
-	var layer int64
-	var layerDigest string
-	for _, p := range publishedFor(t, reg) {
-		if imageSHA(t, p) == gzSum {
-			fmt.Sscan(p.Fields.Get("archive-size"), &layer)
-			layerDigest = p.LayerDigest.String()
-		}
-	}
+	gzSum, layer, layerDigest := gzipLayer(t, reg)
 	ids := []string{"r0", "r1", "r2"}
 	origin := replica.Rendezvous(gzSum.String(), ids)[0]
 	rs := newReplicaSet(t, append(args, "--replicas", "3")...)

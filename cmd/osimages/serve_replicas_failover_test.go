@@ -26,15 +26,7 @@ func TestServeReplicasFailOverKeepsTheLayer(t *testing.T) {
 	counter.trickle.Store(true)
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, blobBytes := replicaImages(t, reg, 24<<20)
-	gzSum := gzipImageSum(t, reg)
-	var layer int64
-	var layerDigest string
-	for _, p := range publishedFor(t, reg) {
-		if imageSHA(t, p) == gzSum {
-			fmt.Sscan(p.Fields.Get("archive-size"), &layer)
-			layerDigest = p.LayerDigest.String()
-		}
-	}
+	gzSum, layer, layerDigest := gzipLayer(t, reg)
 	ids := []string{"r0", "r1", "r2"}
 	order := replica.Rendezvous(gzSum.String(), ids)
 	origin, next, third := order[0], order[1], order[2]

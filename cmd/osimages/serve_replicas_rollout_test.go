@@ -71,15 +71,7 @@ func TestServeReplicasRollingUpdateMidFill(t *testing.T) {
 		return pacer.middleware(counter.middleware(next))
 	}})
 	args, sums, blobBytes := replicaImages(t, reg, 96<<20)
-	gzSum := gzipImageSum(t, reg)
-	var layer int64
-	var layerDigest string
-	for _, p := range publishedFor(t, reg) {
-		if imageSHA(t, p) == gzSum {
-			fmt.Sscan(p.Fields.Get("archive-size"), &layer)
-			layerDigest = p.LayerDigest.String()
-		}
-	}
+	gzSum, layer, layerDigest := gzipLayer(t, reg)
 	pacer.digest.Store(&layerDigest)
 	ids := []string{"r0", "r1", "r2"}
 	order := replica.Rendezvous(gzSum.String(), ids)
