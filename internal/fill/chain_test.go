@@ -83,10 +83,11 @@ func (l *log) String() string {
 	return strings.Join(l.lines, "; ")
 }
 
-// chain picks, in turn, the peers that Choose has not skipped yet.
+// chain picks, in turn, the peers that have not failed yet.
 func chain(l *log, last Source, peers ...Source) Chain {
+	var skip []string
 	return Chain{
-		Choose: func(w servedset.Wanted, skip []string) Source {
+		Choose: func(w servedset.Wanted) Source {
 			l.add("choose skip=%v", skip)
 			for _, p := range peers {
 				if !slices.Contains(skip, p.Name()) {
@@ -98,7 +99,10 @@ func chain(l *log, last Source, peers ...Source) Chain {
 		Last:    last,
 		Rule:    func(Source) Rule { return Rule{} },
 		Started: func(_ servedset.Wanted, src Source) { l.add("start %s", src.Name()) },
-		Failed:  func(_ servedset.Wanted, src Source, err error) { l.add("failed %s: %v", src.Name(), err) },
+		Failed: func(_ servedset.Wanted, src Source, err error) {
+			l.add("failed %s: %v", src.Name(), err)
+			skip = append(skip, src.Name())
+		},
 	}
 }
 

@@ -57,8 +57,10 @@ func (f Func) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writ
 func (f Func) Name() string { return f.Label }
 
 // Chooser picks the next source of an image: a peer, or nil for the last
-// resort. skip are the sources that failed this image in this fill.
-type Chooser func(w servedset.Wanted, skip []string) Source
+// resort. It is told of the sources that fail (Chain.Failed) and decides
+// when to give one again: a peer that failed may run again, as another
+// process under the same name (replica.Filler).
+type Chooser func(w servedset.Wanted) Source
 
 // Chain fills from the sources Choose gives, in turn, and from Last when it
 // gives none: a source that fails (not ctx) is reported, skipped, and the
@@ -77,22 +79,21 @@ type Chain struct {
 	// Started, when set, is told which source a fill starts from, before
 	// its first byte (peers read it: they follow a registry pull).
 	Started func(w servedset.Wanted, src Source)
-	// Failed, when set, is told of a source that failed; the chain skips
-	// it for this image.
+	// Failed, when set, is told of a source that failed, for Choose to
+	// skip it.
 	Failed func(w servedset.Wanted, src Source, err error)
 }
 
 // Fill fills dst from the chain's sources, and returns the name of the one
 // that filled it.
 func (c Chain) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
-	var skip []string
 	for {
 		// Whether src is the last resort is known from where it came, not
 		// by comparing it with Last: two Sources of a type that cannot be
 		// compared (a Func, a struct holding a func) would panic.
 		src, last := c.Last, true
 		if c.Choose != nil {
-			if s := c.Choose(w, skip); s != nil {
+			if s := c.Choose(w); s != nil {
 				src, last = s, false
 			}
 		}
@@ -108,7 +109,6 @@ func (c Chain) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Wri
 		if c.Failed != nil {
 			c.Failed(w, src, err)
 		}
-		skip = append(skip, src.Name())
 		if dst.Checkpointed() && !errors.As(err, new(*pull.VerifyError)) {
 			// Cut short, not lying: the next source's pull checks the
 			// bytes kept against their checkpoint before it continues.

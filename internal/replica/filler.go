@@ -65,11 +65,9 @@ const (
 // Fill fills dst with w, and says which source filled it.
 func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, string, error) {
 	chain := fill.Chain{
-		// Failed records every source the chain skips: a peer that
-		// failed is skipped by isBad alone, which tries it again once it
-		// runs as another instance (the chain's list would skip it for
-		// the rest of this fill, by name).
-		Choose: func(w servedset.Wanted, _ []string) fill.Source {
+		// A peer that failed is skipped (isBad, fed by Failed) until it
+		// runs as another instance.
+		Choose: func(w servedset.Wanted) fill.Source {
 			skipped := func(id string) bool { return f.isBad(w.SHA256, id) }
 			for {
 				if p := f.View.Choose(w.SHA256, skipped); p != nil {

@@ -357,8 +357,8 @@ func TestAPeerThatLiesIsRefusedAndSkipped(t *testing.T) {
 		return pull.Result{Size: int64(n), MD5: img.w.Image.Get(osimage.FieldMD5), SHA256: string(img.w.SHA256)}, err
 	}}
 	chain := fill.Chain{
-		Choose: func(_ servedset.Wanted, skip []string) fill.Source {
-			if len(skip) > 0 {
+		Choose: func(servedset.Wanted) fill.Source {
+			if len(failed) > 0 {
 				return nil
 			}
 			return Source{Peer: p, Puller: NewPuller(10 * time.Second)}
@@ -442,10 +442,10 @@ func TestTheOriginDyingHandsOverToTheNextPeer(t *testing.T) {
 
 	var failed []string
 	chain := fill.Chain{
-		Choose: func(_ servedset.Wanted, skip []string) fill.Source {
+		Choose: func(servedset.Wanted) fill.Source {
 			for _, p := range []Peer{originPeer, nextPeer} {
 				src := Source{Peer: p, Puller: NewPuller(10 * time.Second)}
-				if !contains(skip, src.Name()) {
+				if !contains(failed, src.Name()) {
 					return src
 				}
 			}
