@@ -68,6 +68,15 @@ func TestRenderChecksTheServedOCIManifest(t *testing.T) {
 		t.Fatalf("sizes that differ: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
+	// A served-oci.yaml that parses as YAML but is no served_oci document:
+	// render says which ConfigMap and key, and prints nothing.
+	bad := served(size)
+	bad[osimage.ServedOCIKey] = "served_oci: [" + sum("plain") + "]\n"
+	put("served", bad)
+	if r = run(t, args...); r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "ConfigMap "+ns+"/served, key served-oci.yaml: parsing served_oci document") {
+		t.Fatalf("served-oci.yaml that is no document: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
 	// Sylva's server publishes values.yaml alone: nobody can tell.
 	put("served", map[string]string{osimage.ValuesKey: served(2 * size)[osimage.ValuesKey]})
 	if r = run(t, args...); r.code != 0 || !strings.Contains(r.stdout, plainURL) {

@@ -171,6 +171,18 @@ func NewPicks(catalogName string, catalog map[osimage.SHA256]bool, catalogFound 
 	return p
 }
 
+// cut returns the entries of m whose sha256 keep holds (never nil: an
+// empty document, not a missing one, says nothing is kept).
+func cut[M ~map[osimage.SHA256]V, V any, K ~map[osimage.SHA256]W, W any](m M, keep K) M {
+	out := make(M, min(len(m), len(keep)))
+	for sha := range keep {
+		if v, ok := m[sha]; ok {
+			out[sha] = v
+		}
+	}
+	return out
+}
+
 // Filtered returns the data of the copy for namespace, and the note of
 // AnnotationPicks: every key of the source, with the served set and its
 // filenames cut down to the entries whose sha256 p holds, and the refused
@@ -185,12 +197,7 @@ func (s ServedSource) Filtered(namespace string, p Picks) (map[string]string, ma
 		note := clip.String(fmt.Sprintf("the source is not a served set (%v); no entry kept", s.err), notesMax)
 		return map[string]string{osimage.ValuesKey: string(empty)}, nil, note, nil
 	}
-	set := osimage.ServedSet{}
-	for sha := range p.SHA256s {
-		if entry, ok := s.out.Set[sha]; ok {
-			set[sha] = entry
-		}
-	}
+	set := cut(s.out.Set, p.SHA256s)
 	data := make(map[string]string, len(s.other)+3)
 	maps.Copy(data, s.other)
 	doc, err := osimage.MarshalServed(set)
@@ -199,26 +206,14 @@ func (s ServedSource) Filtered(namespace string, p Picks) (map[string]string, ma
 	}
 	data[osimage.ValuesKey] = string(doc)
 	if s.hasFilenames {
-		files := osimage.ServedFilenames{}
-		for sha := range set {
-			if names, ok := s.out.Filenames[sha]; ok {
-				files[sha] = names
-			}
-		}
-		doc, err := osimage.MarshalServedFilenames(files)
+		doc, err := osimage.MarshalServedFilenames(cut(s.out.Filenames, set))
 		if err != nil {
 			return nil, nil, "", err
 		}
 		data[osimage.ServedFilenamesKey] = string(doc)
 	}
 	if s.hasOCI {
-		refs := osimage.ServedOCI{}
-		for sha := range set {
-			if ref, ok := s.out.OCI[sha]; ok {
-				refs[sha] = ref
-			}
-		}
-		doc, err := osimage.MarshalServedOCI(refs)
+		doc, err := osimage.MarshalServedOCI(cut(s.out.OCI, set))
 		if err != nil {
 			return nil, nil, "", err
 		}
