@@ -20,7 +20,18 @@ var binary string
 // otherwise).
 var suite = testenv.NewSuite(testenv.WithMetal3CRDs)
 
+// builtEnv passes the binary built outside to the run of the tests in their
+// own network namespace, which has no network to build with.
+const builtEnv = "OSIMAGES_TEST_BINARY"
+
 func TestMain(m *testing.M) {
+	if built := os.Getenv(builtEnv); built != "" {
+		// The run inside the test binary's own network namespace: the
+		// run outside built the binary and removes it.
+		binary = built
+		testenv.RunInOwnNetwork()
+		os.Exit(suite.Run(m))
+	}
 	dir, err := os.MkdirTemp("", "osimages-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -33,8 +44,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building osimages:", err)
 		os.Exit(1)
 	}
-	code := suite.Run(m)
-	removePeerIface()
+	// The replica tests name their peers in EndpointSlices, with an
+	// address (testenv.OwnNetwork) that may only exist in a network
+	// namespace of this binary's own: the tests run there, on its
+	// loopback, when the machine allows (root).
+	code, ran := testenv.RunInOwnNetwork(builtEnv + "=" + binary)
+	if !ran {
+		code = suite.Run(m)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

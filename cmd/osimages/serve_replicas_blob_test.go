@@ -59,7 +59,7 @@ func proxyPeer(t *testing.T, modify func(*http.Response)) func(string) string {
 			modify(resp)
 			return nil
 		}
-		addr := freeHostAddr(t)
+		addr := testenv.FreePeerAddr(t)
 		srv := &http.Server{Addr: addr, Handler: proxy, ErrorLog: log.New(io.Discard, "", 0)}
 		go srv.ListenAndServe()
 		t.Cleanup(func() { srv.Close() })
@@ -362,7 +362,7 @@ func watchPeerRequests(t *testing.T, prefix string, asked *atomic.Bool) func(str
 		proxy := httputil.NewSingleHostReverseProxy(target)
 		proxy.ErrorLog = log.New(io.Discard, "", 0)
 		proxy.FlushInterval = -1
-		addr := freeHostAddr(t)
+		addr := testenv.FreePeerAddr(t)
 		srv := &http.Server{Addr: addr, ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if strings.HasPrefix(r.URL.Path, prefix) {
 				asked.Store(true)

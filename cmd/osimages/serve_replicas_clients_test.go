@@ -74,7 +74,7 @@ func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
 	advertise := func(peerAddr string) string {
 		target, _ := url.Parse("http://" + peerAddr)
 		proxy := httputil.NewSingleHostReverseProxy(target)
-		addr := freeHostAddr(t)
+		addr := testenv.FreePeerAddr(t)
 		srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			peerGate.hold(r, r.URL.Path == replica.StatePath || r.Header.Get(replica.RelayHeader) != "")
 			proxy.ServeHTTP(w, r)
@@ -201,13 +201,13 @@ func httpGet(t *testing.T, u string) string {
 
 // ironicDownload runs Ironic's own HttpImageService as the conductor
 // uses it (testenv.Ironic): show (the HEAD), the checksum file, then the
-// download, checked in transit. It skips where the code or the libraries
-// are absent.
+// download, checked in transit. It ends the test through testenv.Missing
+// where the code or the libraries are absent.
 func ironicDownload(t *testing.T, imageURL string, sum osimage.SHA256, size string) {
 	t.Helper()
 	got, why := testenv.Ironic(t, "", imageURL)
 	if why != "" {
-		t.Skip(why)
+		testenv.Missing(t, "%s", why)
 	}
 	n, err := strconv.ParseInt(size, 10, 64)
 	if err != nil {

@@ -157,7 +157,7 @@ func (rs *replicaSet) start(id string, advertise func(peerAddr string) string, e
 // is left out of the Service until list is called.
 func (rs *replicaSet) startListed(listed bool, id string, advertise func(peerAddr string) string, extra ...string) *serverReplica {
 	t := rs.t
-	peerAddr := freeHostAddr(t)
+	peerAddr := testenv.FreePeerAddr(t)
 	r := &serverReplica{id: id, httpAddr: freeAddr(t), peerAddr: peerAddr, advertised: peerAddr}
 	if advertise != nil {
 		r.advertised = advertise(peerAddr)
@@ -437,7 +437,7 @@ func corruptingProxy(t *testing.T, flipped *atomic.Int64) func(string) string {
 			}
 			return nil
 		}
-		addr := freeHostAddr(t)
+		addr := testenv.FreePeerAddr(t)
 		srv := &http.Server{Addr: addr, Handler: proxy}
 		go srv.ListenAndServe()
 		t.Cleanup(func() { srv.Close() })

@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -17,6 +16,19 @@ import (
 // the time the server binds it ("address already in use").
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	return freeAddrOn(t, "127.0.0.1")
+}
+
+// FreePeerAddr is a free address on PeerAddress, for a listener a test names
+// in an EndpointSlice, or ends the test when it does not run in a network
+// namespace of its own (OwnNetwork).
+func FreePeerAddr(t testing.TB) string {
+	t.Helper()
+	return freeAddrOn(t, OwnNetwork(t))
+}
+
+func freeAddrOn(t testing.TB, host string) string {
+	t.Helper()
 	low := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
@@ -27,14 +39,14 @@ func FreeAddr(t testing.TB) string {
 	}
 	if low > 11000 {
 		for range 200 {
-			addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(low-10000))
+			addr := net.JoinHostPort(host, strconv.Itoa(10000+rand.IntN(low-10000)))
 			if ln, err := net.Listen("tcp", addr); err == nil {
 				ln.Close()
 				return addr
 			}
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
