@@ -17,7 +17,9 @@ fi
 go vet ./...
 # go test's own output, then every skipped test and why (hack/testreport):
 # a skip is a test that did not run. pipefail keeps go test's exit status;
-# the report fails too on any failed test or build, or a cut run.
+# the report fails too on any failed test or build, or a cut run, and, with
+# OSIMAGES_REQUIRE_ALL set (CI), on any test skipped for a missing tool or
+# fixture.
 report=$(mktemp -d)
 trap 'rm -rf "$report"' EXIT
 go build -o "$report/testreport" ./hack/testreport

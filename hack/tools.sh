@@ -59,9 +59,11 @@ go_install() {
   mv "$tmp" "$dir"
 }
 
-# The status page is tested in Debian's headless Chromium. It is installed
-# where this script can (root with apt-get); elsewhere that test skips, saying
-# why, unless OSIMAGES_REQUIRE_CHROMIUM is set (CI sets it).
+# Every tool below is installed where this script can (root with apt-get);
+# elsewhere the tests that need it skip, saying why (testenv.Missing), and
+# fail instead where OSIMAGES_REQUIRE_ALL is set (CI sets it).
+
+# The status page is tested in Debian's headless Chromium.
 ensure_chromium() {
   command -v chromium >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -69,6 +71,19 @@ ensure_chromium() {
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
   else
     log "chromium is not installed and cannot be installed here (needs root and apt-get): the status page browser test will skip"
+  fi
+}
+
+# The replica tests run in a network namespace of their own (root), whose
+# loopback they set up with ip (internal/testenv/netns_linux.go); make e2e
+# and the scale benchmark make theirs with it too.
+ensure_iproute2() {
+  command -v ip >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's iproute2 (ip) for the tests' own network namespaces"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >&2
+  else
+    log "ip (iproute2) is not installed and cannot be installed here (needs root and apt-get): the replica tests will skip"
   fi
 }
 
@@ -119,6 +134,7 @@ ensure_ca_certificates() {
 mkdir -p "$cache"
 ensure_ca_certificates
 ensure_chromium
+ensure_iproute2
 ensure_ironic_libraries
 download_capi
 build_envtest

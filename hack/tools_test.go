@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // stub is a command that records how it was called, on standard error
@@ -37,7 +39,7 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 	for _, name := range []string{"bash", "sh", "grep", "head", "cut", "cat", "sha256sum", "mkdir", "mktemp", "rm", "mv", "dirname", "basename"} {
 		path, err := exec.LookPath(name)
 		if err != nil {
-			t.Skipf("%s is not installed: %v", name, err)
+			testenv.Missing(t, "%s is not installed: %v", name, err)
 		}
 		if err := os.Symlink(path, filepath.Join(bin, name)); err != nil {
 			t.Fatal(err)
@@ -65,6 +67,7 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 		{regexp.MustCompile(`^RUN go install github\.com/sigstore/cosign/v3/cmd/cosign@`), "cosign", false},
 		{regexp.MustCompile(`^RUN go mod download sigs\.k8s\.io/cluster-api@`), "cluster-api", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*chromium`), "chromium", false},
+		{regexp.MustCompile(`^RUN apt-get .*install .*iproute2`), "iproute2", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*ca-certificates`), "ca-certificates", true},
 		{regexp.MustCompile(`^RUN apt-get .*install .*python3-ironic`), "python3-ironic", true},
 	}

@@ -183,8 +183,8 @@ func indent(s, prefix string) string {
 // CRDs validate them, reading (A) and (B) from ConfigMaps.
 func TestRenderApply(t *testing.T) {
 	if testenv.Metal3CRDs() == "" {
-		testenv.SharedDir(t) // skips, saying why
-		t.Skip("shared/ has no crds/metal3")
+		testenv.SharedDir(t) // ends the test, saying why
+		testenv.Missing(t, "shared/ has no crds/metal3: the templates are not checked against the real Metal3 CRDs")
 	}
 	k := apiserver(t)
 	ctx := context.Background()

@@ -71,7 +71,7 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 			httpURL := srv.scheme + "://" + srv.host + osimage.ImagePath(sum, plain.Fields.Get(osimage.FieldFilename))
 			got, why := testenv.Ironic(t, srv.caFile, byDigest, byTag, httpURL)
 			if why != "" {
-				t.Skip(why)
+				testenv.Missing(t, "%s", why)
 			}
 			wantBlob := srv.scheme + "://" + srv.host + "/v2/" + osimage.OCIRepository(sum) + "/blobs/sha256:" + sum.String()
 			for i, url := range []string{byDigest, byTag} {
@@ -96,7 +96,7 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 func TestServeOrasTakesTheImages(t *testing.T) {
 	oras, err := exec.LookPath("oras")
 	if err != nil {
-		t.Skip("the oras CLI is not on PATH (hack/tools.sh installs it; make test puts it there): skipping the check with oras")
+		testenv.Missing(t, "the oras CLI is not on PATH (hack/tools.sh installs it; make test puts it there): skipping the check with oras")
 	}
 	published, servers := startOCIServers(t)
 	// ubuntu-plain is selected; ubuntu-hardened is not, and has no tag.

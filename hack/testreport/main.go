@@ -3,7 +3,9 @@
 // every failed test), then, at the end, every skipped test with its reason:
 // a skip is a test that did not run, and `make test` must say so rather
 // than let it pass as a success. It exits 1 when a test, a package or a
-// build failed, or when its input ends without a package result.
+// build failed, or when its input ends without a package result, and,
+// when OSIMAGES_REQUIRE_ALL is set (CI), when a test skipped for a missing
+// tool or fixture (testenv.Missing marks those skips).
 //
 //	go test -json ./... | go run ./hack/testreport
 package main
@@ -21,7 +23,7 @@ import (
 )
 
 func main() {
-	ok, err := report(os.Stdin, os.Stdout)
+	ok, err := report(os.Stdin, os.Stdout, os.Getenv(requireAllEnv) != "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testreport:", err)
 		os.Exit(1)
@@ -30,6 +32,14 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// requireAllEnv and missingMark are testenv.RequireAllEnv and
+// testenv.MissingMark (the test checks they agree), written out so that
+// this command does not link the test environment.
+const (
+	requireAllEnv = "OSIMAGES_REQUIRE_ALL"
+	missingMark   = "[missing: OSIMAGES_REQUIRE_ALL makes this skip a failure]"
+)
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
@@ -57,8 +67,9 @@ var framing = regexp.MustCompile(`^\s*=== (RUN|PAUSE|CONT|NAME)\b`)
 var message = regexp.MustCompile(`^\s+\S+\.go:\d+: `)
 
 // report copies the results of in to out, the skips last, and says
-// whether everything passed.
-func report(in io.Reader, out io.Writer) (bool, error) {
+// whether everything passed; with requireAll, a skip for a missing tool or
+// fixture is a failure of the run.
+func report(in io.Reader, out io.Writer, requireAll bool) (bool, error) {
 	w := bufio.NewWriter(out)
 	defer w.Flush()
 	var (
@@ -153,6 +164,18 @@ func report(in io.Reader, out io.Writer) (bool, error) {
 		fmt.Fprintf(w, "\n%d tests skipped (they did not run):\n", len(skips))
 		for _, s := range skips {
 			fmt.Fprintf(w, "SKIP %s %s: %s\n", s.pkg, s.test, s.reason)
+		}
+	}
+	if requireAll {
+		missing := 0
+		for _, s := range skips {
+			if strings.Contains(s.reason, missingMark) {
+				missing++
+			}
+		}
+		if missing > 0 {
+			failed = true
+			fmt.Fprintf(w, "testreport: %s is set, yet %d of these tests skipped for a missing tool or fixture (the skips that say %q): install the tools (hack/tools.sh, as root) and put shared/ beside the checkout, or find why the switch did not reach the test\n", requireAllEnv, missing, missingMark)
 		}
 	}
 	return !failed, nil

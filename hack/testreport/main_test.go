@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
 // goTestJSON runs the real `go test -json` over a module made of files,
@@ -59,7 +61,7 @@ func TestParent(t *testing.T) {
 func TestReportListsSkipsAndFailures(t *testing.T) {
 	in := goTestJSON(t, map[string]string{"sample_test.go": sampleTests})
 	var out bytes.Buffer
-	ok, err := report(bytes.NewReader(in), &out)
+	ok, err := report(bytes.NewReader(in), &out, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestReportListsSkipsAndFailures(t *testing.T) {
 func TestReportOfAPassingRun(t *testing.T) {
 	in := goTestJSON(t, map[string]string{"sample_test.go": "package sample\n\nimport \"testing\"\n\nfunc TestPasses(t *testing.T) {}\n"})
 	var out bytes.Buffer
-	ok, err := report(bytes.NewReader(in), &out)
+	ok, err := report(bytes.NewReader(in), &out, false)
 	if err != nil || !ok {
 		t.Fatalf("a passing run: ok %v, %v\n%s", ok, err, out.String())
 	}
@@ -104,7 +106,7 @@ func TestReportOfAPassingRun(t *testing.T) {
 func TestReportFailsBuildsAndCutInput(t *testing.T) {
 	in := goTestJSON(t, map[string]string{"sample_test.go": "package sample\n\nfunc broken( {\n"})
 	var out bytes.Buffer
-	if ok, _ := report(bytes.NewReader(in), &out); ok || !strings.Contains(out.String(), "sample_test.go:3") {
+	if ok, _ := report(bytes.NewReader(in), &out, false); ok || !strings.Contains(out.String(), "sample_test.go:3") {
 		t.Errorf("a build failure: ok %v\n%s", ok, out.String())
 	}
 	// A run cut before its package's result (go test killed) is no
@@ -113,7 +115,47 @@ func TestReportFailsBuildsAndCutInput(t *testing.T) {
 	cut := in[:bytes.Index(in, []byte(`"Action":"pass","Package":"sample","Test":"TestPasses"`))]
 	cut = cut[:bytes.LastIndexByte(cut, '\n')+1]
 	out.Reset()
-	if ok, _ := report(bytes.NewReader(cut), &out); ok || !strings.Contains(out.String(), "no result for sample") {
+	if ok, _ := report(bytes.NewReader(cut), &out, false); ok || !strings.Contains(out.String(), "no result for sample") {
 		t.Errorf("a cut run: ok %v\n%s", ok, out.String())
+	}
+}
+
+// With OSIMAGES_REQUIRE_ALL set, a skip for a missing tool or fixture (the
+// ones testenv.Missing marks) fails the run; a skip for a platform does not.
+func TestReportFailsMissingToolsWhenAllAreRequired(t *testing.T) {
+	in := goTestJSON(t, map[string]string{"sample_test.go": `package sample
+
+import "testing"
+
+func TestPasses(t *testing.T) {}
+
+func TestNeedsATool(t *testing.T) { t.Skip("oras is not installed ` + missingMark + `") }
+
+func TestNeedsLinux(t *testing.T) { t.Skip("the image carries a Linux binary") }
+`})
+	var out bytes.Buffer
+	if ok, err := report(bytes.NewReader(in), &out, false); err != nil || !ok {
+		t.Errorf("without the switch, skips are listed and the run passes: ok %v, %v\n%s", ok, err, out.String())
+	}
+	out.Reset()
+	ok, err := report(bytes.NewReader(in), &out, true)
+	if err != nil || ok {
+		t.Errorf("with the switch, a skip for a missing tool fails the run: ok %v, %v\n%s", ok, err, out.String())
+	}
+	if got := out.String(); !strings.Contains(got, "OSIMAGES_REQUIRE_ALL is set, yet 1 of these tests skipped for a missing tool") ||
+		!strings.Contains(got, "SKIP sample TestNeedsLinux: the image carries a Linux binary\n") {
+		t.Errorf("the report:\n%s", got)
+	}
+	in = goTestJSON(t, map[string]string{"sample_test.go": "package sample\n\nimport \"testing\"\n\nfunc TestNeedsLinux(t *testing.T) { t.Skip(\"linux only\") }\n"})
+	out.Reset()
+	if ok, err := report(bytes.NewReader(in), &out, true); err != nil || !ok {
+		t.Errorf("with the switch, a skip for a platform passes: ok %v, %v\n%s", ok, err, out.String())
+	}
+}
+
+// The report knows the switch and the mark by the same text as testenv.
+func TestReportKnowsTestenvsMark(t *testing.T) {
+	if requireAllEnv != testenv.RequireAllEnv || missingMark != testenv.MissingMark {
+		t.Errorf("testreport has %q and %q, testenv %q and %q: write testenv's here", requireAllEnv, missingMark, testenv.RequireAllEnv, testenv.MissingMark)
 	}
 }

@@ -49,6 +49,8 @@ var suite = testenv.NewSuite(func() ([]string, error) {
 	if dir := testenv.Metal3CRDs(); dir != "" {
 		crds = append(crds, dir)
 		metal3 = true
+	} else if testenv.Required() {
+		return nil, fmt.Errorf("shared/ has no crds/metal3 (set OSIMAGES_SHARED_DIR), and %s is set: the chart must be checked against the real Metal3 CRDs", testenv.RequireAllEnv)
 	}
 	return crds, nil
 })

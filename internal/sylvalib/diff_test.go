@@ -158,7 +158,7 @@ const (
 func TestSylvaLibraryDifferential(t *testing.T) {
 	tgz := filepath.Join(testenv.SharedDir(t), "sylva", "sylva-library-0.9.0.tgz")
 	if _, err := os.Stat(tgz); err != nil {
-		t.Skipf("the real Sylva library is not there (%v): skipping the differential test against it", err)
+		testenv.Missing(t, "the real Sylva library is not there (%v): skipping the differential test against it", err)
 	}
 	cases := append(handCases(), randomCases(randomSeed, randomCount)...)
 

@@ -78,13 +78,24 @@ for i, url in enumerate(urls):
 print(json.dumps(results))
 `
 
+// notRun returns why, after failing the test through Missing where
+// RequireAllEnv is set.
+func notRun(t testing.TB, why string) string {
+	t.Helper()
+	if Required() {
+		Missing(t, "%s", why)
+	}
+	return why
+}
+
 // Ironic runs a current Ironic's own image services (its code from the
 // shared fixtures, shared/ironic, on Debian's python3-ironic libraries)
 // against each of urls, in one Python process, trusting caFile for https
 // ("" for plain HTTP, which Ironic reaches after trying HTTPS first). It
 // returns what Ironic reported for each, or, when Ironic's code or its
 // libraries are absent here, why it was not run ("" when it ran); the
-// caller skips or logs that. A failure of Ironic fails the test.
+// caller ends the test through Missing or logs that. Where RequireAllEnv is
+// set, their absence fails the test here, as does a failure of Ironic.
 func Ironic(t testing.TB, caFile string, urls ...string) ([]IronicResult, string) {
 	t.Helper()
 	shared := os.Getenv("OSIMAGES_SHARED_DIR")
@@ -92,17 +103,17 @@ func Ironic(t testing.TB, caFile string, urls ...string) ([]IronicResult, string
 		shared = findSharedDir()
 	}
 	if shared == "" {
-		return nil, "shared/ fixtures not found beside the checkout (set OSIMAGES_SHARED_DIR): Ironic's clients are not run"
+		return nil, notRun(t, "shared/ fixtures not found beside the checkout (set OSIMAGES_SHARED_DIR): Ironic's clients are not run")
 	}
 	tgz, _ := filepath.Glob(filepath.Join(shared, "ironic", "ironic-*.tgz"))
 	if len(tgz) == 0 {
-		return nil, "shared/ironic holds no Ironic archive: Ironic's clients are not run"
+		return nil, notRun(t, "shared/ironic holds no Ironic archive: Ironic's clients are not run")
 	}
 	// Debian's python3, which python3-ironic's libraries are for (a
 	// python3 of pyenv first on PATH lacks them).
 	python := "/usr/bin/python3"
 	if err := exec.Command(python, "-c", "import oslo_config, oslo_utils, requests").Run(); err != nil {
-		return nil, "Debian's python3-ironic (the libraries of Ironic's code) is not installed: Ironic's clients are not run; hack/tools.sh installs it where it can"
+		return nil, notRun(t, "Debian's python3-ironic (the libraries of Ironic's code) is not installed: Ironic's clients are not run; hack/tools.sh installs it where it can")
 	}
 	dir := t.TempDir()
 	if out, err := exec.Command("tar", "-C", dir, "-xzf", tgz[0]).CombinedOutput(); err != nil {

@@ -16,14 +16,21 @@ const RequireAllEnv = "OSIMAGES_REQUIRE_ALL"
 // Required reports whether RequireAllEnv is set.
 func Required() bool { return os.Getenv(RequireAllEnv) != "" }
 
+// MissingMark ends the reason of every skip Missing makes, so that the
+// report of a run (hack/testreport, which holds the same text) tells these
+// skips from those for a platform or a privilege, and fails a run with
+// RequireAllEnv set that has any.
+const MissingMark = "[missing: " + RequireAllEnv + " makes this skip a failure]"
+
 // Missing ends a test that cannot run because a tool or fixture is absent:
 // a skip that says why, or, when RequireAllEnv is set, a failure that says
-// so. Skips for other reasons (a platform, a privilege) stay t.Skip.
+// so. Skips for other reasons (a platform, a privilege) stay t.Skip, each
+// listed with its reason in TestSkipsForAMissingToolGoThroughMissing.
 func Missing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	why := fmt.Sprintf(format, args...)
 	if Required() {
 		t.Fatalf("%s, and %s is set: every real-component test must run here (hack/tools.sh installs the tools; shared/ holds the fixtures)", why, RequireAllEnv)
 	}
-	t.Skip(why)
+	t.Skip(why + " " + MissingMark)
 }

@@ -42,11 +42,18 @@ func NewSuite(crds func() ([]string, error)) *Suite {
 }
 
 // WithMetal3CRDs installs the real Metal3 CRDs when shared/ has them, and
-// the stand-ins of internal/testenv/crds otherwise.
+// the stand-ins of internal/testenv/crds otherwise, but where
+// RequireAllEnv is set: there the suite fails without the real ones.
 func WithMetal3CRDs() ([]string, error) {
-	dir, _ := Metal3CRDsOrStandIn()
+	dir, real := Metal3CRDsOrStandIn()
+	if !real && Required() {
+		return nil, errNoRealMetal3CRDs
+	}
 	return []string{dir}, nil
 }
+
+// errNoRealMetal3CRDs is the stand-ins refused where RequireAllEnv is set.
+var errNoRealMetal3CRDs = fmt.Errorf("shared/ has no crds/metal3 (set OSIMAGES_SHARED_DIR), and %s is set: the tests must run against the real Metal3 CRDs, not the stand-ins", RequireAllEnv)
 
 // Kube returns the suite's apiserver, started on first use; a failure to
 // start it fails every test that asks.
@@ -133,6 +140,9 @@ func Succeeds(t testing.TB, what string, timeout time.Duration, f func() error) 
 func KubeWithoutMetal3(t testing.TB) (k *Kube, installMetal3 func()) {
 	t.Helper()
 	crds, real := Metal3CRDsOrStandIn()
+	if !real && Required() {
+		t.Fatal(errNoRealMetal3CRDs)
+	}
 	if !real {
 		t.Log("shared/ has no Metal3 CRDs: installing the stand-ins of internal/testenv/crds")
 	}

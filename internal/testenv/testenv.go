@@ -149,8 +149,8 @@ func Poll(t testing.TB, what string, timeout, interval time.Duration, cond func(
 }
 
 // SharedDir returns the read-only shared/ folder of fixtures that sits beside
-// the checkout (or $OSIMAGES_SHARED_DIR), or skips the test, saying why: the
-// project must build and test without it.
+// the checkout (or $OSIMAGES_SHARED_DIR), or ends the test through Missing,
+// saying why: the project must build and test without it, and CI with it.
 func SharedDir(t testing.TB) string {
 	t.Helper()
 	if dir := os.Getenv("OSIMAGES_SHARED_DIR"); dir != "" {
@@ -159,7 +159,7 @@ func SharedDir(t testing.TB) string {
 	if dir := findSharedDir(); dir != "" {
 		return dir
 	}
-	t.Skip("shared/ fixtures not found beside the checkout (set OSIMAGES_SHARED_DIR): skipping the checks that need them")
+	Missing(t, "shared/ fixtures not found beside the checkout (set OSIMAGES_SHARED_DIR): skipping the checks that need them")
 	return ""
 }
 
