@@ -131,10 +131,12 @@ func setUpOwnNetwork(from string) error {
 	if here == from {
 		return fmt.Errorf("%s is set (to %s) but this process runs in that namespace: it is not one of the test binary's own, and nothing is added to it", ownNetworkEnv, from)
 	}
+	// replace, not add: a test binary that a test runs again inside
+	// finds the namespace set up already.
 	for _, args := range [][]string{
 		{"link", "set", "lo", "up"},
-		{"addr", "add", PeerAddress + "/32", "dev", "lo"},
-		{"route", "add", "default", "dev", "lo"},
+		{"addr", "replace", PeerAddress + "/32", "dev", "lo"},
+		{"route", "replace", "default", "dev", "lo"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("setting up the test binary's own network namespace: ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
