@@ -73,7 +73,9 @@ type Endpoints struct {
 	Peers Peers
 	// Hold is how long a request for a served image that no replica
 	// holds verified yet (it is queued or downloading) waits for one
-	// before it is answered 503 with Retry-After; 0 answers at once.
+	// before it is answered 503 with Retry-After; 0 answers at once. A
+	// relay from a peer ends with it too, and a range or a conditional
+	// request waits for the copy verified here (replica.Relayable).
 	Hold time.Duration
 }
 
