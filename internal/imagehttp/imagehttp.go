@@ -217,6 +217,43 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 	s.ServeStored(w, r, sum)
 }
 
+// servable waits, up to Hold, until sum is held verified here (here) or
+// by a peer (peer), or is no longer served. An image whose download
+// failed is not waited for: its retry is minutes away.
+func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, here, peer bool) {
+	var deadline <-chan time.Time
+	if s.Hold > 0 {
+		t := time.NewTimer(s.Hold)
+		defer t.Stop()
+		deadline = t.C
+	}
+	tick := time.NewTicker(holdPoll)
+	defer tick.Stop()
+	for {
+		var ok bool
+		info, ok = s.Images.Lookup(sum)
+		switch {
+		case !ok || !info.Served:
+			return Image{}, false, false
+		case info.Stored && info.Phase == replica.PhaseReady:
+			return info, true, false
+		case s.Peers != nil && replica.Relayable(r) && s.Peers.Holds(sum):
+			// A peer counts only for a request its copy may answer: a
+			// range, or a conditional request, waits for the copy here.
+			return info, false, true
+		case deadline == nil || info.Phase == replica.PhaseFailed:
+			return info, false, false
+		}
+		select {
+		case <-r.Context().Done():
+			return info, false, false
+		case <-deadline:
+			return info, false, false
+		case <-tick.C:
+		}
+	}
+}
+
 // hold answers a request for an image not held verified here when it
 // arrived: held up to Hold, it is relayed from a peer's verified copy
 // when it may be (replica.Relayable), or answered 404 (deselected
@@ -264,44 +301,6 @@ func (s Endpoints) hold(w http.ResponseWriter, r *http.Request, sum osimage.SHA2
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
 		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
 		return info, false
-	}
-}
-
-// servable waits, up to Hold or the end of r, until sum is held verified
-// here (here) or by a peer (peer), or is no longer served. A peer counts
-// only for a request a peer's copy may answer (replica.Relayable): a
-// range, or a conditional request, waits for the copy verified here. An
-// image whose download failed is not waited for: its retry is minutes
-// away.
-func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, here, peer bool) {
-	var deadline <-chan time.Time
-	if s.Hold > 0 {
-		t := time.NewTimer(s.Hold)
-		defer t.Stop()
-		deadline = t.C
-	}
-	tick := time.NewTicker(holdPoll)
-	defer tick.Stop()
-	for {
-		var ok bool
-		info, ok = s.Images.Lookup(sum)
-		switch {
-		case !ok || !info.Served:
-			return Image{}, false, false
-		case info.Stored && info.Phase == replica.PhaseReady:
-			return info, true, false
-		case s.Peers != nil && replica.Relayable(r) && s.Peers.Holds(sum):
-			return info, false, true
-		case deadline == nil || info.Phase == replica.PhaseFailed:
-			return info, false, false
-		}
-		select {
-		case <-r.Context().Done():
-			return info, false, false
-		case <-deadline:
-			return info, false, false
-		case <-tick.C:
-		}
 	}
 }
 
