@@ -7,6 +7,7 @@
 package imagehttp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -72,7 +73,9 @@ type Endpoints struct {
 	Peers Peers
 	// Hold is how long a request for a served image that no replica
 	// holds verified yet (it is queued or downloading) waits for one
-	// before it is answered 503 with Retry-After; 0 answers at once.
+	// before it is answered 503 with Retry-After; 0 answers at once. A
+	// relay from a peer ends with it too, and a range or a conditional
+	// request waits for the copy verified here (replica.Relayable).
 	Hold time.Duration
 }
 
@@ -82,7 +85,9 @@ type Peers interface {
 	Holds(sum osimage.SHA256) bool
 	// Serve answers a GET or HEAD of the image sum, under name, with a
 	// peer's verified copy; false, with nothing written, when no peer
-	// could.
+	// could, the request may not be answered from a peer
+	// (replica.Relayable: a range, a conditional request), or the image
+	// got verified here. It ends by r's deadline at the latest.
 	Serve(w http.ResponseWriter, r *http.Request, sum osimage.SHA256, name string) bool
 }
 
@@ -187,24 +192,8 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 		checksum = info.MD5
 	}
 	if !info.Stored || info.Phase != replica.PhaseReady {
-		var here, peer bool
-		info, here, peer = s.servable(r, sum)
-		switch {
-		case r.Context().Err() != nil:
-			return
-		case !info.Served:
-			http.NotFound(w, r) // deselected meanwhile
-			return
-		case here:
-			// Verified here while the request waited: served below.
-		case peer && suffix != "":
-			// A checksum file says what the URL and the catalog say, which
-			// a peer verified the bytes against: answered here.
-		case peer && s.Peers.Serve(w, r, sum, name):
-			return
-		default:
-			w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
-			http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
+		var ok bool
+		if info, ok = s.hold(w, r, sum, name, suffix); !ok {
 			return
 		}
 		if suffix == ".md5sum" {
@@ -248,7 +237,9 @@ func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, he
 			return Image{}, false, false
 		case info.Stored && info.Phase == replica.PhaseReady:
 			return info, true, false
-		case s.Peers != nil && s.Peers.Holds(sum):
+		case s.Peers != nil && replica.Relayable(r) && s.Peers.Holds(sum):
+			// A peer counts only for a request its copy may answer: a
+			// range, or a conditional request, waits for the copy here.
 			return info, false, true
 		case deadline == nil || info.Phase == replica.PhaseFailed:
 			return info, false, false
@@ -260,6 +251,56 @@ func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, he
 			return info, false, false
 		case <-tick.C:
 		}
+	}
+}
+
+// hold answers a request for an image not held verified here when it
+// arrived: held up to Hold, it is relayed from a peer's verified copy
+// when it may be (replica.Relayable), or answered 404 (deselected
+// meanwhile) or 503 with Retry-After; ok says it was not, and is to be
+// answered from here (the image got verified here, or the request is for
+// a checksum file a peer's copy was verified against).
+//
+// A relay ends with the hold: a peer that stalls or trickles keeps no
+// client longer than the image would have been held for. A relay that
+// found no peer to answer, while the hold lasts, holds on: the image may
+// be verified here, or another peer may hold it, before it ends.
+func (s Endpoints) hold(w http.ResponseWriter, r *http.Request, sum osimage.SHA256, name, suffix string) (info Image, ok bool) {
+	held := r
+	if s.Hold > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), s.Hold)
+		defer cancel()
+		held = r.WithContext(ctx)
+	}
+	for {
+		var here, peer bool
+		info, here, peer = s.servable(held, sum)
+		switch {
+		case r.Context().Err() != nil:
+			return info, false
+		case !info.Served:
+			http.NotFound(w, r) // deselected meanwhile
+			return info, false
+		case here:
+			// Verified here while the request waited: served by the caller.
+			return info, true
+		case peer && suffix != "":
+			// A checksum file says what the URL and the catalog say, which
+			// a peer verified the bytes against: answered here.
+			return info, true
+		case peer && s.Peers.Serve(w, held, sum, name):
+			return info, false
+		case peer && s.Hold > 0 && held.Context().Err() == nil:
+			// No peer could answer: hold on, a poll later.
+			select {
+			case <-held.Context().Done():
+			case <-time.After(holdPoll):
+			}
+			continue
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
+		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
+		return info, false
 	}
 }
 

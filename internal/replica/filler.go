@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
@@ -43,10 +42,9 @@ type Filler struct {
 	// PeerFailed is told of a peer that failed to fill w.
 	PeerFailed func(w servedset.Wanted, peer string, err error)
 
-	mu sync.Mutex
-	// bad are the peers that failed each image, with the instance that
-	// failed it.
-	bad map[osimage.SHA256]map[string]string
+	// failures are the peers that failed each image, shared with the
+	// Relay (Failures).
+	failures Failures
 }
 
 // ClaimStep is a step of a replica's claim of a registry pull.
@@ -98,15 +96,7 @@ func (f *Filler) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.W
 			if s, ok := src.(Source); ok {
 				instance = s.Instance
 			}
-			f.mu.Lock()
-			if f.bad == nil {
-				f.bad = map[osimage.SHA256]map[string]string{}
-			}
-			if f.bad[w.SHA256] == nil {
-				f.bad[w.SHA256] = map[string]string{}
-			}
-			f.bad[w.SHA256][peer] = instance
-			f.mu.Unlock()
+			f.failures.Add(w.SHA256, peer, instance)
 			f.PeerFailed(w, peer, err)
 		},
 	}
@@ -156,26 +146,15 @@ func (f *Filler) claim(ctx context.Context, w servedset.Wanted, skip func(string
 	}
 }
 
-// isBad says whether peer failed sum, as the instance it runs now. A peer
-// started again since (a pod replaced by a rollout, under the same name)
-// is tried again: the process that failed is gone, and the new one may
-// pull the image from the registry already. Skipped, it would be left
-// out of this replica's claim too (View.ConfirmClaim), and both would
-// pull the image from the registry.
+// isBad says whether peer failed sum, as the instance it runs now
+// (Failures.Failed).
 func (f *Filler) isBad(sum osimage.SHA256, peer string) bool {
-	f.mu.Lock()
-	failed, ok := f.bad[sum][peer]
-	f.mu.Unlock()
-	if !ok {
-		return false
-	}
-	now, read := f.View.instanceOf(peer)
-	return !read || now == "" || now == failed
+	return f.failures.Failed(f.View, sum, peer)
 }
 
+// Failures are the peers that failed each image, for the Relay to skip
+// them too and to add those that fail a relay.
+func (f *Filler) Failures() *Failures { return &f.failures }
+
 // Forget tries every peer again for sum: it is stored, or no longer known.
-func (f *Filler) Forget(sum osimage.SHA256) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.bad, sum)
-}
+func (f *Filler) Forget(sum osimage.SHA256) { f.failures.Forget(sum) }

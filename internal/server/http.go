@@ -27,7 +27,11 @@ func (s *Server) HTTPServer() *http.Server { return s.endpoints().Server() }
 func (s *Server) endpoints() imagehttp.Endpoints {
 	e := imagehttp.Endpoints{Images: servedImages{s}, Metrics: s.cfg.Metrics, SendTimeout: s.cfg.SendTimeout, Now: s.cfg.Now, Log: s.log, Hold: s.cfg.ClientHold}
 	if s.view != nil {
-		e.Peers = replica.Relay{View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log}
+		e.Peers = replica.Relay{
+			View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log,
+			Hold: s.cfg.ClientHold, Stall: s.cfg.PeerTimeout, Failures: s.filler.Failures(),
+			Size: s.declaredSize, Local: servedImages{s}.verified,
+		}
 	}
 	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}
 	if e.Peers != nil {
@@ -109,6 +113,32 @@ func (v servedImages) Open(sum osimage.SHA256) (*os.File, imagestore.Entry, erro
 		v.s.forgetStored(sum, "the stored file was tampered with and dropped; downloading it again")
 	}
 	return f, e, err
+}
+
+// verified opens the stored, verified file of sum; nil while there is
+// none (replica.Relay.Local).
+func (v servedImages) verified(sum osimage.SHA256) (*os.File, error) {
+	s := v.s
+	s.mu.Lock()
+	img, ok := s.images[sum]
+	held := ok && img.Stored && img.Phase == PhaseReady
+	s.mu.Unlock()
+	if !held {
+		return nil, nil
+	}
+	f, _, err := v.Open(sum)
+	return f, err
+}
+
+// declaredSize is the size the catalog declares for sum, 0 when none
+// (replica.Relay.Size).
+func (s *Server) declaredSize(sum osimage.SHA256) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if img, ok := s.images[sum]; ok {
+		return max(img.Int64Field(osimage.FieldSize), 0)
+	}
+	return 0
 }
 
 func (v servedImages) Readiness() (bool, string) { return v.s.ReplicaReady() }

@@ -165,8 +165,9 @@ type Config struct {
 	// ClientHold is how long a client's request for a selected image that
 	// no replica holds verified yet waits for one before it is answered
 	// 503 with Retry-After (0: at once; imagehttp.Endpoints.Hold). With
-	// Replicas, a request for an image a peer holds verified is answered
-	// from that peer (replica.Relay).
+	// Replicas, a whole GET or HEAD of an image a peer holds verified is
+	// answered from that peer (replica.Relay), within the hold too; a
+	// range waits for the copy verified here.
 	ClientHold time.Duration
 
 	// ScrubInterval is how often each stored image is re-hashed, counted
