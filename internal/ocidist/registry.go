@@ -51,6 +51,13 @@ type Registry struct {
 	// RetryAfterSeconds is what a client is told to wait for an image
 	// that is served but not held verified yet.
 	RetryAfterSeconds int
+	// Hold, when set, holds a request for an image served but held
+	// verified by no replica yet, as its image URL is held
+	// (imagehttp.Endpoints.HoldFor): until one holds it, it is no longer
+	// served, or the hold ends. Ironic's agent ignores Retry-After and
+	// gives up on an oci:// image after 10 tries 10 s apart: a 503 at once
+	// would fail a deploy that the image URL's hold lets through.
+	Hold func(r *http.Request, sum osimage.SHA256)
 }
 
 // Handler serves /v2/ and everything under it. A GET pattern answers HEAD
@@ -134,6 +141,10 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagGrammar))
 		return
 	}
+	img, ok := g.held(w, r, img)
+	if !ok {
+		return
+	}
 	// A peer's verified copy has the declared size: it was verified
 	// against it.
 	if !img.Ready && (g.Peers == nil || img.Size <= 0 || !g.Peers.Holds(img.SHA256)) {
@@ -169,6 +180,17 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 		}
 	case d != LayerDigest(img.SHA256):
 		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
+	default:
+		if img, ok := g.held(w, r, img); ok {
+			g.serveLayer(w, r, img, d)
+		}
+	}
+}
+
+// serveLayer sends the layer d of img: the verified file, here or a
+// peer's, else 503.
+func (g Registry) serveLayer(w http.ResponseWriter, r *http.Request, img Image, d digest.Digest) {
+	switch {
 	case !img.Ready:
 		w.Header().Set("Docker-Content-Digest", d.String())
 		if g.Peers != nil && img.Filename != "" && g.Peers.Serve(w, r, img.SHA256, img.Filename) {
@@ -180,6 +202,25 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 		w.Header().Set("Docker-Content-Digest", d.String())
 		g.ServeBlob(w, r, img.SHA256)
 	}
+}
+
+// held holds a request for img while no replica holds it verified
+// (Hold), then tells what is served of it now; ok is false when there is
+// nothing more to answer: its client left, or the image is no longer
+// served (answered 404 here).
+func (g Registry) held(w http.ResponseWriter, r *http.Request, img Image) (Image, bool) {
+	if img.Ready || g.Hold == nil {
+		return img, true
+	}
+	g.Hold(r, img.SHA256)
+	if r.Context().Err() != nil {
+		return img, false
+	}
+	now, ok := g.Images.Image(img.SHA256)
+	if !ok {
+		writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: the image is no longer served here", img.SHA256))
+	}
+	return now, ok
 }
 
 // notReady answers for an image served but not held verified yet: wait.

@@ -29,7 +29,7 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 	if s.view != nil {
 		e.Peers = replica.Relay{View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log}
 	}
-	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}
+	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds, Hold: e.HoldFor}
 	if e.Peers != nil {
 		reg.Peers = e.Peers
 	}
