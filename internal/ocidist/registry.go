@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/opencontainers/go-digest"
@@ -133,9 +134,12 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 	d, err := digest.Parse(ref)
 	switch {
 	case err == nil:
+	// A disk type's tag wins over an image key of the same name: both
+	// lead to the one manifest of the image.
+	case slices.Contains(osimage.OCIDiskTypes, ref):
 	case ValidTag(ref) && slices.Contains(img.Tags, ref):
 	case ValidTag(ref):
-		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: no selected image key of this name gives image %s", ref, img.SHA256))
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: neither a disk type (%s) nor a selected image key of this name gives image %s", ref, strings.Join(osimage.OCIDiskTypes, ", "), img.SHA256))
 		return
 	default:
 		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagGrammar))
@@ -151,18 +155,37 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		g.notReady(w, "MANIFEST_UNKNOWN", img)
 		return
 	}
-	body, want := Manifest(img.SHA256, img.Size)
-	if err == nil && d != want {
-		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s, not %s", img.SHA256, want, d))
+	if err != nil {
+		d = "" // a tag
+	}
+	mediaType, body, want := manifestFor(img, ref, d)
+	if body == nil {
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s (and an index per disk type, tags %s), not %s", img.SHA256, want, strings.Join(osimage.OCIDiskTypes, ", "), d))
 		return
 	}
-	w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+	w.Header().Set("Content-Type", mediaType)
 	w.Header().Set("Docker-Content-Digest", want.String())
 	w.Header().Set("ETag", `"`+want.String()+`"`)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(body)
 	}
+}
+
+// manifestFor is what ref names in the repository of img: the index of a
+// disk type's tag (or digest), else the image's manifest (a key's tag, or
+// its digest); nil, with the manifest's digest, for another digest d.
+func manifestFor(img Image, ref string, d digest.Digest) (mediaType string, body []byte, dgst digest.Digest) {
+	for _, diskType := range osimage.OCIDiskTypes {
+		if b, id := Index(img.SHA256, img.Size, diskType); ref == diskType || d == id {
+			return ocispec.MediaTypeImageIndex, b, id
+		}
+	}
+	b, md := Manifest(img.SHA256, img.Size)
+	if d != "" && d != md {
+		return "", nil, md
+	}
+	return ocispec.MediaTypeImageManifest, b, md
 }
 
 func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
@@ -238,7 +261,7 @@ type tagList struct {
 // serveTags lists the repository's tags, sorted, n at a time after last
 // when asked (the spec's pagination, with a Link to the next page).
 func (g Registry) serveTags(w http.ResponseWriter, r *http.Request, img Image) {
-	tags := slices.Sorted(slices.Values(img.Tags))
+	tags := slices.Sorted(slices.Values(append(slices.Clone(osimage.OCIDiskTypes), img.Tags...)))
 	tags = slices.Compact(tags)
 	q := r.URL.Query()
 	if last := q.Get("last"); last != "" {
