@@ -20,6 +20,8 @@ import (
 // with a certificate of a throw-away CA (caFile).
 type ociServer struct {
 	name, host, scheme, caFile string
+	// output is the file of the served set it publishes.
+	output string
 }
 
 func startOCIServers(t *testing.T) (map[string]devregistry.Published, []ociServer) {
@@ -43,7 +45,7 @@ func startOCIServers(t *testing.T) (map[string]devregistry.Published, []ociServe
 		testenv.Eventually(t, s.name+" server serving the plain image", 60*time.Second, func() (bool, string) {
 			return allAvailable(servedFile(output)(), imageSHA(t, published["ubuntu-plain"])), d.stderr.String()
 		})
-		srv := ociServer{name: s.name, host: addr, scheme: "http"}
+		srv := ociServer{name: s.name, host: addr, scheme: "http", output: output}
 		if s.tls != nil {
 			srv.scheme, srv.caFile = "https", ca
 		}
@@ -89,6 +91,55 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServeIronicDeploysRendersOCIURLAsRaw: the oci:// URL render writes
+// (image_delivery: oci, from the cluster's own catalog, checked against
+// the served set the server publishes) is identified as raw by Ironic's
+// own OciImageService.identify_specific_image, and the instance_info its
+// conductor's build_instance_info_for_deploy builds from it keeps
+// image_disk_format: raw, the disk_format IPA streams onto the disk. The
+// URL render wrote before, pinned to the manifest digest, is "unknown" to
+// Ironic, which then drops Metal3's raw: IPA got disk_format null and
+// copied the whole image into its RAM.
+func TestServeIronicDeploysRendersOCIURLAsRaw(t *testing.T) {
+	published, servers := startOCIServers(t)
+	plain := published["ubuntu-plain"]
+	sum := imageSHA(t, plain)
+	size, err := plain.Fields.Size(osimage.FieldSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := servers[0] // plain HTTP; TLS changes nothing of the disk format
+	cluster := writeFile(t, "cluster.yaml", mgmtServeValues+"  image_provisioning_host: "+srv.host+"\n  image_delivery: oci\n")
+	r := run(t, "render", "-f", cluster, "-f", writeFile(t, "os-images.yaml", osImagesDocFor(published)), "-f", srv.output)
+	want := osimage.OCIReference{Host: srv.host, SHA256: sum, DiskType: "raw"}.String()
+	if r.code != 0 || !strings.Contains(r.stdout, "url: "+want+"\n") {
+		t.Fatalf("render with image_delivery: oci: exit %d, want url %s in\n%s%s", r.code, want, r.stdout, r.stderr)
+	}
+	_, manifest := ocidist.Manifest(sum, size)
+	byDigest := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + "@" + manifest.String()
+	got, why := testenv.Ironic(t, "", want, byDigest)
+	if why != "" {
+		testenv.Missing(t, "%s", why)
+	}
+	rendered, pinned := got[0], got[1]
+	if rendered.Identified["image_disk_format"] != "raw" || rendered.InstanceInfo["image_disk_format"] != "raw" {
+		t.Errorf("Ironic on render's URL %s: identified disk format %v, instance_info image_disk_format %v; want raw and raw\n%+v",
+			want, rendered.Identified["image_disk_format"], rendered.InstanceInfo["image_disk_format"], rendered)
+	}
+	wantBlob := "http://" + srv.host + "/v2/" + osimage.OCIRepository(sum) + "/blobs/sha256:" + sum.String()
+	if rendered.Verified != "sha256:"+sum.String() || rendered.FileSHA256 != sum.String() || rendered.Identified["image_checksum"] != sum.String() ||
+		rendered.InstanceInfo["image_url"] != wantBlob || rendered.InstanceInfo["oci_image_manifest_url"] != byDigest || rendered.InstanceInfo["image_checksum"] != sum.String() {
+		t.Errorf("Ironic on render's URL %s: %+v; want the blob %s of sha256 %s through the manifest %s", want, rendered, wantBlob, sum, byDigest)
+	}
+	// The form render wrote before: what the issue saw.
+	if pinned.Identified["image_disk_format"] != "unknown" || pinned.InstanceInfo["image_disk_format"] != nil {
+		t.Errorf("Ironic on the digest-pinned URL %s: identified %v, instance_info image_disk_format %v; want unknown, then none (Ironic's own behaviour: did it change?)",
+			byDigest, pinned.Identified["image_disk_format"], pinned.InstanceInfo["image_disk_format"])
+	}
+	t.Logf("Ironic: %s identified %v, instance_info image_disk_format %v; %s identified %v, instance_info image_disk_format %v",
+		want, rendered.Identified["image_disk_format"], rendered.InstanceInfo["image_disk_format"], byDigest, pinned.Identified["image_disk_format"], pinned.InstanceInfo["image_disk_format"])
 }
 
 // The oras CLI fetches the manifest, the blob and pulls the artifact, over

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/levels"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/selector"
 	"github.com/sylva-projects/osimages/internal/values"
@@ -148,15 +148,10 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	if err != nil {
 		errs = append(errs, err)
 	}
-	var size int64
-	if delivery == levels.DeliveryOCI {
-		// The manifest's digest, in the URL, is built from the size: it
-		// comes from (A), as everything else the template holds.
-		if size, err = img.Size(osimage.FieldSize); err != nil {
-			errs = append(errs, fmt.Errorf("%s: os_images.%s.%w", path, key, err))
-		} else if size <= 0 {
-			errs = append(errs, fmt.Errorf("%s: os_images.%s has no size, and an oci:// URL names the image's manifest, whose digest the size is part of: give the size in the catalog, or set .image_delivery: http", path, key))
-		}
+	if delivery == levels.DeliveryOCI && format != "" && diskFormats[format] && !slices.Contains(osimage.OCIDiskTypes, format) {
+		// Ironic learns an oci:// image's format from the tag's index,
+		// and skips a manifest of any other disk type.
+		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q cannot be delivered by oci://: Ironic reads the disk format of an oci:// image from its tag, and knows %s only; set .image_delivery: http", path, key, format, strings.Join(osimage.OCIDiskTypes, " and ")))
 	}
 	host, base, err := provisioningBase(v, path)
 	if err != nil {
@@ -171,8 +166,12 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		return nil, err
 	}
 	if delivery == levels.DeliveryOCI {
-		ref := ocidist.Reference(host, sha, size)
-		if err := r.checkServedOCI(ref, size, key, path); err != nil {
+		// The tag is the disk type: Ironic reads it from the tag's index
+		// (a URL pinned to a manifest digest is of unknown format to it,
+		// and its agent then copies the whole image into its RAM); the
+		// repository is the sha256, so the URL names one image.
+		ref := osimage.OCIReference{Host: host, SHA256: sha, DiskType: format}
+		if err := r.checkServedOCI(ref, key, path); err != nil {
 			return nil, err
 		}
 		// Metal3 verifies an oci:// image by its manifest's layer digest,
@@ -198,21 +197,17 @@ func (r *renderer) checkServed(sha osimage.SHA256, key, path string) error {
 	return nil
 }
 
-// checkServedOCI holds an oci:// URL to what the server publishes of the
-// image, when render knows it: the manifest's digest comes from the
-// workload catalog's size, the server's from the management one's, and a
-// catalog that gives another size would make a template whose URL the
-// server answers 404 (Ironic fails the host at deploy time).
-func (r *renderer) checkServedOCI(ref osimage.OCIReference, size int64, key, path string) error {
+// checkServedOCI holds an oci:// URL to what the server publishes, when
+// render knows it: an image it publishes no oci:// reference for is served
+// by a server without the OCI face (Sylva's), which would answer 404.
+// What the tag answers is built from the verified image alone, so no
+// catalog field has to agree.
+func (r *renderer) checkServedOCI(ref osimage.OCIReference, key, path string) error {
 	if r.servedOCI == nil {
 		return nil
 	}
-	served, ok := r.servedOCI[ref.SHA256]
-	switch {
-	case !ok:
+	if _, ok := r.servedOCI[ref.SHA256]; !ok {
 		return fmt.Errorf("%s: image %s/%s is served, but the management cluster's image server publishes no oci:// reference for it (served-oci.yaml): set .image_delivery: http, or wait until it publishes one", path, ref.SHA256, key)
-	case served.Manifest != ref.Manifest:
-		return fmt.Errorf("%s: image %s/%s: the management cluster's image server answers its oci:// URL with manifest %s, but the cluster's catalog gives the image a size of %d bytes, hence manifest %s: the two catalogs disagree on the image's size; correct os_images.%s.size in the cluster's catalog, or set .image_delivery: http", path, ref.SHA256, key, served.Manifest, size, ref.Manifest, key)
 	}
 	return nil
 }

@@ -257,8 +257,15 @@ func TestCheckOCIReferences(t *testing.T) {
 		return u
 	}
 	needs, err := Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good)}})
-	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest != good || needs[0].Filename != "" || needs[0].Delivery != "oci" {
+	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest != good || needs[0].Filename != "" || needs[0].Delivery != "oci-digest" {
 		t.Fatalf("needs of an oci:// template: %+v %v", needs, err)
+	}
+	// The form render writes now, the disk type's tag: the image, no
+	// manifest to check.
+	tagged := template("wc1", "t-tag", "oci://192.0.2.10/images/"+string(sha)+":raw", "")
+	unstructured.RemoveNestedField(tagged.Object, "spec", "template", "spec", "image", "checksum")
+	if n, err := Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{tagged}}); err != nil || len(n) != 1 || n[0].SHA256 != sha || n[0].Manifest != "" || n[0].Delivery != "oci" {
+		t.Fatalf("needs of an oci:// template by the disk type's tag: %+v %v", n, err)
 	}
 	served := osimage.ServedOutput{Set: osimage.ServedSet{sha: {Available: true, ImageKey: "m"}},
 		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: good}}}

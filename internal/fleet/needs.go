@@ -33,8 +33,8 @@ type Need struct {
 	// By says who needs it: a Metal3 object, or a level of a cluster's
 	// values.
 	By string
-	// Delivery is how it reaches Metal3 (levels.DeliveryHTTP or
-	// DeliveryOCI): the kind of URL a Metal3 object holds, or the one a
+	// Delivery is how it reaches Metal3 (levels.DeliveryHTTP, DeliveryOCI,
+	// or for a Metal3 object DeliveryOCIDigest): the kind of URL a Metal3 object holds, or the one a
 	// level's values render; Live says which of the two the need is.
 	Delivery string
 	Live     bool
@@ -98,6 +98,9 @@ func Needs(in Inputs) ([]Need, error) {
 		delivery, manifest := levels.DeliveryHTTP, ""
 		if oci, ok := osimage.ParseOCIReference(img.URL); ok {
 			delivery, manifest = levels.DeliveryOCI, oci.Manifest
+			if manifest != "" {
+				delivery = levels.DeliveryOCIDigest
+			}
 		}
 		ref := metal3.Ref{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName()}
 		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String(), Delivery: delivery, Live: true, Manifest: manifest})

@@ -129,7 +129,13 @@ func deliverySwitches(needs []Need) []PlanLine {
 func deliveryWords(kinds map[string]bool) string {
 	var words []string
 	for _, k := range slices.Sorted(maps.Keys(kinds)) {
-		words = append(words, map[string]string{levels.DeliveryHTTP: "image URLs", levels.DeliveryOCI: "oci:// URLs"}[k])
+		words = append(words, map[string]string{
+			levels.DeliveryHTTP: "image URLs",
+			levels.DeliveryOCI:  "oci:// URLs",
+			// What a render before the disk type's tag wrote: Ironic cannot
+			// tell its format, and its agent copies the image into its RAM.
+			levels.DeliveryOCIDigest: "oci:// URLs pinned to a manifest digest (of a disk format Ironic cannot tell)",
+		}[k])
 	}
 	return strings.Join(words, " and ")
 }

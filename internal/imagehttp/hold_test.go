@@ -1,6 +1,8 @@
 package imagehttp
 
 import (
+	"crypto/sha256"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 )
@@ -119,5 +122,70 @@ func TestAnImageAPeerHoldsIsServedFromThePeer(t *testing.T) {
 	peers.holds.Store(false)
 	if resp, _ := get(t, base); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("nobody holds it, Hold 0: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// ociImages is the OCI face's view of the same images (what the server's
+// servedImages.Image gives it).
+type ociImages struct{ l *lookups }
+
+func (o ociImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
+	img, ok := o.l.Lookup(sum)
+	if !ok || !img.Served {
+		return ocidist.Image{}, false
+	}
+	return ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == replica.PhaseReady, Size: int64(len("disk image bytes")), Filename: img.Filenames[0]}, true
+}
+
+// TestAnOCIRequestIsHeldAsAnImageURLIs: the manifest and the blob of an
+// image still downloading are held as its image URL is (HoldFor, the one
+// hold), and answered once it is verified: Ironic's agent ignores
+// Retry-After, and an oci:// deploy must survive a fill as an http one
+// does.
+func TestAnOCIRequestIsHeldAsAnImageURLIs(t *testing.T) {
+	const content = "disk image bytes"
+	manifest, digest := ocidist.Manifest(osimage.SHA256(fmt.Sprintf("%x", sha256.Sum256([]byte(content)))), int64(len(content)))
+	for _, tc := range []struct{ name, path, want string }{
+		{"blob", "/blobs/" + fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(content))), content},
+		{"manifest", "/manifests/" + digest.String(), string(manifest)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			images, sum := newImages(t, content)
+			setPhase(images, sum, false, replica.PhaseDownloading)
+			l := &lookups{fakeImages: images}
+			e := Endpoints{Images: l, SendTimeout: time.Minute, Hold: time.Minute}
+			e.Registry = ocidist.Registry{Images: ociImages{l}, ServeBlob: e.ServeStored, Hold: e.HoldFor, RetryAfterSeconds: RetryAfterSeconds}.Handler()
+			srv := httptest.NewServer(e.Handler())
+			t.Cleanup(srv.Close)
+
+			type answer struct {
+				code int
+				body string
+			}
+			got := make(chan answer, 1)
+			go func() {
+				resp, err := http.Get(srv.URL + "/v2/" + osimage.OCIRepository(sum) + tc.path)
+				if err != nil {
+					got <- answer{0, err.Error()}
+					return
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				got <- answer{resp.StatusCode, string(body)}
+			}()
+			// Held: it looks again and again (a request answered at once
+			// looks twice at most), and is not answered.
+			for l.n.Load() < 4 {
+				select {
+				case a := <-got:
+					t.Fatalf("answered %d %q while the image downloads, want the request held as an image URL's is", a.code, a.body)
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			setPhase(images, sum, true, replica.PhaseReady)
+			if a := <-got; a.code != http.StatusOK || a.body != tc.want {
+				t.Fatalf("once verified: %d %q, want 200 and %q", a.code, a.body, tc.want)
+			}
+		})
 	}
 }

@@ -217,6 +217,12 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 	s.ServeStored(w, r, sum)
 }
 
+// HoldFor holds r as a request of an image URL is held (servable): until
+// sum is held verified here or by a peer, is no longer served, or Hold
+// ends. The OCI distribution face (ocidist.Registry.Hold) holds its
+// clients with it, so both faces hold alike.
+func (s Endpoints) HoldFor(r *http.Request, sum osimage.SHA256) { s.servable(r, sum) }
+
 // servable waits, up to Hold, until sum is held verified here (here) or
 // by a peer (peer), or is no longer served. An image whose download
 // failed is not waited for: its retry is minutes away.

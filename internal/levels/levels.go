@@ -255,10 +255,15 @@ type Pick struct {
 const (
 	// DeliveryHTTP: the image URL, with its sha256 as checksum (default).
 	DeliveryHTTP = "http"
-	// DeliveryOCI: oci://<host>/images/<sha256>@<manifest digest>, which
+	// DeliveryOCI: oci://<host>/images/<sha256>:<disk type>, which
 	// BareMetalOperator 0.12 and Ironic 29 take from the server's OCI
-	// distribution API.
+	// distribution API (osimage.OCIReference).
 	DeliveryOCI = "oci"
+	// DeliveryOCIDigest is no value of .image_delivery but what a Metal3
+	// object may still hold from an earlier render:
+	// oci://<host>/images/<sha256>@<manifest digest>, of a disk format
+	// Ironic cannot tell. A render of oci replaces it (the nodes roll).
+	DeliveryOCIDigest = "oci-digest"
 )
 
 // Delivery reads a level's .image_delivery: http (the default) or oci.

@@ -3,7 +3,8 @@
 // oci:// image URLs (Metal3's BareMetalOperator and Ironic's OCI image
 // service): /v2/, and in each image's repository (images/<sha256>, as its
 // image URL is /images/<sha256>/<filename>) its manifest by digest or by
-// tag (its keys), its blob by digest (with ranges), and its tag list.
+// tag (its keys), an index per disk type (the tags raw and qcow2), its
+// blob by digest (with ranges), and its tag list.
 //
 // Each image is an artifact of one layer, and that layer is the stored,
 // verified file itself: its digest is sha256:<the catalog's sha256>, the
@@ -13,6 +14,15 @@
 // key or format a catalog gives it, so render (from the workload cluster's
 // catalog) and the server (from the management cluster's) always agree on
 // an image's oci:// URL.
+//
+// Ironic learns an oci:// image's disk format from one place only: the
+// `disktype` annotation of the manifests listed by the index a tag
+// resolves to (a URL pinned to a manifest digest is "unknown" to it, and
+// its agent then copies the whole image into its RAM to convert it).
+// So the tag raw (qcow2) of every repository answers an index (Index)
+// whose one manifest is the image's, annotated disktype: raw (qcow2):
+// oci://host/images/<sha256>:raw still names one immutable image, and
+// Ironic streams it onto the disk.
 package ocidist
 
 import (
@@ -57,6 +67,32 @@ func Manifest(sum osimage.SHA256, size int64) ([]byte, digest.Digest) {
 	return b, digest.FromBytes(b)
 }
 
+// DiskTypeAnnotation is the annotation of an index's manifest from which
+// Ironic reads the disk format (ironic/common/image_service.py,
+// OciImageService._filter_manifests).
+const DiskTypeAnnotation = "disktype"
+
+// Index is the index the tag diskType (one of osimage.OCIDiskTypes)
+// answers for the image of sum, of size bytes, and its digest: one
+// manifest, the image's (Manifest), annotated with the disk type. Its
+// bytes depend on these three values only.
+func Index(sum osimage.SHA256, size int64, diskType string) ([]byte, digest.Digest) {
+	manifest, d := Manifest(sum, size)
+	idx := ocispec.Index{
+		Versioned: specs.Versioned{SchemaVersion: 2},
+		MediaType: ocispec.MediaTypeImageIndex,
+		Manifests: []ocispec.Descriptor{{
+			MediaType:    ocispec.MediaTypeImageManifest,
+			ArtifactType: ArtifactType,
+			Digest:       d,
+			Size:         int64(len(manifest)),
+			Annotations:  map[string]string{DiskTypeAnnotation: diskType},
+		}},
+	}
+	b, _ := json.Marshal(idx)
+	return b, digest.FromBytes(b)
+}
+
 // LayerDigest is the digest of the layer of the image of sum: the file's
 // own sha256.
 func LayerDigest(sum osimage.SHA256) digest.Digest {
@@ -66,9 +102,10 @@ func LayerDigest(sum osimage.SHA256) digest.Digest {
 // LayerTitle is the file name the layer of the image of sum carries.
 func LayerTitle(sum osimage.SHA256) string { return string(sum) + ".img" }
 
-// Reference is the oci:// URL, as Metal3 takes it, of the image of sum, of
-// size bytes, on the server at host (host[:port]):
-// oci://host/images/<sha256>@sha256:<manifest digest>.
+// Reference is the oci:// URL pinned to the manifest of the image of sum,
+// of size bytes, on the server at host (host[:port]):
+// oci://host/images/<sha256>@sha256:<manifest digest>, the form render
+// wrote before it wrote the disk type's tag (osimage.OCIReference).
 func Reference(host string, sum osimage.SHA256, size int64) osimage.OCIReference {
 	_, d := Manifest(sum, size)
 	return osimage.OCIReference{Host: host, SHA256: sum, Manifest: d.String()}

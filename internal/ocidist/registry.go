@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/opencontainers/go-digest"
@@ -51,6 +52,13 @@ type Registry struct {
 	// RetryAfterSeconds is what a client is told to wait for an image
 	// that is served but not held verified yet.
 	RetryAfterSeconds int
+	// Hold, when set, holds a request for an image served but held
+	// verified by no replica yet, as its image URL is held
+	// (imagehttp.Endpoints.HoldFor): until one holds it, it is no longer
+	// served, or the hold ends. Ironic's agent ignores Retry-After and
+	// gives up on an oci:// image after 10 tries 10 s apart: a 503 at once
+	// would fail a deploy that the image URL's hold lets through.
+	Hold func(r *http.Request, sum osimage.SHA256)
 }
 
 // Handler serves /v2/ and everything under it. A GET pattern answers HEAD
@@ -126,12 +134,19 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 	d, err := digest.Parse(ref)
 	switch {
 	case err == nil:
+	// A disk type's tag wins over an image key of the same name: both
+	// lead to the one manifest of the image.
+	case slices.Contains(osimage.OCIDiskTypes, ref):
 	case ValidTag(ref) && slices.Contains(img.Tags, ref):
 	case ValidTag(ref):
-		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: no selected image key of this name gives image %s", ref, img.SHA256))
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("tag %q: neither a disk type (%s) nor a selected image key of this name gives image %s", ref, strings.Join(osimage.OCIDiskTypes, ", "), img.SHA256))
 		return
 	default:
 		writeError(w, http.StatusBadRequest, "MANIFEST_INVALID", fmt.Sprintf("manifest reference %q is neither a digest (sha256:<64 hex digits>) nor a tag (%s)", ref, tagGrammar))
+		return
+	}
+	img, ok := g.held(w, r, img)
+	if !ok {
 		return
 	}
 	// A peer's verified copy has the declared size: it was verified
@@ -140,18 +155,37 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 		g.notReady(w, "MANIFEST_UNKNOWN", img)
 		return
 	}
-	body, want := Manifest(img.SHA256, img.Size)
-	if err == nil && d != want {
-		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s, not %s", img.SHA256, want, d))
+	if err != nil {
+		d = "" // a tag
+	}
+	mediaType, body, want := manifestFor(img, ref, d)
+	if body == nil {
+		writeError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("image %s has manifest %s (and an index per disk type, tags %s), not %s", img.SHA256, want, strings.Join(osimage.OCIDiskTypes, ", "), d))
 		return
 	}
-	w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+	w.Header().Set("Content-Type", mediaType)
 	w.Header().Set("Docker-Content-Digest", want.String())
 	w.Header().Set("ETag", `"`+want.String()+`"`)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(body)
 	}
+}
+
+// manifestFor is what ref names in the repository of img: the index of a
+// disk type's tag (or digest), else the image's manifest (a key's tag, or
+// its digest); nil, with the manifest's digest, for another digest d.
+func manifestFor(img Image, ref string, d digest.Digest) (mediaType string, body []byte, dgst digest.Digest) {
+	for _, diskType := range osimage.OCIDiskTypes {
+		if b, id := Index(img.SHA256, img.Size, diskType); ref == diskType || d == id {
+			return ocispec.MediaTypeImageIndex, b, id
+		}
+	}
+	b, md := Manifest(img.SHA256, img.Size)
+	if d != "" && d != md {
+		return "", nil, md
+	}
+	return ocispec.MediaTypeImageManifest, b, md
 }
 
 func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
@@ -169,6 +203,17 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 		}
 	case d != LayerDigest(img.SHA256):
 		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
+	default:
+		if img, ok := g.held(w, r, img); ok {
+			g.serveLayer(w, r, img, d)
+		}
+	}
+}
+
+// serveLayer sends the layer d of img: the verified file, here or a
+// peer's, else 503.
+func (g Registry) serveLayer(w http.ResponseWriter, r *http.Request, img Image, d digest.Digest) {
+	switch {
 	case !img.Ready:
 		w.Header().Set("Docker-Content-Digest", d.String())
 		if g.Peers != nil && img.Filename != "" && g.Peers.Serve(w, r, img.SHA256, img.Filename) {
@@ -180,6 +225,25 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 		w.Header().Set("Docker-Content-Digest", d.String())
 		g.ServeBlob(w, r, img.SHA256)
 	}
+}
+
+// held holds a request for img while no replica holds it verified
+// (Hold), then tells what is served of it now; ok is false when there is
+// nothing more to answer: its client left, or the image is no longer
+// served (answered 404 here).
+func (g Registry) held(w http.ResponseWriter, r *http.Request, img Image) (Image, bool) {
+	if img.Ready || g.Hold == nil {
+		return img, true
+	}
+	g.Hold(r, img.SHA256)
+	if r.Context().Err() != nil {
+		return img, false
+	}
+	now, ok := g.Images.Image(img.SHA256)
+	if !ok {
+		writeError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("repository images/%s: the image is no longer served here", img.SHA256))
+	}
+	return now, ok
 }
 
 // notReady answers for an image served but not held verified yet: wait.
@@ -197,7 +261,7 @@ type tagList struct {
 // serveTags lists the repository's tags, sorted, n at a time after last
 // when asked (the spec's pagination, with a Link to the next page).
 func (g Registry) serveTags(w http.ResponseWriter, r *http.Request, img Image) {
-	tags := slices.Sorted(slices.Values(img.Tags))
+	tags := slices.Sorted(slices.Values(append(slices.Clone(osimage.OCIDiskTypes), img.Tags...)))
 	tags = slices.Compact(tags)
 	q := r.URL.Query()
 	if last := q.Get("last"); last != "" {

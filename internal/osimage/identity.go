@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -122,23 +123,42 @@ func ImagePath(sha SHA256, filename string) string {
 // image URL, names the image it is for (OCIReference).
 func OCIRepository(sha SHA256) string { return strings.TrimPrefix(imagesPrefix, "/") + string(sha) }
 
-// OCIReference is what an oci:// URL of an osimages server names:
-// oci://<host>/images/<sha256>@<manifest digest>.
+// OCIDiskTypes are the tags by which the repository of every image
+// answers with an index whose one manifest is annotated with that disk
+// type: Ironic reads an oci:// image's disk format from the `disktype`
+// annotation of the manifests of a tag's index, and knows these two (any
+// other makes it skip the manifest). Sorted.
+var OCIDiskTypes = []string{"qcow2", "raw"}
+
+// OCIReference is what an oci:// URL of an osimages server names, in one
+// of two forms, each naming exactly one immutable image (the repository
+// is its sha256):
+//   - oci://<host>/images/<sha256>:<disk type>, a tag of OCIDiskTypes
+//     (DiskType): what render writes, since Ironic learns the disk format
+//     from the tag's index only;
+//   - oci://<host>/images/<sha256>@<manifest digest> (Manifest): what
+//     render wrote before, still answered; Ironic cannot tell its disk
+//     format, and its agent then copies the whole image into its RAM.
 type OCIReference struct {
 	Host   string
 	SHA256 SHA256
-	// Manifest is the manifest digest, sha256:<hex>.
+	// DiskType is the tag, one of OCIDiskTypes; "" in the digest form.
+	DiskType string
+	// Manifest is the manifest digest, sha256:<hex>; "" in the tag form.
 	Manifest string
 }
 
 // String is the oci:// URL.
 func (r OCIReference) String() string {
+	if r.DiskType != "" {
+		return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + ":" + r.DiskType
+	}
 	return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + "@" + r.Manifest
 }
 
 // ParseOCIReference reads an oci:// URL that OCIReference.String can have
-// built, and false for any other: another scheme or repository, a tag
-// rather than a digest, a sha256 that ParseSHA256 refuses.
+// built, in either form, and false for any other: another scheme or
+// repository, another tag, a sha256 that ParseSHA256 refuses.
 func ParseOCIReference(ref string) (OCIReference, bool) {
 	rest, ok := strings.CutPrefix(ref, "oci://")
 	if !ok {
@@ -148,9 +168,13 @@ func ParseOCIReference(ref string) (OCIReference, bool) {
 	if !ok || host == "" {
 		return OCIReference{}, false
 	}
-	repo, manifest, ok := strings.Cut(path, "@")
-	if !ok {
-		return OCIReference{}, false
+	repo, manifest, byDigest := strings.Cut(path, "@")
+	var diskType string
+	if !byDigest {
+		var byTag bool
+		if repo, diskType, byTag = strings.Cut(path, ":"); !byTag || !slices.Contains(OCIDiskTypes, diskType) {
+			return OCIReference{}, false
+		}
 	}
 	rawSHA, ok := strings.CutPrefix(repo, strings.TrimPrefix(imagesPrefix, "/"))
 	if !ok {
@@ -160,11 +184,13 @@ func ParseOCIReference(ref string) (OCIReference, bool) {
 	if err != nil {
 		return OCIReference{}, false
 	}
-	hex, ok := strings.CutPrefix(manifest, "sha256:")
-	if _, err := ParseSHA256(hex); !ok || err != nil {
-		return OCIReference{}, false
+	if byDigest {
+		hex, ok := strings.CutPrefix(manifest, "sha256:")
+		if _, err := ParseSHA256(hex); !ok || err != nil {
+			return OCIReference{}, false
+		}
 	}
-	return OCIReference{Host: host, SHA256: sha, Manifest: manifest}, true
+	return OCIReference{Host: host, SHA256: sha, DiskType: diskType, Manifest: manifest}, true
 }
 
 // ServedFile is a file an image path names: the image itself, or one of

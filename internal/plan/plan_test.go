@@ -147,7 +147,9 @@ func TestAgainstWithTheFleetsNeeds(t *testing.T) {
 
 // TestAgainstReportsASwitchOfDelivery: a cluster whose values move its
 // control plane from image URLs to oci:// (and back) is told that the
-// nodes roll; the served set alone decides whether it fails.
+// nodes roll, as is one whose Metal3 objects hold the oci:// URLs pinned
+// to a manifest digest that render wrote before; the served set alone
+// decides whether it fails.
 func TestAgainstReportsASwitchOfDelivery(t *testing.T) {
 	cat, err := osimage.ParseInfo([]byte(catalogDoc))
 	if err != nil {
@@ -165,7 +167,9 @@ func TestAgainstReportsASwitchOfDelivery(t *testing.T) {
 		}}
 	}
 	httpURL := "https://192.0.2.10/images/" + string(sum("plain")) + "/ubuntu-plain.raw"
-	ociURL := "oci://192.0.2.10/images/" + string(sum("plain")) + "@sha256:" + strings.Repeat("0", 64)
+	ociURL := "oci://192.0.2.10/images/" + string(sum("plain")) + ":raw"
+	// What render wrote before the disk type's tag.
+	digestURL := "oci://192.0.2.10/images/" + string(sum("plain")) + "@sha256:" + strings.Repeat("0", 64)
 	served := osimage.ServedSet{sum("plain"): {Available: true}}
 	for _, c := range []struct {
 		name, extra, live string
@@ -174,6 +178,9 @@ func TestAgainstReportsASwitchOfDelivery(t *testing.T) {
 		{"to oci", "  image_delivery: oci\n", httpURL, "its Metal3 objects take it by image URLs, and the cluster values now give it by oci:// URLs"},
 		{"back to http", "", ociURL, "its Metal3 objects take it by oci:// URLs, and the cluster values now give it by image URLs"},
 		{"no switch", "  image_delivery: oci\n", ociURL, ""},
+		// An upgrade of osimages: the digest form goes, once, gated by plan.
+		{"digest to tag", "  image_delivery: oci\n", digestURL, "its Metal3 objects take it by oci:// URLs pinned to a manifest digest (of a disk format Ironic cannot tell), and the cluster values now give it by oci:// URLs"},
+		{"digest back to http", "", digestURL, "its Metal3 objects take it by oci:// URLs pinned to a manifest digest (of a disk format Ironic cannot tell), and the cluster values now give it by image URLs"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			doc := strings.Replace(clusterDoc("wc", true), "  image_provisioning_host: 192.0.2.10\n", "  image_provisioning_host: 192.0.2.10\n"+c.extra, 1)

@@ -33,7 +33,7 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 			Size: s.declaredSize, Local: servedImages{s}.verified,
 		}
 	}
-	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds}
+	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds, Hold: e.HoldFor}
 	if e.Peers != nil {
 		reg.Peers = e.Peers
 	}

@@ -30,6 +30,12 @@ type IronicResult struct {
 	// Verified is transfer_verified_checksum: what Ironic verified in
 	// transit ("sha256:<hex>" for oci://).
 	Verified string `json:"verified"`
+	// InstanceInfo is, for an oci:// URL, the instance_info the
+	// conductor's deploy_utils.build_instance_info_for_deploy builds for a
+	// whole-disk image whose Metal3 format is raw (image_disk_format,
+	// image_url, image_checksum, image_source, oci_image_manifest_url):
+	// its image_disk_format is the disk_format IPA receives.
+	InstanceInfo map[string]any `json:"instance_info"`
 	// FileSHA256 is the sha256 of the file Ironic wrote.
 	FileSHA256 string `json:"-"`
 }
@@ -43,9 +49,28 @@ func (r IronicResult) Size() int64 {
 // ironicScript drives Ironic's image services as its conductor does:
 // OciImageService (identify_specific_image, then show and download of the
 // specific manifest) for oci:// URLs, HttpImageService (show, the checksum
-// file, download checked in transit) for http(s):// ones.
+// file, download checked in transit) for http(s):// ones. For an oci://
+// URL it also runs the conductor's own build_instance_info_for_deploy on
+// a node as BareMetalOperator sets it (image_source the URL,
+// image_disk_format raw, a whole-disk image, no memory_mb so no RAM check),
+// as the deploy does before it tells IPA the disk_format.
+//
+// deploy_utils imports ironic.common.images, which imports
+// oslo_utils.imageutils.format_inspector, newer than Debian 12's oslo.utils;
+// only the image cache and content inspection use it, which a remote
+// oci:// or http(s) image with the default configuration
+// (conductor_always_validates_images off, image_download_source http)
+// never reaches. The script puts an empty module in its place (and fails
+// loudly, not silently, if the path ever reaches it).
 const ironicScript = `
-import json, sys
+import json, sys, types
+import oslo_utils.imageutils as _iu
+try:
+    from oslo_utils.imageutils import format_inspector as _fi
+except ImportError:
+    _fi = types.ModuleType('oslo_utils.imageutils.format_inspector')
+    sys.modules[_fi.__name__] = _fi
+    _iu.format_inspector = _fi
 from ironic.conf import CONF
 CONF([], project='ironic')
 ca, outdir, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -66,6 +91,12 @@ for i, url in enumerate(urls):
         res['show'] = s.show(specific)
         with open(out, 'wb') as f:
             s.download(specific, f)
+        from ironic.drivers.modules import deploy_utils
+        node = types.SimpleNamespace(uuid='00000000-0000-0000-0000-000000000000',
+            instance_info={'image_source': url, 'image_disk_format': 'raw'},
+            driver_internal_info={'is_whole_disk_image': True}, driver_info={}, properties={})
+        ii = deploy_utils.build_instance_info_for_deploy(types.SimpleNamespace(node=node))
+        res['instance_info'] = {k: ii.get(k) for k in ('image_disk_format', 'image_url', 'image_checksum', 'image_source', 'oci_image_manifest_url')}
     else:
         s = image_service.HttpImageService()
         res['show'] = {'size': s.show(url)['size']}

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -110,7 +109,7 @@ func (s *suite) install(t *testing.T) {
 	// and the blob, and Ironic's OciImageService.
 	hostPort := svc.Spec.ClusterIP + fmt.Sprintf(":%d", svc.Spec.Ports[0].Port)
 	ociURL, ociChecksum := renderURL(t, hostPort, "  image_delivery: oci\n")
-	if want := ocidist.Reference(hostPort, osimage.SHA256(a.sha256), a.size).String(); ociURL != want || ociChecksum != "" {
+	if want := (osimage.OCIReference{Host: hostPort, SHA256: osimage.SHA256(a.sha256), DiskType: "raw"}).String(); ociURL != want || ociChecksum != "" {
 		t.Fatalf("render with image_delivery: oci: url %s, checksum %q; want %s and no checksum", ociURL, ociChecksum, want)
 	}
 	out, ok = runClient(t, "fetch-install-oci", "fetch", ociURL, a.sha256)

@@ -1,7 +1,7 @@
 // Command client is the client pod of the end-to-end scenarios:
 //
 //	client fetch URL SHA256            download URL once, check its sha256; exit 0 when it matches;
-//	                                   an oci://HOST/REPO@DIGEST URL is read as a registry client
+//	                                   an oci://HOST/REPO@DIGEST (or :TAG) URL is read as a registry client
 //	                                   does (plain HTTP): its manifest, then its one layer
 //	client fetch --loop URL SHA256     download it again and again until SIGTERM
 //	client api CHECKS                  make the requests CHECKS lists (JSON: [{"method", "path", "body"}])
@@ -80,13 +80,48 @@ func main() {
 	}
 }
 
-// layerURL reads the manifest of oci://HOST/REPO@DIGEST over plain HTTP,
-// checks its digest, and returns the URL of its one layer.
+// indexedManifest resolves the tag of oci://HOST/REPO:TAG to the digest of
+// the one manifest of the index it answers, as Ironic does.
+func indexedManifest(ctx context.Context, client *http.Client, host, repo, tag string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/v2/"+repo+"/manifests/"+tag, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Accept", "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var idx struct {
+		Manifests []struct {
+			Digest string `json:"digest"`
+		} `json:"manifests"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("tag %s: %s", tag, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&idx); err != nil || len(idx.Manifests) != 1 {
+		return "", fmt.Errorf("tag %s: want an index of one manifest (%v)", tag, err)
+	}
+	return idx.Manifests[0].Digest, nil
+}
+
+// layerURL reads the manifest of oci://HOST/REPO@DIGEST (or of the one
+// manifest of the index of oci://HOST/REPO:TAG) over plain HTTP, checks
+// its digest, and returns the URL of its one layer.
 func layerURL(ctx context.Context, client *http.Client, ref string) (string, error) {
 	host, path, _ := strings.Cut(strings.TrimPrefix(ref, "oci://"), "/")
 	repo, digest, ok := strings.Cut(path, "@")
 	if !ok {
-		return "", fmt.Errorf("%s: want oci://HOST/REPO@DIGEST", ref)
+		var tag string
+		if repo, tag, ok = strings.Cut(path, ":"); !ok {
+			return "", fmt.Errorf("%s: want oci://HOST/REPO@DIGEST or oci://HOST/REPO:TAG", ref)
+		}
+		var err error
+		if digest, err = indexedManifest(ctx, client, host, repo, tag); err != nil {
+			return "", err
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/v2/"+repo+"/manifests/"+digest, nil)
 	if err != nil {
