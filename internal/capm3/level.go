@@ -34,6 +34,7 @@ type renderer struct {
 	served     osimage.ServedSet
 	servedOCI  osimage.ServedOCI
 	apiVersion string
+	ociRefused error
 }
 
 // spec returns the spec of the template of one level, and the key in (A)
@@ -149,6 +150,9 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		errs = append(errs, err)
 	}
 	var size int64
+	if delivery == levels.DeliveryOCI && r.ociRefused != nil {
+		errs = append(errs, fmt.Errorf("%s.image_delivery: oci: %w", path, r.ociRefused))
+	}
 	if delivery == levels.DeliveryOCI {
 		// The manifest's digest, in the URL, is built from the size: it
 		// comes from (A), as everything else the template holds.
