@@ -119,6 +119,20 @@ download_capi() {
     { log "could not download sigs.k8s.io/cluster-api@$version: the chart tests will fail"; return 1; }
 }
 
+# The tests of oci:// delivery install the CRDs of the last CAPM3 release that
+# refuses it (internal/testenv names the version), read from the module
+# github.com/metal3-io/cluster-api-provider-metal3 in the Go module cache; the
+# module hack/tools/capm3webhook builds its webhook's validation from the same
+# release.
+download_capm3() {
+  local version
+  version=$(grep -o 'CAPM3RefusingOCI = "v[0-9.]*"' "$root/internal/testenv/capi.go" | cut -d'"' -f2)
+  [ -f "$(go env GOMODCACHE)/cache/download/github.com/metal3-io/cluster-api-provider-metal3/@v/$version.zip" ] && return
+  log "downloading github.com/metal3-io/cluster-api-provider-metal3@$version into the Go module cache (its CRDs, for the oci:// delivery tests)"
+  (cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download "github.com/metal3-io/cluster-api-provider-metal3@$version") ||
+    { log "could not download github.com/metal3-io/cluster-api-provider-metal3@$version: the oci:// delivery tests will fail"; return 1; }
+}
+
 # The container image ships the build machine's CA bundle (make image and its
 # test read it).
 ensure_ca_certificates() {
@@ -137,6 +151,7 @@ ensure_chromium
 ensure_iproute2
 ensure_ironic_libraries
 download_capi
+download_capm3
 build_envtest
 go_install "$cache/oras-$ORAS_VERSION" "oras.land/oras/cmd/oras@$ORAS_VERSION"
 go_install "$cache/yq-$YQ_VERSION" "github.com/mikefarah/yq/v4@$YQ_VERSION"

@@ -8,10 +8,13 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/sylva-projects/osimages/internal/capm3"
 	"github.com/sylva-projects/osimages/internal/exitcode"
 	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -74,7 +77,8 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 	if o.apply && o.namespace == "" {
 		return exitcode.InputError(errors.New("--apply needs --namespace: templates live in the cluster's namespace"))
 	}
-	if _, err := capm3.NormalizeAPIVersion(o.apiVersion); err != nil {
+	apiVersion, err := capm3.NormalizeAPIVersion(o.apiVersion)
+	if err != nil {
 		return exitcode.InputError(fmt.Errorf("--api-version: %w", err))
 	}
 	if o.namespace != "" {
@@ -135,7 +139,20 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 		}
 	}
 
-	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, ServedOCI: bOCI, APIVersion: o.apiVersion, Namespace: o.namespace})
+	// The cluster's CAPM3 may refuse oci:// images (before v1.14.0): its
+	// CRD says so, and render fails rather than write templates it
+	// refuses. Rendering from files alone cannot tell.
+	var ociRefused error
+	if cluster != nil {
+		c, err := client.New(cluster.Config, client.Options{})
+		if err != nil {
+			return exitcode.FailureError(err)
+		}
+		if ociRefused, err = metal3.ReadOCIRefusal(ctx, c, schema.FromAPIVersionAndKind(apiVersion, "").Version); err != nil {
+			return exitcode.FailureError(err)
+		}
+	}
+	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, ServedOCI: bOCI, APIVersion: o.apiVersion, Namespace: o.namespace, OCIRefused: ociRefused})
 	if err != nil {
 		return exitcode.FailureError(err)
 	}

@@ -72,7 +72,7 @@ func TestServeReplicasAnswerRangesOnlyFromTheirOwnCopy(t *testing.T) {
 			}
 			return nil
 		}
-		addr := freeHostAddr(t)
+		addr := testenv.FreePeerAddr(t)
 		srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			switch {
 			case r.URL.Path == replica.StatePath:

@@ -49,6 +49,11 @@ type Input struct {
 	APIVersion string
 	// Namespace, when set, goes into each object's metadata.
 	Namespace string
+	// OCIRefused, when set, is why the target cluster's CAPM3 refuses a
+	// template whose image is given by oci:// (metal3.OCIRefusal of its
+	// CRD): a level with image_delivery: oci then fails with it. Nil when
+	// CAPM3 accepts them, or when render does not know the cluster.
+	OCIRefused error
 }
 
 // Template is one rendered Metal3MachineTemplate.
@@ -98,7 +103,7 @@ func Render(in Input) ([]Template, error) {
 	// Levels are rendered even when a cluster value is wrong, so that one
 	// run reports every mistake; nothing is returned unless all is well.
 
-	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, servedOCI: in.ServedOCI, apiVersion: apiVersion}
+	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, servedOCI: in.ServedOCI, apiVersion: apiVersion, ociRefused: in.OCIRefused}
 	out := make([]Template, 0, len(lvs))
 	byName := map[string]string{}
 	for _, lv := range lvs {

@@ -1,9 +1,11 @@
 package capm3
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -129,5 +131,24 @@ func TestRenderOCIDeliveryHoldsToTheServedOCI(t *testing.T) {
 	// matter to them.
 	if _, err := Render(Input{Values: vals(t), Catalog: sizedCatalog(), Served: servedAll(), ServedOCI: osimage.ServedOCI{}}); err != nil {
 		t.Errorf("http delivery held to the OCI references: %v", err)
+	}
+}
+
+// A CAPM3 that refuses oci:// images (metal3.OCIRefusal of its CRD) fails
+// the levels that ask for them, each named, with the refusal; the levels
+// that take image URLs are not its concern.
+func TestRenderOCIDeliveryRefusedByCAPM3(t *testing.T) {
+	refused := &metal3.OCIRefusedError{Version: "v1beta1"}
+	ts, err := Render(Input{Values: vals(t, "capm3: {image_delivery: oci}"), Catalog: sizedCatalog(), Served: servedAll(), OCIRefused: refused})
+	if ts != nil || !errors.Is(err, refused) {
+		t.Fatalf("got %v, %d templates; want the refusal", err, len(ts))
+	}
+	for _, want := range []string{".control_plane.capm3.image_delivery: oci: ", "CAPM3 before v1.14.0", "upgrade CAPM3 to v1.14.0 or later"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if _, err := Render(Input{Values: vals(t), Catalog: sizedCatalog(), Served: servedAll(), OCIRefused: refused}); err != nil {
+		t.Errorf("image URLs refused with the oci:// refusal: %v", err)
 	}
 }

@@ -34,6 +34,7 @@ type renderer struct {
 	served     osimage.ServedSet
 	servedOCI  osimage.ServedOCI
 	apiVersion string
+	ociRefused error
 }
 
 // spec returns the spec of the template of one level, and the key in (A)
@@ -152,6 +153,9 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		// Ironic learns an oci:// image's format from the tag's index,
 		// and skips a manifest of any other disk type.
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q cannot be delivered by oci://: Ironic reads the disk format of an oci:// image from its tag, and knows %s only; set .image_delivery: http", path, key, format, strings.Join(osimage.OCIDiskTypes, " and ")))
+	}
+	if delivery == levels.DeliveryOCI && r.ociRefused != nil {
+		errs = append(errs, fmt.Errorf("%s.image_delivery: oci: %w", path, r.ociRefused))
 	}
 	host, base, err := provisioningBase(v, path)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
+	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/propagate"
 )
@@ -76,12 +77,14 @@ const (
 // checkReconciler is the served-set check: a thin shell over fleet.Read,
 // fleet.Needs and fleet.Check, one namespace per reconcile.
 type checkReconciler struct {
-	opts     CheckOptions
-	reader   client.Reader
-	writer   client.Client
-	recorder events.EventRecorder
-	metrics  *metrics
-	log      logr.Logger
+	opts   CheckOptions
+	reader client.Reader
+	writer client.Client
+	// apiReader reads the Metal3MachineTemplate CRD, uncached.
+	apiReader client.Reader
+	recorder  events.EventRecorder
+	metrics   *metrics
+	log       logr.Logger
 
 	// metal3 are the Metal3 kinds watched: those the apiserver serves,
 	// found at start and looked for again while some are missing.
@@ -97,7 +100,7 @@ func newCheckReconciler(opts CheckOptions, m *metrics) *checkReconciler {
 // and the Metal3 objects, and looks for the Metal3 kinds while capm3 is
 // not installed.
 func (c *checkReconciler) SetupWithManager(mgr manager.Manager, options controller.Options) error {
-	c.reader, c.writer = mgr.GetCache(), mgr.GetClient()
+	c.reader, c.writer, c.apiReader = mgr.GetCache(), mgr.GetClient(), mgr.GetAPIReader()
 	c.recorder = kube.BoundedEvents(mgr.GetEventRecorder(eventSource))
 	c.log = mgr.GetLogger().WithValues("controller", "check")
 	inputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
@@ -160,6 +163,11 @@ func (c *checkReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		Admit:      c.admit,
 	})
 	if err != nil {
+		return reconcile.Result{}, err
+	}
+	// Read from the apiserver at each check (one object, not cached): a
+	// CAPM3 upgraded to accept oci:// images is seen at the next resync.
+	if gathered.Inputs.OCIRefused, err = metal3.ReadOCIRefusal(ctx, c.apiReader); err != nil {
 		return reconcile.Result{}, err
 	}
 	previous := gathered.Status

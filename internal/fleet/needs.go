@@ -63,6 +63,11 @@ type Inputs struct {
 	// Unreadable is what could not be read while gathering the rest
 	// (a ConfigMap that does not parse); Needs reports it.
 	Unreadable error
+	// OCIRefused is why the installed CAPM3 refuses templates whose image
+	// is given by oci:// (metal3.ReadOCIRefusal), nil when it accepts them
+	// or is not known: a level of cluster values that asks for oci://
+	// delivery is then an error of Needs.
+	OCIRefused error
 }
 
 // Needs returns the images the namespace's clusters need: those its Metal3
@@ -120,6 +125,9 @@ func Needs(in Inputs) ([]Need, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", c.Source, err))
 		}
 		for _, p := range picks {
+			if p.Delivery == levels.DeliveryOCI && in.OCIRefused != nil {
+				errs = append(errs, fmt.Errorf("%s %s.image_delivery: oci: %w", c.Source, p.Level, in.OCIRefused))
+			}
 			needs = append(needs, Need{SHA256: p.SHA256, ImageKey: p.ImageKey, Filename: p.Filename, By: c.Source + " " + p.Level, Delivery: p.Delivery})
 		}
 	}

@@ -1,12 +1,14 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/levels"
+	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -78,9 +80,17 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 	}
 	if needErr != nil {
 		for _, e := range splitJoined(needErr) {
+			// A CAPM3 that refuses oci:// templates is no doubt: the
+			// next render of those values fails.
+			var refused *metal3.OCIRefusedError
+			if errors.As(e, &refused) {
+				p.Lines = append(p.Lines, PlanLine{Verdict: WouldFail, Detail: e.Error(), By: []string{"its cluster values"}})
+				p.worsen(WouldFail)
+				continue
+			}
 			p.Errors = append(p.Errors, e.Error())
+			p.worsen(CannotTell)
 		}
-		p.worsen(CannotTell)
 	}
 	return p
 }

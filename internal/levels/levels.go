@@ -275,7 +275,7 @@ func Delivery(v values.Values, path string) (string, error) {
 	case d == "":
 		return DeliveryHTTP, nil
 	case d != DeliveryHTTP && d != DeliveryOCI:
-		return "", fmt.Errorf("%s.image_delivery: must be http (image URLs with a checksum) or oci (oci:// URLs, for BareMetalOperator 0.12 and later), got %q", path, d)
+		return "", fmt.Errorf("%s.image_delivery: must be http (image URLs with a checksum) or oci (oci:// URLs, for BareMetalOperator 0.12 and CAPM3 1.14.0 and later), got %q", path, d)
 	}
 	return d, nil
 }

@@ -118,6 +118,11 @@ func ReadClusters(ctx context.Context, cfg *rest.Config, sel labels.Selector) ([
 	if err != nil {
 		return nil, err
 	}
+	// Read once: whether the installed CAPM3 refuses oci:// templates.
+	ociRefused, err := metal3.ReadOCIRefusal(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	var out []fleet.Inputs
 	for _, ns := range nss.Items {
 		// The served copy is not read: the plan compares with the source.
@@ -125,6 +130,7 @@ func ReadClusters(ctx context.Context, cfg *rest.Config, sel labels.Selector) ([
 		if err != nil {
 			return nil, err
 		}
+		gathered.Inputs.OCIRefused = ociRefused
 		out = append(out, gathered.Inputs)
 	}
 	return out, nil

@@ -59,6 +59,11 @@ rules:
 - apiGroups: [infrastructure.cluster.x-k8s.io]
   resources: [metal3machinetemplates, metal3machines]
   verbs: [get, list, watch]
+{{- /* The check reads whether the installed CAPM3 accepts oci:// images. */}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  resourceNames: [metal3machinetemplates.infrastructure.cluster.x-k8s.io]
+  verbs: [get]
 {{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
