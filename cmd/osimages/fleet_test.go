@@ -49,6 +49,22 @@ var templatesGVR = schema.GroupVersionResource{Group: "infrastructure.cluster.x-
 type gate struct {
 	mu      sync.Mutex
 	blocked map[string]chan struct{}
+	// blobs counts the blob GETs per /v2/ path before /blobs/.
+	blobs map[string]int
+}
+
+// blobGets is how many blobs were downloaded from the repositories whose
+// names start with prefix.
+func (g *gate) blobGets(prefix string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for repo, c := range g.blobs {
+		if strings.HasPrefix(repo, prefix) {
+			n += c
+		}
+	}
+	return n
 }
 
 func (g *gate) hold(digest string) {
@@ -69,6 +85,12 @@ func (g *gate) release(digest string) {
 func (g *gate) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
+		if repo, _, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v2/"), "/blobs/"); ok && r.Method == http.MethodGet {
+			if g.blobs == nil {
+				g.blobs = map[string]int{}
+			}
+			g.blobs[repo]++
+		}
 		var wait chan struct{}
 		for d, ch := range g.blocked {
 			if strings.HasSuffix(r.URL.Path, "/blobs/"+d) {

@@ -26,8 +26,8 @@ type fleetNeedsFlags struct {
 // addFleetNeedsFlags adds the flags of the fleet-needs policy, the same
 // for serve and for plan, which predicts what serve does.
 func addFleetNeedsFlags(f *pflag.FlagSet, o *fleetNeedsFlags, verb string) {
-	f.BoolVar(&o.serve, "serve-fleet-needs", false, verb+" the images the workload clusters need (the controller's --fleet-needs ConfigMap), within policy: a registry of os_images_oci_registries or an allowed HTTP(S) prefix, the management signature keys, per-namespace quotas and --max-storage")
-	f.StringArrayVar(&o.allowPrefixes, "fleet-needs-allow-prefix", nil, "with --serve-fleet-needs, an http:// or https:// prefix, ending with /, under which a needed image may be downloaded; repeat for several (OCI images need a registry of the management os_images_oci_registries)")
+	f.BoolVar(&o.serve, "serve-fleet-needs", false, verb+" the images the workload clusters need (the controller's --fleet-needs ConfigMap), within policy: under the url of a registry of os_images_oci_registries, or an allowed HTTP(S) prefix, the management signature keys, per-namespace quotas and --max-storage")
+	f.StringArrayVar(&o.allowPrefixes, "fleet-needs-allow-prefix", nil, "with --serve-fleet-needs, an http:// or https:// prefix, ending with /, under which a needed image may be downloaded; repeat for several (OCI images must be under the url of a registry of the management os_images_oci_registries)")
 	f.IntVar(&o.maxImages, "fleet-needs-max-images-per-namespace", servedset.DefaultFleetMaxImages, "with --serve-fleet-needs, at most this many images served because one namespace needs them (0: no bound)")
 	f.StringVar(&o.maxBytes, "fleet-needs-max-bytes-per-namespace", resource.NewQuantity(servedset.DefaultFleetMaxBytes, resource.BinarySI).String(), "with --serve-fleet-needs, at most this many bytes of images served because one namespace needs them, as a quantity (0: no bound)")
 }

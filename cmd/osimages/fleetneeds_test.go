@@ -14,7 +14,6 @@ import (
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
 	"github.com/sylva-projects/osimages/internal/fleet"
-	"github.com/sylva-projects/osimages/internal/oci"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -23,15 +22,20 @@ import (
 // catalog pins a diskimage-builder version of its own, under registry key
 // regKey on the registry host.
 func catalogInputsAt(host, regKey, version string) string {
+	return catalogInputsUnder("oci://"+host+"/sylva-projects/sylva-elements/diskimage-builder", regKey, version)
+}
+
+// catalogInputsUnder is catalogInputsAt with the registry url url.
+func catalogInputsUnder(url, regKey, version string) string {
 	return fmt.Sprintf(`oci_registry_insecure: true
 os_images_oci_registries:
   %s:
-    url: oci://%s/sylva-projects/sylva-elements/diskimage-builder
+    url: %s
     tag: '%s'
 sylva_diskimagebuilder_images:
   %s: {os_images_oci_registry: %s}
   %s: {os_images_oci_registry: %s}
-`, regKey, host, version, img132, regKey, img131, regKey)
+`, regKey, url, version, img132, regKey, img131, regKey)
 }
 
 // addWorkload creates one more workload namespace of the chain, with its
@@ -123,7 +127,8 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		e.applyConfigMap(e.wc2, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, catalogInputsAt(other.Host, "elsewhere", "0.7.9"))
 		e.waitCatalog(e.wc2, img131, badSHA)
 		blobsBefore := undeclaredBlobs.Load()
-		wantReason := "registry " + oci.CanonicalHost(other.Host) + " is not allowed by the management values"
+		declared := "os_images_oci_registries: sylva (oci://" + e.reg.Host + "/sylva-projects/sylva-elements/diskimage-builder)"
+		wantReason := "uri " + "oci://" + undeclared.Ref + " (record " + img131 + ") is under no registry url the management values declare (" + declared + ")"
 		testenv.Eventually(t, "wc2's status gives the refusal", 60*time.Second, func() (bool, string) {
 			probs := e.status(e.wc2).Problems()
 			return len(probs) == 1 && probs[0].SHA256 == badSHA && probs[0].State == fleet.StateNotServed &&
@@ -148,6 +153,42 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		}
 		if strings.Contains(e.page("/"), `<tr class="" data-sha256="`+badSHA.String()) {
 			t.Error("the refused image is selected on the server")
+		}
+
+		// 3b. wc2 moves to another repository of the declared registry's
+		// host (issue 35, item 2): on a shared registry host that is
+		// anyone's repository, which the declared registry's cosign key
+		// does not cover. Refused, naming the need, the declared
+		// registries and the fix; nothing is downloaded.
+		var crossRepo devregistry.Published
+		for i, img := range []string{img132, img131} {
+			k8s := map[string]string{img132: "1.32.5+rke2r1", img131: "1.31.9+rke2r1"}[img]
+			p, err := e.reg.Publish(ctx, devregistry.DiskImage{
+				Repository: "someone-else/diskimage-builder/" + img, Tag: "0.7.9", Gzip: true, Content: devregistry.DiskContent(256<<10, uint64(890+i)),
+				Fields: osimage.Image{"os": "ubuntu", "os-release": "noble", "hardened": "false", "flavor": "plain",
+					"k8s-flavor": "rke2", "k8s-version": k8s, "commit-tag": "0.7.9"},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			crossRepo = p
+		}
+		crossSHA := imageSHA(t, crossRepo)
+		e.applyConfigMap(e.wc2, "catalog", map[string]string{fleet.CatalogValuesLabel: ""}, catalogInputsUnder("oci://"+e.reg.Host+"/someone-else/diskimage-builder", "elsewhere", "0.7.9"))
+		e.waitCatalog(e.wc2, img131, crossSHA)
+		crossReason := "uri " + "oci://" + crossRepo.Ref + " (record " + img131 + ") is under no registry url the management values declare (" + declared +
+			"), and the image server pulls the fleet's needs only from under one, where its cosign key applies: publish the image under one of them, " +
+			"or ask the operator to declare its repository in the management values' os_images_oci_registries"
+		testenv.Eventually(t, "wc2's status refuses the other repository of the declared host", 60*time.Second, func() (bool, string) {
+			probs := e.status(e.wc2).Problems()
+			return len(probs) == 1 && probs[0].SHA256 == crossSHA && probs[0].State == fleet.StateNotServed &&
+				strings.Contains(probs[0].Message, crossReason), fmt.Sprint(probs)
+		})
+		if n := e.gate.blobGets("someone-else/"); n != 0 {
+			t.Errorf("%d blobs were downloaded from the other repository of the declared host", n)
+		}
+		if strings.Contains(e.page("/"), `<tr class="" data-sha256="`+crossSHA.String()) {
+			t.Error("the cross-repository image is selected on the server")
 		}
 
 		// 4. wc3 needs two images beyond the management selection (a second

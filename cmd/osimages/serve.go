@@ -82,7 +82,7 @@ same address.`,
 	f.StringVar(&o.osImagesConfigMap, "os-images-configmap", "", "read and watch os_images from this ConfigMap, NS/NAME")
 	addKubeconfigFlag(f, &o.kubeconfig)
 	f.StringArrayVarP(&o.valueFiles, "values", "f", nil, "management cluster values; repeat to merge several, later wins")
-	f.StringVar(&o.outputFile, "output-file", "", "write the served-images document to this file")
+	f.StringVar(&o.outputFile, "output-file", "", "write the served-images document to this file, and the OCI references of the available images beside it (FILE with -oci before its extension: served.yaml, served-oci.yaml)")
 	f.StringVar(&o.outputConfigMap, "output-configmap", "", "apply the served-images ConfigMap, NS/NAME (Sylva: "+osimage.ServedConfigMapNamespace+"/"+osimage.ServedConfigMapName+")")
 	f.IntVar(&o.concurrency, "concurrency", server.DefaultConcurrency, "downloads at once")
 	f.DurationVar(&o.gcGrace, "gc-grace", server.DefaultGCGrace, "how long a deselected image stays on disk before it is deleted (0: at the next collection)")

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,20 @@ func startOCIServers(t *testing.T) (map[string]devregistry.Published, []ociServe
 		d := startServe(t, addr, append([]string{"--data", t.TempDir(), "--os-images", osImages, "-f", mgmt, "--output-file", output}, s.tls...)...)
 		testenv.Eventually(t, s.name+" server serving the plain image", 60*time.Second, func() (bool, string) {
 			return allAvailable(servedFile(output)(), imageSHA(t, published["ubuntu-plain"])), d.stderr.String()
+		})
+		// File mode publishes the OCI references too, beside the values
+		// file (issue 35): the one the ConfigMap holds as served-oci.yaml.
+		sum := imageSHA(t, published["ubuntu-plain"])
+		size, _ := published["ubuntu-plain"].Fields.Size(osimage.FieldSize)
+		_, manifest := ocidist.Manifest(sum, size)
+		testenv.Eventually(t, s.name+" server's served-oci.yaml beside "+output, 30*time.Second, func() (bool, string) {
+			doc, err := os.ReadFile(filepath.Join(filepath.Dir(output), "served-oci.yaml"))
+			if err != nil {
+				return false, err.Error()
+			}
+			refs, err := osimage.ParseServedOCI(doc)
+			want := osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest.String()}
+			return err == nil && refs[sum] == want, fmt.Sprintf("%s (%v), want %+v", doc, err, want)
 		})
 		srv := ociServer{name: s.name, host: addr, scheme: "http", output: output}
 		if s.tls != nil {

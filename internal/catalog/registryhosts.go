@@ -12,19 +12,42 @@ import (
 	"github.com/sylva-projects/osimages/internal/values"
 )
 
+// DeclaredRegistry is an enabled registry of os_images_oci_registries:
+// its key and its url, rendered.
+type DeclaredRegistry struct {
+	Key, URL string
+}
+
+// String is how messages name it: "<key> (<url>)".
+func (r DeclaredRegistry) String() string { return r.Key + " (" + r.URL + ")" }
+
+// DeclaredRegistries returns the enabled registries of
+// os_images_oci_registries, sorted by key: the registries under whose url
+// (oci.Under) the image server may pull what the fleet needs. A registry
+// whose url cannot be read is left out, with the error.
+func DeclaredRegistries(v values.Values) ([]DeclaredRegistry, error) {
+	regs, err := registriesFromValues(values.NewRenderer(context.Background(), v), v, false)
+	var out []DeclaredRegistry
+	for _, key := range slices.Sorted(maps.Keys(regs)) {
+		if regs[key].enabled {
+			out = append(out, DeclaredRegistry{Key: key, URL: regs[key].url})
+		}
+	}
+	return out, err
+}
+
 // RegistryHosts returns the canonical hosts (oci.CanonicalHost) of the
-// enabled registries of os_images_oci_registries, sorted: the registries
-// the management values declare, from which the image server may serve
-// what the fleet needs. A registry whose url cannot be read is left out,
+// enabled registries of os_images_oci_registries, sorted: the hosts the
+// fleet controller lets workload catalogs reach (RegistryAllowlist). A
+// catalog reads manifests, never a layer; what the image server pulls for
+// the fleet is bounded by the registries' urls, not their hosts
+// (DeclaredRegistries). A registry whose url cannot be read is left out,
 // with the error.
 func RegistryHosts(v values.Values) ([]string, error) {
-	regs, err := registriesFromValues(values.NewRenderer(context.Background(), v), v, false)
+	regs, err := DeclaredRegistries(v)
 	hosts := map[string]bool{}
 	for _, reg := range regs {
-		if !reg.enabled {
-			continue
-		}
-		if repo, ok := oci.CanonicalRepository(reg.url); ok {
+		if repo, ok := oci.CanonicalRepository(reg.URL); ok {
 			host, _, _ := strings.Cut(repo, "/")
 			hosts[host] = true
 		}

@@ -23,8 +23,9 @@ const (
 )
 
 // FleetPolicy bounds what the fleet's needs may make the image server
-// download (--serve-fleet-needs): only from the registries the management
-// values declare or the HTTP(S) prefixes the operator allows, within
+// download (--serve-fleet-needs): only from under the url of a registry
+// the management values declare (oci.Under, the rule that also says which
+// cosign keys apply) or the HTTP(S) prefixes the operator allows, within
 // per-namespace quotas, and within what --max-storage leaves beside the
 // management selection. Signatures are checked at the pull, under the
 // management values' keys, as for any image.
@@ -75,7 +76,7 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osima
 	if p.MaxImageSize <= 0 {
 		p.MaxImageSize = DefaultMaxImageSize
 	}
-	hosts, _ := catalog.RegistryHosts(mgmt)
+	regs, _ := catalog.DeclaredRegistries(mgmt)
 	out := make(map[osimage.SHA256]Wanted, len(selected)+len(needs.Images))
 	for sha, w := range selected {
 		w.Filenames = slices.Clone(w.Filenames)
@@ -102,7 +103,7 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osima
 			out[need.SHA256] = w
 			continue
 		}
-		c, reasons := admitRecords(need, hosts, p.AllowPrefixes)
+		c, reasons := admitRecords(need, regs, p.AllowPrefixes)
 		if c == nil {
 			for _, ns := range need.Namespaces {
 				refuse(need.SHA256, ns, reasons[ns][0], reasons[ns][1])
@@ -178,12 +179,12 @@ type candidate struct {
 // admitRecords keeps the records of need that the policy admits, or, when
 // it admits none, returns each needing namespace's reason: its own
 // record's refusal, else the first one's.
-func admitRecords(need osimage.FleetNeed, hosts, prefixes []string) (*candidate, map[string][2]string) {
+func admitRecords(need osimage.FleetNeed, regs []catalog.DeclaredRegistry, prefixes []string) (*candidate, map[string][2]string) {
 	c := &candidate{need: need, own: map[string]int{}}
 	var first [2]string
 	ownReason := map[string][2]string{}
 	for _, src := range need.Sources {
-		reason, msg := admitSource(need.SHA256, src, hosts, prefixes)
+		reason, msg := admitSource(need.SHA256, src, regs, prefixes)
 		if reason != "" {
 			if first[0] == "" {
 				first = [2]string{reason, msg}
@@ -379,7 +380,7 @@ func (a *admission) decide(c *candidate, ns string) {
 }
 
 // admitSource says why the policy refuses src, "" when it admits it.
-func admitSource(sha osimage.SHA256, src osimage.NeedSource, hosts, prefixes []string) (string, string) {
+func admitSource(sha osimage.SHA256, src osimage.NeedSource, regs []catalog.DeclaredRegistry, prefixes []string) (string, string) {
 	img := src.Image
 	if got, err := img.SHA256(); err != nil || got != sha {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s does not pin sha256 %s", src.Key, sha)
@@ -391,12 +392,28 @@ func admitSource(sha osimage.SHA256, src osimage.NeedSource, hosts, prefixes []s
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s: %v", src.Key, err)
 	}
 	uri := img.Get(osimage.FieldURI)
-	if repo, ok := oci.CanonicalRepository(uri); ok {
-		host, _, _ := strings.Cut(repo, "/")
-		if !slices.Contains(hosts, host) {
-			return osimage.RefusedRegistry, fmt.Sprintf("registry %s is not allowed by the management values", host)
+	if strings.HasPrefix(uri, "oci://") {
+		if _, err := oci.ParseReference(uri); err != nil {
+			return osimage.RefusedInvalid, fmt.Sprintf("the record %s: uri %s is no OCI image reference: %v", src.Key, uri, err)
 		}
-		return "", ""
+		// Under a declared registry's url, not merely on its host: on a
+		// shared registry host every user's repository is on the host, and
+		// a registry's cosign key applies by the same rule, so that
+		// nothing is admitted because of a registry without its key.
+		if slices.ContainsFunc(regs, func(r catalog.DeclaredRegistry) bool { return oci.Under(uri, r.URL) }) {
+			return "", ""
+		}
+		declared := "none"
+		if len(regs) > 0 {
+			names := make([]string, len(regs))
+			for i, r := range regs {
+				names[i] = r.String()
+			}
+			declared = strings.Join(names, ", ")
+		}
+		return osimage.RefusedRegistry, fmt.Sprintf("uri %s (record %s) is under no registry url the management values declare "+
+			"(os_images_oci_registries: %s), and the image server pulls the fleet's needs only from under one, where its cosign key applies: "+
+			"publish the image under one of them, or ask the operator to declare its repository in the management values' os_images_oci_registries", uri, src.Key, declared)
 	}
 	u, err := url.Parse(uri)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {

@@ -38,7 +38,11 @@ var fleetMgmtValues = values.Values{"os_images_oci_registries": map[string]any{
 
 func TestFleetNeedsPolicy(t *testing.T) {
 	needs := osimage.FleetNeeds{Images: []osimage.FleetNeed{
-		need(sha('a'), "oci://registry.example.org/other/path:1.0", "10", "wc1"),
+		need(sha('a'), "oci://registry.example.org/sylva/path:1.0", "10", "wc1"),
+		need(sha('1'), "oci://registry.example.org/other/evil:1.0", "10", "wc1"),
+		need(sha('2'), "oci://registry.example.org/sylva-evil/x:1.0", "10", "wc1"),
+		need(sha('3'), "oci://registry.example.org/sylva/../other/x:1.0", "10", "wc1"),
+		need(sha('4'), "oci://registry.example.org/sylva/%2e%2e/other/x:1.0", "10", "wc1"),
 		need(sha('b'), "oci://evil.example.org/sylva/x:1.0", "10", "wc1"),
 		need(sha('c'), "oci://off.example.org/x/y:1", "10", "wc1"),
 		need(sha('d'), "https://files.example.org/dib/x.qcow2", "10", "wc2"),
@@ -57,8 +61,12 @@ func TestFleetNeedsPolicy(t *testing.T) {
 		t.Errorf("an image the management already selects is changed: %+v", w)
 	}
 	want := map[osimage.SHA256]string{
-		sha('b'): "registry evil.example.org is not allowed by the management values",
-		sha('c'): "registry off.example.org is not allowed by the management values",
+		sha('b'): "uri oci://evil.example.org/sylva/x:1.0 (record k-b) is under no registry url the management values declare (os_images_oci_registries: sylva (oci://Registry.Example.org:443/sylva)), and the image server pulls the fleet's needs only from under one, where its cosign key applies: publish the image under one of them, or ask the operator to declare its repository in the management values' os_images_oci_registries",
+		sha('c'): "uri oci://off.example.org/x/y:1 (record k-c) is under no registry url",
+		sha('1'): "uri oci://registry.example.org/other/evil:1.0 (record k-1) is under no registry url the management values declare (os_images_oci_registries: sylva (oci://Registry.Example.org:443/sylva))",
+		sha('2'): "uri oci://registry.example.org/sylva-evil/x:1.0 (record k-2) is under no registry url",
+		sha('3'): "the record k-3: uri oci://registry.example.org/sylva/../other/x:1.0 is no OCI image reference: ",
+		sha('4'): "the record k-4: uri oci://registry.example.org/sylva/%2e%2e/other/x:1.0 is no OCI image reference: ",
 		sha('e'): "is under no prefix allowed",
 		sha('f'): "a .. segment",
 		sha('9'): "no os-images-info",

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,38 +25,77 @@ import (
 // §6) to a file, atomically, so that a reader never sees half of it. The
 // file can be passed as is to `osimages render -f`. It is world-readable,
 // like any values file: it names images, nothing secret.
+//
+// Beside it, at OCIPath(Path), it writes the served-oci.yaml document (the
+// OCI reference of each available image), which the ConfigMap holds under
+// its own key: the values file stays the values document alone, as Sylva
+// reads it, and a file-mode user gets the references all the same.
 type FilePublisher struct{ Path string }
+
+// OCIPath is the file beside the served-set file path that holds the OCI
+// references: "-oci" before the extension (served.yaml: served-oci.yaml, as
+// the ConfigMap's key).
+func OCIPath(path string) string {
+	ext := filepath.Ext(path)
+	if ext == "" {
+		ext = ".yaml"
+	}
+	return strings.TrimSuffix(path, filepath.Ext(path)) + "-oci" + ext
+}
 
 // Publish implements Publisher. The filenames are not written: the file is
 // a values document, and only the fleet check, which reads the ConfigMap,
 // needs them. A set that a ConfigMap could not hold is refused all the
-// same, since Sylva's consumers read it from one.
+// same, since Sylva's consumers read it from one. Both files are written
+// to temporary files first, so that a fault (a missing directory, a full
+// disk) leaves both as they were; the OCI references then replace theirs
+// right after the values file.
 func (p FilePublisher) Publish(_ context.Context, out osimage.ServedOutput) error {
 	data, err := out.ConfigMapData("the served set")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p.Path), "."+filepath.Base(p.Path)+".*")
+	values, err := tempFile(p.Path, data[osimage.ValuesKey])
 	if err != nil {
+		return err
+	}
+	defer os.Remove(values)
+	ociPath := OCIPath(p.Path)
+	oci, err := tempFile(ociPath, data[osimage.ServedOCIKey])
+	if err != nil {
+		return err
+	}
+	defer os.Remove(oci)
+	if err := os.Rename(values, p.Path); err != nil {
 		return fmt.Errorf("writing %s: %w", p.Path, err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.WriteString(data[osimage.ValuesKey]); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", p.Path, err)
-	}
-	// CreateTemp makes the file 0600; the umask does not apply to Chmod.
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing %s: %w", p.Path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", p.Path, err)
-	}
-	if err := os.Rename(tmp.Name(), p.Path); err != nil {
-		return fmt.Errorf("writing %s: %w", p.Path, err)
+	if err := os.Rename(oci, ociPath); err != nil {
+		return fmt.Errorf("writing %s: %w", ociPath, err)
 	}
 	return nil
+}
+
+// tempFile writes data, world-readable, to a new temporary file beside
+// path, to be renamed over it; errors name path.
+func tempFile(path, data string) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	_, err = tmp.WriteString(data)
+	if err == nil {
+		// CreateTemp makes the file 0600; the umask does not apply to
+		// Chmod.
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	return tmp.Name(), nil
 }
 
 // Published implements PublishedReader: the set in the file, empty when

@@ -21,6 +21,7 @@ func output() osimage.ServedOutput {
 			sha('b'): {Available: false, ImageKey: "rocky"},
 		},
 		Filenames: osimage.ServedFilenames{sha('a'): {"ubuntu.img"}, sha('b'): {"rocky.img"}},
+		OCI:       osimage.ServedOCI{sha('a'): {Repository: "osimages/ubuntu", Manifest: "sha256:" + strings.Repeat("1", 64)}},
 	}
 }
 
@@ -36,6 +37,16 @@ func entries(t *testing.T, dir string) []string {
 		names = append(names, de.Name())
 	}
 	return names
+}
+
+func TestOCIPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/x/served.yaml": "/x/served-oci.yaml", "/x/out.yml": "/x/out-oci.yml", "/x/out": "/x/out-oci.yaml", "/x.d/out": "/x.d/out-oci.yaml",
+	} {
+		if got := OCIPath(in); got != want {
+			t.Errorf("OCIPath(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
 
 func TestFilePublisherRoundTrip(t *testing.T) {
@@ -74,7 +85,23 @@ func TestFilePublisherRoundTrip(t *testing.T) {
 	if !strings.Contains(string(doc), "capm3_os_image_server_images:") || strings.Contains(string(doc), "ubuntu.img") {
 		t.Errorf("the file is not the values document alone:\n%s", doc)
 	}
-	if names := entries(t, dir); len(names) != 1 {
+	// The OCI references, beside it (issue 35): what the ConfigMap holds
+	// as served-oci.yaml, in file mode too.
+	if got := OCIPath(p.Path); got != filepath.Join(dir, "served-oci.yaml") {
+		t.Fatalf("OCIPath: %s", got)
+	}
+	ociDoc, err := os.ReadFile(OCIPath(p.Path))
+	if err != nil {
+		t.Fatalf("no OCI references beside the served set: %v", err)
+	}
+	refs, err := osimage.ParseServedOCI(ociDoc)
+	if err != nil || len(refs) != 1 || refs[sha('a')] != output().OCI[sha('a')] {
+		t.Errorf("the OCI references read back %v, %v; want %v", refs, err, output().OCI)
+	}
+	if fi, err := os.Stat(OCIPath(p.Path)); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("the OCI references: %v, %v; want 0644", fi, err)
+	}
+	if names := entries(t, dir); len(names) != 2 {
 		t.Errorf("the directory holds %v: a temporary file was left", names)
 	}
 
@@ -86,7 +113,10 @@ func TestFilePublisherRoundTrip(t *testing.T) {
 	if got, err = p.Published(ctx); err != nil || len(got) != 1 || got[sha('c')].ImageKey != "suse" {
 		t.Fatalf("after the second publication: %v, %v", got, err)
 	}
-	if names := entries(t, dir); len(names) != 1 {
+	if ociDoc, err := os.ReadFile(OCIPath(p.Path)); err != nil || strings.Contains(string(ociDoc), string(sha('a'))) {
+		t.Errorf("the OCI references were not replaced: %v\n%s", err, ociDoc)
+	}
+	if names := entries(t, dir); len(names) != 2 {
 		t.Errorf("the directory holds %v", names)
 	}
 }
@@ -121,7 +151,7 @@ func TestFilePublisherRefusesATooLargeSetAndKeepsTheLastFile(t *testing.T) {
 	if err != nil || string(after) != string(before) {
 		t.Errorf("the file changed after a refused publication (%v)", err)
 	}
-	if names := entries(t, dir); len(names) != 1 {
+	if names := entries(t, dir); len(names) != 2 {
 		t.Errorf("the directory holds %v", names)
 	}
 }

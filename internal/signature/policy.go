@@ -78,10 +78,11 @@ type Policy struct {
 
 // KeysFor returns the keys an image must be signed with: that of the
 // registry the image record names (oci-image-registry-key), and that of
-// every registry whose url the image's URI lives under. The second rule
-// means that a hand-declared os_images entry, or a record whose registry
-// key was edited away, cannot take an image of a signed registry around
-// the check. Hosts compare in their canonical form (oci.CanonicalHost), so
+// every registry whose url the image's URI lives under (oci.Under, the
+// rule the fleet's needs are admitted by too). The second rule means that
+// a hand-declared os_images entry, or a record whose registry key was
+// edited away, cannot take an image of a signed registry around the
+// check. Hosts compare in their canonical form (oci.CanonicalHost), so
 // that localhost, 127.0.0.1, [::ffff:127.0.0.1] or an upper-case or
 // default-port spelling of a keyed registry is that registry. Nil when the
 // check is off or no key applies.
@@ -89,24 +90,16 @@ func (p Policy) KeysFor(registryKey, uri string) Keys {
 	if p.Skip {
 		return nil
 	}
-	repo, ok := oci.CanonicalRepository(uri)
-	if !ok {
+	if !strings.HasPrefix(uri, "oci://") {
 		return nil
 	}
 	var out Keys
 	for _, k := range p.Keys {
-		if k.Registry == registryKey || under(repo, k.URL) {
+		if k.Registry == registryKey || oci.Under(uri, k.URL) {
 			out = append(out, k)
 		}
 	}
 	return out
-}
-
-// under says whether the repository (canonical) lives under the registry
-// url.
-func under(repo, url string) bool {
-	base, ok := oci.CanonicalRepository(url)
-	return ok && (repo == base || strings.HasPrefix(repo, base+"/"))
 }
 
 // KeysRequired is KeysFor, with the refusal of an OCI image that no key

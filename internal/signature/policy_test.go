@@ -24,6 +24,9 @@ func TestPolicyKeysFor(t *testing.T) {
 		{"sylva", "oci://r.example.org/sylva/dib/img:1", []string{"sylva"}},
 		{"", "oci://r.example.org/sylva/dib/img:1", []string{"sylva"}},
 		{"", "oci://r.example.org/sylva/dibs/img:1", nil}, // a longer path is not under it
+		{"", "oci://r.example.org/sylva/dib-evil/img:1", nil},
+		{"", "oci://R.Example.org:443/sylva/dib/img:1", []string{"sylva"}},
+		{"", "oci://r.example.org/sylva/dib/../../other/img:1", nil}, // oci.Under's table has the rest
 		{"other", "oci://r.example.org/sylva/dib/img:1", []string{"sylva", "other"}},
 		{"", "oci://r.example.org/other/img:1", []string{"other"}},
 		{"sylva", "https://files.example.org/img.raw", nil},
