@@ -58,6 +58,8 @@ type IPARequest struct {
 	Conf map[string]any `json:"conf,omitempty"`
 	// HashDisk asks for the sha256 of Disk after the command.
 	HashDisk bool `json:"hash_disk,omitempty"`
+	// Result is where the driver writes what IPA did (set by StartIPA).
+	Result string `json:"result"`
 }
 
 // IPAResult is what IPA did, as the driver observed it.
@@ -85,7 +87,7 @@ type IPAResult struct {
 // IPARun is a prepare_image under way.
 type IPARun struct {
 	cmd    *exec.Cmd
-	stdout bytes.Buffer
+	result string
 	stderr lockedBuffer
 	done   chan struct{}
 	err    error
@@ -98,15 +100,16 @@ type IPARun struct {
 func StartIPA(t testing.TB, req IPARequest) *IPARun {
 	t.Helper()
 	pythonPath := ipaPythonPath(t)
+	req.Result = filepath.Join(t.TempDir(), "result.json")
 	in, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	r := &IPARun{done: make(chan struct{})}
+	r := &IPARun{done: make(chan struct{}), result: req.Result}
 	r.cmd = exec.CommandContext(ctx, "/usr/bin/python3", "-c", ipaScript)
 	r.cmd.Stdin = bytes.NewReader(in)
-	r.cmd.Stdout, r.cmd.Stderr = &r.stdout, &r.stderr
+	r.cmd.Stdout, r.cmd.Stderr = &r.stderr, &r.stderr
 	// requests would let these override IPA's own TLS settings.
 	r.cmd.Env = []string{"PYTHONPATH=" + pythonPath}
 	for _, kv := range os.Environ() {
@@ -130,6 +133,12 @@ func StartIPA(t testing.TB, req IPARequest) *IPARun {
 	return r
 }
 
+// Done is closed when IPA's process has ended.
+func (r *IPARun) Done() <-chan struct{} { return r.done }
+
+// Pid is the process id of IPA's process.
+func (r *IPARun) Pid() int { return r.cmd.Process.Pid }
+
 // Log is IPA's log so far.
 func (r *IPARun) Log() string { return r.stderr.String() }
 
@@ -140,8 +149,12 @@ func (r *IPARun) Wait(t testing.TB) IPAResult {
 	t.Helper()
 	<-r.done
 	var got IPAResult
-	if r.err != nil || json.Unmarshal(r.stdout.Bytes(), &got) != nil {
-		t.Fatalf("IPA's driver: %v\nstdout: %s\nlog:\n%s", r.err, r.stdout.String(), r.Log())
+	out, err := os.ReadFile(r.result)
+	if err == nil {
+		err = json.Unmarshal(out, &got)
+	}
+	if r.err != nil || err != nil {
+		t.Fatalf("IPA's driver: %v, its result: %v\nlog:\n%s", r.err, err, r.Log())
 	}
 	got.Log = r.Log()
 	return got

@@ -8,8 +8,8 @@
 # the stream-or-cache decision, the write, the partition table check (parted
 # on the file).
 #
-# Input (stdin, JSON): {"disk": path, "image_info": {...}, "conf": {opt: value}}.
-# Output (stdout, JSON): what IPA did, observed by wrapping its functions
+# Input (stdin, JSON): {"disk": path, "image_info": {...}, "conf": {opt: value},
+# "result": path}. Output (JSON, in the result file; IPA logs to stderr): what IPA did, observed by wrapping its functions
 # (which path ran, how many downloads it started, the bytes of each, whether
 # its checksum check passed), and the command's status and error.
 import hashlib
@@ -33,6 +33,7 @@ log.register_options(CONF)
 CONF(args=[], project='ironic-python-agent', default_config_files=[], default_config_dirs=[])
 for name, value in req.get('conf', {}).items():
     CONF.set_override(name, value)
+CONF.set_override('use_stderr', True)
 log.setup(CONF, 'ironic-python-agent')
 
 seen = {'paths': [], 'downloads': [], 'verified': []}
@@ -112,4 +113,5 @@ if req.get('hash_disk'):
         for chunk in iter(lambda: f.read(1 << 20), b''):
             h.update(chunk)
     out['disk_sha256'] = h.hexdigest()
-json.dump(out, sys.stdout)
+with open(req['result'], 'w') as f:
+    json.dump(out, f)
