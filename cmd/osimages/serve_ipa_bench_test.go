@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/md5"
 	"crypto/sha256"
+	endian "encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -122,7 +123,10 @@ func storeBenchImage(b *testing.B, dataDir string, size int64) (osimage.SHA256, 
 	}
 	sh, md := sha256.New(), md5.New()
 	w := io.MultiWriter(f, sh, md)
-	if _, err := w.Write(mbrDisk(1<<20, 11)); err != nil {
+	first := mbrDisk(1<<20, 11)
+	// The partition spans the whole image, not the first MiB.
+	endian.LittleEndian.PutUint32(first[446+12:], uint32(size/512-2048))
+	if _, err := w.Write(first); err != nil {
 		b.Fatal(err)
 	}
 	chunk := make([]byte, 1<<20)
