@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale bench-idle clean
+.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale bench-idle bench-ipa clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -67,6 +67,11 @@ bench-propagation:
 # target is missed. BENCH_ARGS: -scenarios orderly,failover -size 268435456 ...
 bench-scale:
 	hack/bench-scale.sh $(BENCH_ARGS)
+
+# ironic-python-agent's own download of a 1 GiB raw image from osimages and
+# from nginx serving the same file.
+bench-ipa:
+	hack/bench-ipa.sh $(BENCH_ARGS)
 
 # The production server's idle RSS and the package init every command pays.
 bench-idle:

@@ -87,17 +87,24 @@ ensure_iproute2() {
   fi
 }
 
+# shared_dir sets shared to the fixtures beside the checkout (or
+# OSIMAGES_SHARED_DIR); false when there are none.
+shared_dir() {
+  local d=$root
+  shared=${OSIMAGES_SHARED_DIR:-}
+  while [ -z "$shared" ] && [ "$d" != / ]; do
+    [ -d "$d/shared/crds" ] && shared=$d/shared
+    d=$(dirname "$d")
+  done
+  [ -n "$shared" ]
+}
+
 # Ironic's own image services (its code is in ../shared/ironic, a fixture)
 # are the client of the HTTP and oci:// tests; the libraries they import come
 # from Debian's python3-ironic, installed where this script can. Without the
 # fixture, or without the package, those tests skip, saying why.
 ensure_ironic_libraries() {
-  local dir=${OSIMAGES_SHARED_DIR:-} d=$root
-  while [ -z "$dir" ] && [ "$d" != / ]; do
-    [ -d "$d/shared/crds" ] && dir=$d/shared
-    d=$(dirname "$d")
-  done
-  [ -n "$dir" ] && ls "$dir"/ironic/ironic-*.tgz >/dev/null 2>&1 || return 0
+  shared_dir && ls "$shared"/ironic/ironic-*.tgz >/dev/null 2>&1 || return 0
   command -v dpkg >/dev/null 2>&1 && dpkg -s python3-ironic >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing Debian's python3-ironic (the libraries of Ironic's image services, which the tests run as a client)"
@@ -105,6 +112,64 @@ ensure_ironic_libraries() {
   else
     log "python3-ironic is not installed and cannot be installed here (needs root and apt-get): the tests with Ironic's image services will skip"
   fi
+}
+
+# ironic-python-agent (stable/2025.1, in ../shared/metal3, a fixture) is the
+# client of the IPA tests. What it imports comes from Debian 12's packages
+# (python3-ironic's libraries, pint, pyudev; parted and hexdump check the
+# written disk), except two that are too old there: oslo.utils 6.0 lacks the
+# image format inspector (oslo_utils.imageutils.format_inspector, 7.3+), and
+# the oslo.utils that has it needs netaddr 0.10+. Those two come from Debian
+# 13 (trixie), pure Python, unpacked (not installed) into the cache, keyed by
+# their versions; the tests put that folder first on PYTHONPATH for IPA's
+# process alone. apt downloads them itself, through a temporary configuration
+# whose one source is trixie on the mirror the host's own apt sources name
+# (read here, at run time; no mirror is written in the repository).
+IPA_TRIXIE_DEBS="python3-oslo.utils=8.2.0-4 python3-netaddr=1.3.0-1"
+ipa_libs_dir=${IPA_TRIXIE_DEBS// /_}
+ipa_libs_dir=$cache/ipa-libs-${ipa_libs_dir//=/-}
+
+ensure_ipa_libraries() {
+  shared_dir || return 0
+  [ -f "$shared/metal3/ironic-python-agent-stable-2025.1.tgz" ] || return 0
+  local debian="python3-ironic python3-pint python3-pyudev parted bsdextrautils"
+  if ! dpkg -s $debian >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "installing Debian's $debian (what ironic-python-agent imports and runs, for the IPA tests)"
+      apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $debian >&2
+    else
+      log "$debian are not all installed and cannot be installed here (needs root and apt-get): the IPA tests will skip"
+      return 0
+    fi
+  fi
+  [ -d "$ipa_libs_dir" ] && return
+  local mirror
+  mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  [ -n "$mirror" ] || mirror=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  if [ -z "$mirror" ] || ! command -v apt-get >/dev/null 2>&1; then
+    log "no Debian mirror in this host's apt sources: Debian 13's oslo.utils cannot be fetched, the IPA tests will skip"
+    return 0
+  fi
+  log "downloading Debian 13's $IPA_TRIXIE_DEBS from $mirror with apt, unpacking them into $ipa_libs_dir (IPA's image format inspector)"
+  local tmp
+  tmp=$(mktemp -d "$cache/.ipa-libs.XXXXXX")
+  mkdir -p "$tmp/apt/sources" "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/debs" "$tmp/root"
+  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$mirror" >"$tmp/apt/sources/trixie.sources"
+  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$tmp/apt/sources"
+    -o "Dir::State::Lists=$tmp/apt/lists" -o "Dir::Cache=$tmp/apt/cache"
+    -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= -o APT::Sandbox::User=root)
+  if ! apt-get update -qq "${apt_opts[@]}" >&2 ||
+    ! (cd "$tmp/debs" && apt-get download -qq "${apt_opts[@]}" $IPA_TRIXIE_DEBS >&2) ||
+    ! ls "$tmp"/debs/*.deb >/dev/null 2>&1; then
+    rm -rf "$tmp"
+    log "could not download $IPA_TRIXIE_DEBS from trixie on $mirror (a newer point release? update IPA_TRIXIE_DEBS in hack/tools.sh): the IPA tests will skip"
+    return 0
+  fi
+  local deb
+  for deb in "$tmp"/debs/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
+  rm -rf "$ipa_libs_dir"
+  mv "$tmp/root/usr/lib/python3/dist-packages" "$ipa_libs_dir"
+  rm -rf "$tmp"
 }
 
 # The chart tests install Cluster API's core CRDs, read from the
@@ -150,6 +215,7 @@ ensure_ca_certificates
 ensure_chromium
 ensure_iproute2
 ensure_ironic_libraries
+ensure_ipa_libraries
 download_capi
 download_capm3
 build_envtest
@@ -162,4 +228,5 @@ if [ "${1:-}" = env ]; then
   echo "export KUBEBUILDER_ASSETS='$envtest_dir'"
   echo "export PATH='$cache/yq-$YQ_VERSION:$cache/oras-$ORAS_VERSION':\"\$PATH\""
   echo "export OSIMAGES_COSIGN='$cache/cosign-$COSIGN_VERSION/cosign'"
+  if [ -d "$ipa_libs_dir" ]; then echo "export OSIMAGES_IPA_PYTHONPATH='$ipa_libs_dir'"; fi
 fi

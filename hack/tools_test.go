@@ -36,7 +36,7 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 	}
 	// Only the commands the script needs, so that a chromium or a go of
 	// this machine is not found.
-	for _, name := range []string{"bash", "sh", "grep", "head", "cut", "cat", "sha256sum", "mkdir", "mktemp", "rm", "mv", "dirname", "basename"} {
+	for _, name := range []string{"bash", "sh", "grep", "head", "cut", "cat", "sha256sum", "mkdir", "mktemp", "rm", "mv", "dirname", "basename", "awk", "ls"} {
 		path, err := exec.LookPath(name)
 		if err != nil {
 			testenv.Missing(t, "%s is not installed: %v", name, err)
@@ -71,6 +71,8 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 		{regexp.MustCompile(`^RUN apt-get .*install .*iproute2`), "iproute2", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*ca-certificates`), "ca-certificates", true},
 		{regexp.MustCompile(`^RUN apt-get .*install .*python3-ironic`), "python3-ironic", true},
+		{regexp.MustCompile(`^RUN apt-get .*install .*python3-pint`), "python3-pint", true},
+		{regexp.MustCompile(`^RUN apt-get download .*python3-oslo\.utils=`), "python3-oslo.utils", true},
 	}
 	seen := map[string]bool{}
 	lastLog := ""

@@ -701,7 +701,7 @@ func TestFleetEndToEnd(t *testing.T) {
 }
 
 // startDaemon starts a long-running osimages command.
-func startDaemon(t *testing.T, args ...string) *serveProcess {
+func startDaemon(t testing.TB, args ...string) *serveProcess {
 	t.Helper()
 	d := &serveProcess{stderr: &bytes.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(binary, args...)

@@ -73,7 +73,7 @@ func run(t *testing.T, args ...string) result {
 	return runFor(t, 10*time.Minute, args...)
 }
 
-func writeFile(t *testing.T, name, content string) string {
+func writeFile(t testing.TB, name, content string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {

@@ -34,9 +34,9 @@ type serveProcess struct {
 }
 
 // freeAddr is testenv.FreeAddr.
-func freeAddr(t *testing.T) string { return testenv.FreeAddr(t) }
+func freeAddr(t testing.TB) string { return testenv.FreeAddr(t) }
 
-func startServe(t *testing.T, addr string, args ...string) *serveProcess {
+func startServe(t testing.TB, addr string, args ...string) *serveProcess {
 	t.Helper()
 	d := startDaemon(t, append([]string{"serve", "--listen", addr, "--poll", "100ms", "--free-space-margin", "1Mi"}, args...)...)
 	d.addr = addr
