@@ -123,7 +123,7 @@ up() {
   ip -n "$NS" link set br0 up
 
   nsenter --net="$NETNS_FILE" unshare -m --propagation private setsid \
-    env W="$W" "$M3_DIR/inside.sh" "$IRONIC_TREE" >>"$W/logs/inside.log" 2>&1 </dev/null &
+    env E2E_METAL3_DIR="$W" "$M3_DIR/inside.sh" "$IRONIC_TREE" >>"$W/logs/inside.log" 2>&1 </dev/null &
   for _ in $(seq 1 360); do
     [ -f "$W/run/ready" ] && break
     if [ -f "$W/run/holder.pid" ] && ! alive "$(pid_of holder)"; then fail "the box did not start: $(tail -3 "$W/logs/inside.log")"; fi
@@ -374,6 +374,7 @@ deploy_with_server_killed() {
   # The host's download is the only connection to the server from the DHCP
   # range (Ironic's own checks come from $BR_IP): kill the server as soon
   # as it is there.
+  local i=0
   while [ $(($(now) - t0)) -lt 600 ]; do
     peer=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | grep -v "^$BR_IP:" | head -1) || true
     if [ -n "$peer" ]; then
@@ -381,8 +382,11 @@ deploy_with_server_killed() {
       killed=$(($(now) - t0))
       break
     fi
-    case "$(node_field provision_state)" in active | *fail*) break ;; esac
-    sleep 0.2
+    # The node's state every 3 s: the download lasts about 2 s.
+    if [ $((++i % 30)) = 0 ]; then
+      case "$(node_field provision_state)" in active | *fail*) break ;; esac
+    fi
+    sleep 0.1
   done
   [ -n "$killed" ] || fail "server killed: the host never connected to the server within the deploy"
   log "osimages serve killed (SIGKILL) $killed s into the deploy, while $peer downloaded"
@@ -431,26 +435,32 @@ down() {
   for p in serve registry ironic nginx dnsmasq sushy libvirtd virtlogd holder; do stop_pid "$p"; done
   # What the daemons started and left (the VM's qemu outlives libvirtd):
   # the processes of the run, by their command line or root.
-  for p in /proc/[0-9]*; do
-    cmd=$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
-    if [[ $cmd == *"$W/"* ]] || [[ "$(readlink "$p/root" 2>/dev/null)" == "$R"* ]]; then
-      kill -KILL "${p#/proc/}" 2>/dev/null || true
-    fi
-  done
+  for p in $(box_processes); do kill -KILL "$p" 2>/dev/null || true; done
+  for _ in $(seq 1 20); do [ -z "$(box_processes)" ] && break; sleep 0.5; done
   ip netns list | grep -qw "$NS" && ip netns del "$NS"
   ip route show | grep -q "^blackhole $BOX_CIDR" && ip route del blackhole "$BOX_CIDR"
   rm -f "$W/run/ready"
   return 0
 }
 
-check_clean() {
-  local bad=0 p cmd
+# box_processes: the PIDs of the run's processes, by their command line
+# (naming the run directory) or their root (the Ironic tree): the VM's qemu
+# outlives libvirtd, and a killed run leaves its daemons.
+box_processes() {
+  local p cmd
   for p in /proc/[0-9]*; do
     cmd=$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
     if [[ $cmd == *"$W/"* ]] || [[ "$(readlink "$p/root" 2>/dev/null)" == "$R"* ]]; then
-      log "process left: ${p#/proc/}: $cmd"
-      bad=1
+      echo "${p#/proc/}"
     fi
+  done
+}
+
+check_clean() {
+  local bad=0 p
+  for p in $(box_processes); do
+    log "process left: $p: $({ tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null)"
+    bad=1
   done
   if grep -q " $W" /proc/self/mountinfo; then
     log "mounts left: $(awk -v w="$W" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | tr '\n' ' ')"

@@ -96,6 +96,7 @@ dhcp-boot=tag:!ipxe,undionly.kpxe
 enable-tftp
 tftp-root=/srv/tftp
 log-dhcp
+log-facility=-
 pid-file=
 EOC
   # nginx: Ironic's http_root and the IPA files for iPXE (plain HTTP), and,

@@ -49,7 +49,7 @@ EOC
 img=osimages-test.raw.tmp
 rm -f "$img"
 truncate -s ${SIZE_MIB}M "$img"
-echo 'start=2048, type=c, bootable' | sfdisk -q "$img"
+echo 'start=2048, type=e, bootable' | sfdisk -q "$img"
 mkfs.fat -F 16 --offset 2048 -n M3BOX "$img" $(((SIZE_MIB - 1) * 1024)) >/dev/null
 syslinux --offset $((2048 * 512)) --install "$img"
 mcopy -i "$img@@1M" vmlinuz initrd.gz syslinux.cfg ::/
