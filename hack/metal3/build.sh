@@ -88,7 +88,7 @@ build_ipa() {
   mkdir -p "$r/tmp/ipa-src"
   tar -C "$r/tmp/ipa-src" --strip-components=1 -xzf "$IPA_TGZ"
   for p in "$M3_DIR"/patches/ipa-*.patch; do
-    patch -s -p1 -d "$r/tmp/ipa-src" <"$p" || fail "$p does not apply to $IPA_TGZ"
+    patch -s -p1 --forward --batch -d "$r/tmp/ipa-src" <"$p" || fail "$p does not apply to $IPA_TGZ"
   done
   chroot "$r" env PBR_VERSION=10.0.0 pip install -q --no-deps --no-build-isolation \
     --break-system-packages /tmp/ipa-src >"$tmp/pip.log" 2>&1 || fail "installing IPA failed: $(tail -5 "$tmp/pip.log")"
@@ -154,7 +154,7 @@ build_ironic() {
   rm -rf "$r/tmp/sushy-src"
   for p in "$M3_DIR"/patches/ironic-*.patch; do
     [ -f "$p" ] || continue
-    patch -s -p1 -d "$r/usr/lib/python3/dist-packages" <"$p" || fail "$p does not apply to the Ironic of $(rootfs_tar ironic apt)"
+    patch -s -p1 --forward --batch -d "$r/usr/lib/python3/dist-packages" <"$p" || fail "$p does not apply to the Ironic of $(rootfs_tar ironic apt)"
   done
   touch "$r/.complete"
   rm -rf "$out"
