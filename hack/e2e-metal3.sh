@@ -12,6 +12,9 @@
 #                                 the scenarios, stop it, check it is gone
 #   hack/e2e-metal3.sh bench      the same box: deploy from osimages, then
 #                                 from nginx serving the same file; the ratio
+#   hack/e2e-metal3.sh up         only start the box, and leave it up (to
+#                                 debug: then `scenarios`, `bench`, `down`)
+#   hack/e2e-metal3.sh scenarios  the scenarios, on a box that is up
 #   hack/e2e-metal3.sh down       stop a box a killed run left behind
 #   hack/e2e-metal3.sh check-clean  fail when anything of a box is left
 #
@@ -145,6 +148,7 @@ serve_image() {
   cp "$IPA_DIR/ipa.kernel" "$W/image/vmlinuz"
   cp -r "$IPA_DIR/testimage-modules" "$W/image/modules"
   SHA=$(in_box /m3box/bin/test-image.sh /m3box/image) || fail "the test image was not built: see $W/image/boot.log"
+  echo "$SHA" >"$W/run/sha256"
   log "test image built and booted under qemu in $(($(now) - t0)) s: sha256 $SHA"
 
   start registry "$W/bin/registry" -listen 127.0.0.1:5000 -root "$W/registry"
@@ -496,13 +500,33 @@ main() {
   esac
 }
 
+# on_box: the settings of a box that is up, for the commands run on it.
+on_box() {
+  [ -f "$W/run/ready" ] && alive "$(pid_of holder)" || fail "no box is up (hack/e2e-metal3.sh up starts one)"
+  SHA=$(cat "$W/run/sha256")
+}
+
 case "${1:-run}" in
 run | bench) main "${1:-run}" ;;
+up)
+  preflight
+  trap 'rc=$?; [ "$rc" = 0 ] || { down; check_clean; }; exit "$rc"' EXIT
+  up
+  log "the box stays up: hack/e2e-metal3.sh scenarios, bench or down"
+  ;;
+scenarios)
+  on_box
+  scenarios
+  ;;
+bench-on-box)
+  on_box
+  bench
+  ;;
 down)
   [ "$(id -u)" = 0 ] || fail "needs root"
   down
   check_clean
   ;;
 check-clean) check_clean ;;
-*) fail "unknown command $1 (want run, bench, down or check-clean)" ;;
+*) fail "unknown command $1 (want run, bench, up, scenarios, bench-on-box, down or check-clean)" ;;
 esac
