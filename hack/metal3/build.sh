@@ -77,7 +77,7 @@ ipa_dir() {
 # git metadata), patched; the kernel copied out; modules pruned; /init; one
 # zstd cpio.
 build_ipa() {
-  local out tmp r kver m keep
+  local out tmp r kver m keep mod
   out=$(ipa_dir)
   [ -f "$out/ipa.initramfs" ] && return 0
   log "building the IPA ramdisk into $out (about 1 minute, once)"
@@ -102,7 +102,8 @@ build_ipa() {
   # The test image boots the same kernel: the modules its /init loads to
   # read /dev/vda, decompressed for busybox's insmod, in load order.
   mkdir "$tmp/testimage-modules"
-  chroot "$r" modprobe -S "$kver" --show-depends virtio_pci virtio_blk | awk '$1 == "insmod" && !seen[$2]++ {print $2}' |
+  for mod in virtio_pci virtio_blk; do chroot "$r" modprobe -S "$kver" --show-depends "$mod"; done |
+    awk '$1 == "insmod" && !seen[$2]++ {print $2}' |
     while read -r f; do
       b=$(basename "$f" .xz)
       case "$f" in *.xz) xz -dc "$r$f" >"$tmp/testimage-modules/$b" ;; *) cp "$r$f" "$tmp/testimage-modules/$b" ;; esac
