@@ -55,7 +55,12 @@ key() { cat "$@" | sha256sum | cut -c1-12; }
 in_ns() { nsenter --net="$NETNS_FILE" "$@"; }
 
 pid_of() { [ -f "$W/run/$1.pid" ] && cat "$W/run/$1.pid"; }
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# alive PID: the process runs. A daemon that exited stays a zombie until
+# the box's holder (sleep, which reaps nothing) ends: a zombie is not alive.
+alive() {
+  [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null || return 1
+  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]
+}
 
 # stop_pid NAME: TERM the process of run/NAME.pid, wait up to 20 s, then KILL.
 stop_pid() {
