@@ -283,7 +283,12 @@ enroll() {
   log "$NODE enrolled (redfish at sushy-tools, iPXE, direct deploy): available"
 }
 
-markers() { grep -ac OSIMAGES-BOOT-MARKER "$W/logs/node0-console.log" 2>/dev/null || true; }
+# markers: how many marker lines the console holds (0 before it exists).
+markers() {
+  local n
+  n=$(grep -ac OSIMAGES-BOOT-MARKER "$W/logs/node0-console.log" 2>/dev/null) || true
+  echo "${n:-0}"
+}
 
 # deploy URL CHECKSUM: instance_info as baremetal-operator writes it, then
 # the deploy; DEPLOY_RESULT is active or failed, DEPLOY_SECS its time.
