@@ -377,6 +377,10 @@ deploy_with_server_killed() {
   fi
   api PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": {\"image_source\": \"$url\", \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\", \"image_disk_format\": \"raw\"}}]" >/dev/null
   MARKERS_BEFORE=$(markers)
+  # Connections an earlier deploy's IPA left established (its host was
+  # powered off under it) are not this download.
+  local stale
+  stale=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | paste -sd'|' -)
   t0=$(now)
   DEPLOY_T0=$t0
   provision active
@@ -385,7 +389,7 @@ deploy_with_server_killed() {
   # as it is there.
   local i=0
   while [ $(($(now) - t0)) -lt 600 ]; do
-    peer=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | grep -v "^$BR_IP:" | head -1) || true
+    peer=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | grep -v "^$BR_IP:" | grep -vxE "${stale:-^$}" | head -1) || true
     if [ -n "$peer" ]; then
       kill -KILL "$(pid_of serve)"
       killed=$(($(now) - t0))
