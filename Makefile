@@ -1,7 +1,7 @@
 # Entry points; the scripts in hack/ hold the logic.
 GO ?= go
 
-.PHONY: build image demo test e2e e2e-up e2e-down docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale bench-idle bench-ipa clean
+.PHONY: build image demo test e2e e2e-up e2e-down e2e-metal3 e2e-metal3-down bench-metal3 docs tools bench-catalog bench-pull bench-serve bench-propagation bench-fleet bench-scale bench-idle bench-ipa clean
 
 # Production builds leave the demo out (-tags nodemo): no in-process registry
 # ships to management clusters. `go run ./cmd/osimages demo` keeps it.
@@ -33,6 +33,21 @@ test:
 # network namespace of its own (root). E2E_ARGS: -run REGEXP, -keep.
 e2e:
 	hack/e2e.sh $(E2E_ARGS)
+	$(if $(E2E_ARGS),,hack/e2e-metal3.sh run)
+
+# Metal3 in a box (root): Ironic 29 and IPA provision a qemu host from the
+# image osimages serves, in a network namespace of its own; `make e2e` runs
+# it after the cluster's scenarios (unless E2E_ARGS narrows them).
+e2e-metal3:
+	hack/e2e-metal3.sh run
+
+# Stop a box a killed run left behind, and check nothing of it is left.
+e2e-metal3-down:
+	hack/e2e-metal3.sh down
+
+# The same deploy from osimages and from nginx serving the same file.
+bench-metal3:
+	hack/e2e-metal3.sh bench
 
 # The same cluster, left running for kubectl (hack/e2e-cluster.sh kubectl ...).
 e2e-up:
