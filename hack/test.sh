@@ -23,4 +23,4 @@ go vet ./...
 report=$(mktemp -d)
 trap 'rm -rf "$report"' EXIT
 go build -o "$report/testreport" ./hack/testreport
-go test -count=1 -json "$@" ./... | "$report/testreport"
+go test -count=1 -timeout 40m -json "$@" ./... | "$report/testreport"
