@@ -74,8 +74,9 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	if cfg, err := content.FetchAll(ctx, repo.Blobs(), m.Config); err != nil || string(cfg) != "{}" {
 		t.Fatalf("config blob: %q %v", cfg, err)
 	}
+	// The disk-type tags render's oci:// URLs name, and the image's key.
 	var tags []string
-	if err := repo.Tags(ctx, "", func(page []string) error { tags = append(tags, page...); return nil }); err != nil || fmt.Sprint(tags) != "[ubuntu-a]" {
+	if err := repo.Tags(ctx, "", func(page []string) error { tags = append(tags, page...); return nil }); err != nil || fmt.Sprint(tags) != "[qcow2 raw ubuntu-a]" {
 		t.Fatalf("tags: %v %v", tags, err)
 	}
 
