@@ -369,7 +369,11 @@ func TestStalledClientIsCut(t *testing.T) {
 	src := newFakeSource()
 	content := devregistry.DiskContent(64<<20, 8)
 	a := src.add("big", content, false)
-	h := start(t, t.TempDir(), src, func(c *Config) { c.SendTimeout = 500 * time.Millisecond })
+	// SendTimeout is long enough that a steady reader on a busy machine is
+	// never without progress for that long; the stalled one stops for
+	// three times as long.
+	const sendTimeout = 2 * time.Second
+	h := start(t, t.TempDir(), src, func(c *Config) { c.SendTimeout = sendTimeout })
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
 	addr := strings.TrimPrefix(h.http.URL, "http://")
@@ -407,7 +411,8 @@ func TestStalledClientIsCut(t *testing.T) {
 		return n, hex.EncodeToString(digest.Sum(nil))
 	}
 
-	// Steady at about 40 MiB/s: 1.6 s in all, three SendTimeouts.
+	// Steady at about 40 MiB/s or less: 1.6 s in all at least, each pause
+	// far below SendTimeout.
 	slow := dial()
 	defer slow.Close()
 	began := time.Now()
@@ -418,9 +423,9 @@ func TestStalledClientIsCut(t *testing.T) {
 
 	stalled := dial()
 	defer stalled.Close()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * sendTimeout)
 	if n, _ := body(stalled, 0); n >= int64(len(content)) {
-		t.Fatalf("a client that stopped reading for 3s still got all %d bytes: it is never cut", n)
+		t.Fatalf("a client that stopped reading for %v still got all %d bytes: it is never cut", 3*sendTimeout, n)
 	} else {
 		t.Logf("a client that stopped reading got %d of %d bytes before the cut", n, len(content))
 	}
