@@ -192,10 +192,14 @@ download_capi() {
 download_capm3() {
   local version
   version=$(grep -o 'CAPM3RefusingOCI = "v[0-9.]*"' "$root/internal/testenv/capi.go" | cut -d'"' -f2)
-  [ -f "$(go env GOMODCACHE)/cache/download/github.com/metal3-io/cluster-api-provider-metal3/@v/$version.zip" ] && return
-  log "downloading github.com/metal3-io/cluster-api-provider-metal3@$version into the Go module cache (its CRDs, for the oci:// delivery tests)"
+  local modcache
+  modcache="$(go env GOMODCACHE)/cache/download/github.com/metal3-io/cluster-api-provider-metal3"
+  [ -f "$modcache/@v/$version.zip" ] && [ -f "$modcache/api/@v/$version.zip" ] && return
+  log "downloading github.com/metal3-io/cluster-api-provider-metal3@$version into the Go module cache (its CRDs, for the oci:// delivery tests), and the modules of hack/tools/capm3webhook (its webhook validation)"
   (cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod go mod download "github.com/metal3-io/cluster-api-provider-metal3@$version") ||
     { log "could not download github.com/metal3-io/cluster-api-provider-metal3@$version: the oci:// delivery tests will fail"; return 1; }
+  (cd "$root/hack/tools/capm3webhook" && go mod download) ||
+    { log "could not download the modules of hack/tools/capm3webhook: its test, in make test, will fail"; return 1; }
 }
 
 # The container image ships the build machine's CA bundle (make image and its

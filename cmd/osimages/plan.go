@@ -64,6 +64,10 @@ cluster it prints one of:
   would fail: <sha256>/<key> no longer served
   cannot tell: <why>                 its inputs cannot be read
 
+With --kubeconfig, a cluster whose values ask for image_delivery: oci would
+fail too when the CAPM3 installed refuses such templates (its
+Metal3MachineTemplate CRD requires image.checksum: CAPM3 before v1.14.0).
+
 From the cluster (--kubeconfig), the current served set is the image server's
 output ConfigMap and the workload clusters are the namespaces matching
 --namespace-selector, with their ConfigMaps labelled

@@ -50,6 +50,13 @@ field by field, as Flux merges a HelmRelease's valuesFrom and inline values.
 --served-configmap names a ConfigMap to read (B) from instead. Template names end with a hash of their spec: they change only when
 the image (or another spec field) does.
 
+Whenever it connects to a cluster (--apply, --os-images-configmap,
+--served-configmap), render reads the Metal3MachineTemplate CRD of the CAPM3
+installed there: when its schema requires image.checksum (CAPM3 before
+v1.14.0), each level with image_delivery: oci fails, naming the release
+needed, instead of writing a template that CAPM3 would refuse. From files
+alone it cannot tell, and renders as asked.
+
 On any error nothing is printed or applied, every failing level is listed,
 and the exit code is 1 (2 for unreadable input).`,
 		Args: cobra.NoArgs,

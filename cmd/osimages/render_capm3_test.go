@@ -19,7 +19,8 @@ import (
 // (its real CRDs, from the module cache) requires image.checksum: render
 // refuses image_delivery: oci, naming the level and the release needed,
 // and writes nothing, while image URLs still apply. The CAPM3 of shared/
-// (its CRD is v1.14.0-rc.0's) takes the oci:// template.
+// (its CRD is v1.14.0-rc.0's) takes the oci:// template. plan, asked
+// before the switch, says the same of each (checkPlanOfOCIDelivery).
 func TestRenderApplyHoldsToTheInstalledCAPM3(t *testing.T) {
 	refusingCRDs, err := testenv.CAPM3CRDs(testenv.CAPM3RefusingOCI)
 	if err != nil {
@@ -91,6 +92,7 @@ func TestRenderApplyHoldsToTheInstalledCAPM3(t *testing.T) {
 			if want := map[bool]int{false: 0, true: 2}[c.acceptsOCI]; ociURLs != want {
 				t.Fatalf("%d templates with an oci:// URL in the apiserver, want %d: %v", ociURLs, want, urls(c.k, ns))
 			}
+			checkPlanOfOCIDelivery(t, c.k, ns, c.acceptsOCI, sized, servedDoc(true, sum("plain"), sum("hardened")))
 		})
 	}
 }

@@ -84,7 +84,7 @@ func TestServeStopsPromptlyOnSignal(t *testing.T) {
 				staged, _ := os.ReadDir(filepath.Join(data, "partial"))
 				partial, err := os.Stat(filepath.Join(data, "partial", held, ".partial"))
 				page := d.statusPage()
-				return strings.Contains(page, "downloading") && strings.Contains(page, ">ready<") && len(staged) == 1 && err == nil && partial.Size() > 0, page + d.stderr.String()
+				return downloadingOnPage(page) && strings.Contains(page, ">ready<") && len(staged) == 1 && err == nil && partial.Size() > 0, page + d.stderr.String()
 			})
 			// A client in the middle of the ready image, reading nothing.
 			conn, err := net.Dial("tcp", d.addr)

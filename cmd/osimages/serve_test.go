@@ -223,7 +223,7 @@ func TestServeSurvivesKillDuringDownload(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		return strings.Contains(string(body), "downloading"), string(body)
+		return downloadingOnPage(string(body)), string(body)
 	})
 	d.kill(syscall.SIGKILL)
 

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/metal3-io/cluster-api-provider-metal3/api v1.13.2
 	k8s.io/apimachinery v0.35.6
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
@@ -43,5 +44,4 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.0 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )

@@ -1,50 +1,91 @@
 // Package capm3webhook runs the validation of CAPM3's own Metal3MachineTemplate
-// webhook, from the release named in go.mod, on the image blocks render
-// writes. The webhook (internal/webhooks, not importable) validates a
-// template without customDeploy by Image.Validate of its api module, which
-// this test calls. A module of its own: CAPM3 stays out of osimages' go.mod.
+// webhook, from the release named in go.mod, on the templates render
+// writes (testdata/templates.yaml, render's output, kept current by
+// TestRenderWritesTheCAPM3WebhookFixture in cmd/osimages). A module of its
+// own: CAPM3 stays out of osimages' go.mod.
+//
+// Only v1.13.2 can be judged here: the Go module proxy answers 403 for
+// every later version of github.com/metal3-io/cluster-api-provider-metal3
+// and of its api module (v1.14.0-rc.0, v1.14.0), the first that accept an
+// oci:// image without a checksum.
 package capm3webhook
 
 import (
+	"os"
 	"strings"
 	"testing"
 
 	v1beta1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta1"
 	v1beta2 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
 )
 
-const sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-
-// The image blocks render writes: oci:// with no checksum fields, and an
-// image URL with its sha256.
-var (
-	ociURL  = "oci://192.0.2.10/images/" + sha + "@sha256:" + sha
-	httpURL = "https://192.0.2.10/images/" + sha + "/ubuntu.raw"
-)
-
-// CAPM3 v1.13.2 refuses the oci:// block ("Image.Checksum: Required
-// value: cannot be empty") in both API versions and accepts the image URL.
-func TestCAPM3WebhookValidation(t *testing.T) {
-	path := *field.NewPath("Spec", "Template", "Spec", "Image")
-	checksum := sha
-	for _, c := range []struct {
-		name string
-		errs field.ErrorList
-		ok   bool
-	}{
-		{"v1beta1 oci", (&v1beta1.Image{URL: ociURL, DiskFormat: ptr("raw")}).Validate(path), false},
-		{"v1beta2 oci", (&v1beta2.Image{URL: ociURL, DiskFormat: "raw"}).Validate(path), false},
-		{"v1beta1 http", (&v1beta1.Image{URL: httpURL, Checksum: checksum, ChecksumType: ptr("sha256"), DiskFormat: ptr("raw")}).Validate(path), true},
-		{"v1beta2 http", (&v1beta2.Image{URL: httpURL, Checksum: &checksum, ChecksumType: "sha256", DiskFormat: "raw"}).Validate(path), true},
-	} {
-		if c.ok != (len(c.errs) == 0) {
-			t.Errorf("%s: %v", c.name, c.errs)
-		}
-		if !c.ok && !strings.Contains(c.errs.ToAggregate().Error(), "Checksum: Required value: cannot be empty") {
-			t.Errorf("%s: %v, want the checksum required", c.name, c.errs)
-		}
+// validate is what CAPM3's webhook (internal/webhooks/v1beta2, not
+// importable) checks of a template: its image, unless it has a custom
+// deploy. The webhook serves v1beta2 only; the apiserver converts a
+// v1beta1 template to it first (matchPolicy Equivalent), with the api
+// module's own conversion.
+func validate(t *testing.T, doc []byte) (url string, errs field.ErrorList) {
+	t.Helper()
+	var head struct {
+		APIVersion string `json:"apiVersion"`
 	}
+	if err := yaml.Unmarshal(doc, &head); err != nil {
+		t.Fatal(err)
+	}
+	hub := &v1beta2.Metal3MachineTemplate{}
+	switch head.APIVersion {
+	case v1beta2.GroupVersion.String():
+		// Strict: every field render writes is one CAPM3 knows.
+		if err := yaml.UnmarshalStrict(doc, hub); err != nil {
+			t.Fatalf("%v\n%s", err, doc)
+		}
+	case v1beta1.GroupVersion.String():
+		old := &v1beta1.Metal3MachineTemplate{}
+		if err := yaml.UnmarshalStrict(doc, old); err != nil {
+			t.Fatalf("%v\n%s", err, doc)
+		}
+		if err := old.ConvertTo(hub); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("apiVersion %q\n%s", head.APIVersion, doc)
+	}
+	if hub.Spec.Template.Spec.CustomDeploy.Method != "" {
+		return hub.Spec.Template.Spec.Image.URL, nil
+	}
+	return hub.Spec.Template.Spec.Image.URL, hub.Spec.Template.Spec.Image.Validate(*field.NewPath("Spec", "Template", "Spec", "Image"))
 }
 
-func ptr(s string) *string { return &s }
+// CAPM3 v1.13.2 refuses render's oci:// templates ("Image.Checksum:
+// Required value: cannot be empty") in both API versions, and accepts its
+// image URL templates.
+func TestCAPM3WebhookValidation(t *testing.T) {
+	stream, err := os.ReadFile("testdata/templates.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, doc := range strings.Split(string(stream), "\n---\n")[1:] {
+		url, errs := validate(t, []byte(doc))
+		switch {
+		case strings.HasPrefix(url, "oci://"):
+			seen["oci"]++
+			if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), "Checksum: Required value: cannot be empty") {
+				t.Errorf("%s: %v, want the checksum required\n%s", url, errs, doc)
+			}
+		case strings.HasPrefix(url, "https://"):
+			seen["https"]++
+			if len(errs) != 0 {
+				t.Errorf("%s: %v, want it accepted\n%s", url, errs, doc)
+			}
+		default:
+			t.Errorf("image URL %q\n%s", url, doc)
+		}
+	}
+	// Both API versions, the control plane's and md0's of each delivery.
+	if seen["oci"] != 4 || seen["https"] != 4 {
+		t.Errorf("templates judged: %v, want 4 oci:// and 4 https://", seen)
+	}
+}
