@@ -67,6 +67,7 @@ func TestToolsSayWhatTheyInstallFirst(t *testing.T) {
 		{regexp.MustCompile(`^RUN go install github\.com/sigstore/cosign/v3/cmd/cosign@`), "cosign", false},
 		{regexp.MustCompile(`^RUN go mod download sigs\.k8s\.io/cluster-api@`), "cluster-api", false},
 		{regexp.MustCompile(`^RUN go mod download github\.com/metal3-io/cluster-api-provider-metal3@`), "cluster-api-provider-metal3", false},
+		{regexp.MustCompile(`^RUN go mod download$`), "capm3webhook", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*chromium`), "chromium", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*iproute2`), "iproute2", false},
 		{regexp.MustCompile(`^RUN apt-get .*install .*ca-certificates`), "ca-certificates", true},

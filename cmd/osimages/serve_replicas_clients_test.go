@@ -90,7 +90,10 @@ func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
 	})
 	registryGate.closed.Store(true)
 	peerGate.closed.Store(true)
-	b := rs.start("b", nil, "--client-hold", "1s")
+	// b's fills stall at the gate for as long as the test lasts; a fill
+	// cut for --peer-timeout would mark a as failed, and a peer that
+	// failed is no longer relayed from: the bound is far beyond the test.
+	b := rs.start("b", nil, "--client-hold", "1s", "--peer-timeout", "10m")
 	testenv.Eventually(t, "b fills both images from a, held at the stallGate", 60*time.Second, func() (bool, string) {
 		st := b.state()
 		if st == nil {

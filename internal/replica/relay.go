@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -74,8 +75,11 @@ func (v *View) Holders(sum osimage.SHA256) []Peer {
 //   - a whole image is hashed on the way, and its last byte held back
 //     until its sha256 matches: a client never gets a complete image
 //     that is not the one it asked for;
-//   - a relay ends with Hold, or the request's deadline (the end of the
-//     client's hold), and a peer that sends nothing for Stall is cut;
+//   - a peer's answer must begin within Hold (the client's hold, shared
+//     by the peers tried in turn); once it streams, a peer that sends
+//     nothing for Stall, or fewer than MinRate bytes a second over
+//     RateWindow, is cut: a relay of a many-GiB image lasts as long as
+//     its bytes flow, and no longer;
 //   - as soon as this replica holds the image verified (Local), the
 //     relay goes on from that copy, at the offset reached, still hashed;
 //   - a peer that failed the image, a fill from it or a relay of it, is
@@ -87,12 +91,19 @@ type Relay struct {
 	Client *http.Client
 	// SendTimeout bounds one write of the answer to the client.
 	SendTimeout time.Duration
-	// Hold bounds a relay, from its start (--client-hold); 0 leaves only
-	// the request's deadline and Stall.
+	// Hold bounds the wait for a peer's answer to begin, from the
+	// client's request (--client-hold); 0 leaves only the request's
+	// deadline and Stall.
 	Hold time.Duration
 	// Stall cuts a peer that sends no byte for that long, counted from the
-	// request (--peer-timeout); 0: no bound but Hold.
+	// request (--peer-timeout); 0: no such bound.
 	Stall time.Duration
+	// MinRate cuts a peer that sends fewer than MinRate bytes a second
+	// over RateWindow (--min-rate, over --stall-timeout), as a fill from a
+	// peer is: a peer that trickles would keep the client for ever. 0: no
+	// such bound.
+	MinRate    int64
+	RateWindow time.Duration
 	// Failures are the peers that failed each image (Filler.Failures):
 	// they are not relayed from, and a peer that fails a relay is added.
 	// Nil remembers nothing.
@@ -157,16 +168,15 @@ func (r Relay) Serve(w http.ResponseWriter, req *http.Request, sum osimage.SHA25
 		return false
 	}
 	ctx := req.Context()
+	var holdEnd time.Time
 	if r.Hold > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.Hold)
-		defer cancel()
+		holdEnd = time.Now().Add(r.Hold)
 	}
 	for _, p := range r.holders(sum) {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !holdEnd.IsZero() && time.Now().After(holdEnd) {
 			return false
 		}
-		started, ended := r.try(ctx, w, req, p, sum, name)
+		started, ended := r.try(ctx, w, req, p, sum, name, holdEnd)
 		if started {
 			return true
 		}
@@ -178,9 +188,9 @@ func (r Relay) Serve(w http.ResponseWriter, req *http.Request, sum osimage.SHA25
 }
 
 // try relays p's copy. started says the client's answer began (whatever
-// its end); ended, that trying the next peer makes no sense: the relay's
-// time is over, its client left, or the copy here is verified.
-func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request, p Peer, sum osimage.SHA256, name string) (started, ended bool) {
+// its end); ended, that trying the next peer makes no sense: the client's
+// hold is over, its client left, or the copy here is verified.
+func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request, p Peer, sum osimage.SHA256, name string, holdEnd time.Time) (started, ended bool) {
 	log := r.log().With("peer", p.ID, "sha256", sum)
 	instance, _ := r.View.instanceOf(p.ID)
 	fail := func(why string, args ...any) {
@@ -191,7 +201,7 @@ func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request
 	}
 	peerCtx, cut := context.WithCancelCause(ctx)
 	defer cut(nil)
-	wt := r.watch(peerCtx, cut, sum)
+	wt := r.watch(peerCtx, cut, sum, holdEnd)
 	defer func() {
 		if f := wt.stop(); f != nil {
 			f.Close() // found while the peer's answer was awaited: the caller serves it
@@ -216,6 +226,7 @@ func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request
 		fail(why)
 		return false, false
 	}
+	wt.answered.Store(true)
 	defer resp.Body.Close()
 	// Only what is known of the image, not what the peer says of it.
 	h := w.Header()
@@ -252,10 +263,16 @@ func (r Relay) check(resp *http.Response, sum osimage.SHA256) (int64, string) {
 }
 
 // theirs says whether the peer's part ended by the peer's fault: not the
-// end of the relay's time, nor its client leaving, nor the copy here.
+// end of the client's hold, nor its client leaving, nor the copy here.
 func (r Relay) theirs(ctx, peerCtx context.Context) bool {
-	return ctx.Err() == nil && !errors.Is(context.Cause(peerCtx), errVerifiedHere)
+	cause := context.Cause(peerCtx)
+	return ctx.Err() == nil && !errors.Is(cause, errVerifiedHere) && !errors.Is(cause, errHoldOver)
 }
+
+// errHoldOver ends a relay whose peer did not begin its answer within the
+// client's hold: the client gets the caller's 503, and the peer is not
+// blamed (its answer may have been on its way).
+var errHoldOver = errors.New("the client's hold is over before the peer answered")
 
 func relayError(peerCtx context.Context, err error) error {
 	if cause := context.Cause(peerCtx); cause != nil {
@@ -281,7 +298,7 @@ func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reade
 		n, err := src.Read(buf[:min(int64(len(buf)), length-read)])
 		if n > 0 {
 			if fromPeer {
-				wt.progress()
+				wt.progress(n)
 			}
 			h.Write(buf[:n])
 			out := buf[:n]
@@ -327,10 +344,17 @@ func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reade
 	}
 }
 
-// await waits, until ctx ends, for the copy verified here.
+// await waits for the copy verified here, while the client would wait
+// for a peer that sends nothing (Stall, or Hold when there is none), and
+// no longer than ctx.
 func (r Relay) await(ctx context.Context, sum osimage.SHA256) *os.File {
 	if r.Local == nil {
 		return nil
+	}
+	if wait := cmp.Or(r.Stall, r.Hold); wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
 	}
 	tick := time.NewTicker(relayPoll)
 	defer tick.Stop()
@@ -347,10 +371,15 @@ func (r Relay) await(ctx context.Context, sum osimage.SHA256) *os.File {
 }
 
 // watcher cuts a peer's part of a relay (its context) when the copy
-// here is verified (errVerifiedHere) or the peer stalled.
+// here is verified (errVerifiedHere), the client's hold ends before the
+// peer answered (errHoldOver), or the peer stalled or trickles.
 type watcher struct {
 	// alive is the time of the last byte, in nanoseconds.
-	alive    atomic.Int64
+	alive atomic.Int64
+	// received counts the bytes from the peer, for MinRate.
+	received atomic.Int64
+	// answered says the peer's answer began: the hold no longer applies.
+	answered atomic.Bool
 	done     chan struct{}
 	stopOnce sync.Once
 	exited   chan struct{}
@@ -358,9 +387,14 @@ type watcher struct {
 	local *os.File
 }
 
-func (r Relay) watch(ctx context.Context, cut context.CancelCauseFunc, sum osimage.SHA256) *watcher {
+func (r Relay) watch(ctx context.Context, cut context.CancelCauseFunc, sum osimage.SHA256, holdEnd time.Time) *watcher {
 	wt := &watcher{done: make(chan struct{}), exited: make(chan struct{})}
-	wt.progress()
+	wt.progress(0)
+	window := r.RateWindow
+	if window <= 0 {
+		window = r.Stall
+	}
+	windowStart, windowBytes := time.Now(), int64(0)
 	go func() {
 		defer close(wt.exited)
 		tick := time.NewTicker(relayPoll)
@@ -380,16 +414,34 @@ func (r Relay) watch(ctx context.Context, cut context.CancelCauseFunc, sum osima
 					return
 				}
 			}
+			if !wt.answered.Load() {
+				if !holdEnd.IsZero() && time.Now().After(holdEnd) {
+					cut(errHoldOver)
+					return
+				}
+				windowStart = time.Now()
+			}
 			if idle := time.Since(time.Unix(0, wt.alive.Load())); r.Stall > 0 && idle > r.Stall {
 				cut(fmt.Errorf("it sent no byte for %s", r.Stall))
 				return
+			}
+			if r.MinRate > 0 && window > 0 && time.Since(windowStart) >= window {
+				got := wt.received.Load() - windowBytes
+				if want := int64(float64(r.MinRate) * window.Seconds()); got < want {
+					cut(fmt.Errorf("it sent %d bytes in %s, fewer than --min-rate %d bytes a second", got, window, r.MinRate))
+					return
+				}
+				windowStart, windowBytes = time.Now(), wt.received.Load()
 			}
 		}
 	}()
 	return wt
 }
 
-func (wt *watcher) progress() { wt.alive.Store(time.Now().UnixNano()) }
+func (wt *watcher) progress(n int) {
+	wt.alive.Store(time.Now().UnixNano())
+	wt.received.Add(int64(n))
+}
 
 // stop ends the watch, and hands over the copy verified here it found,
 // if any; the caller closes it.
