@@ -333,7 +333,7 @@ func (s Endpoints) hold(w http.ResponseWriter, r *http.Request, sum osimage.SHA2
 func (s Endpoints) failed(w http.ResponseWriter, sum osimage.SHA256, info Image) {
 	status, msg := http.StatusServiceUnavailable, fmt.Sprintf("image %s is not ready: its last download failed: %s", sum, info.Failure)
 	if info.Refused {
-		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: the bytes its source gave did not verify (%s), and bytes that did not verify are never served", sum, info.Failure)
+		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: what its source gave did not verify (%s), and what did not verify is never served", sum, info.Failure)
 	}
 	if wait, ok := RetryAfter(info.RetryAt, s.Now()); ok {
 		w.Header().Set("Retry-After", strconv.Itoa(wait))

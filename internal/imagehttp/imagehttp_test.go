@@ -284,7 +284,7 @@ func TestFailedImages(t *testing.T) {
 		want   []string
 	}{
 		{"refused, retried", "sha256 mismatch: expected aa, got bb", true, now.Add(90 * time.Second), http.StatusBadGateway, 1, 90,
-			[]string{"is not served: the bytes its source gave did not verify (sha256 mismatch: expected aa, got bb)", "a new download is scheduled in"}},
+			[]string{"is not served: what its source gave did not verify (sha256 mismatch: expected aa, got bb)", "a new download is scheduled in"}},
 		{"refused, deselected", "sha256 mismatch: expected aa, got bb", true, time.Time{}, http.StatusBadGateway, 0, 0,
 			[]string{"did not verify", "no new download is scheduled"}},
 		{"unreachable source", "connection refused at https://r.example", false, now.Add(-time.Second), http.StatusServiceUnavailable, 1, 1,

@@ -269,7 +269,7 @@ func (g Registry) notReady(w http.ResponseWriter, code string, img Image) {
 	}
 	status, msg := http.StatusServiceUnavailable, fmt.Sprintf("image %s is not held verified here: its last download failed: %s", img.SHA256, img.Failure)
 	if img.Refused {
-		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: the bytes its source gave did not verify (%s), and bytes that did not verify are never served", img.SHA256, img.Failure)
+		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: what its source gave did not verify (%s), and what did not verify is never served", img.SHA256, img.Failure)
 	}
 	now := time.Now
 	if g.Now != nil {

@@ -448,7 +448,7 @@ func TestFailureIsolationAndRetry(t *testing.T) {
 		if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("GET %s of an image whose bytes did not verify: %s, Retry-After %q; want 502, 1\n%s", path, resp.Status, resp.Header.Get("Retry-After"), body)
 		}
-		for _, want := range []string{"is not served: the bytes its source gave did not verify (pulling: sha256 mismatch: expected 00ff, got 1234", "a new download is scheduled in 1 s"} {
+		for _, want := range []string{"is not served: what its source gave did not verify (pulling: sha256 mismatch: expected 00ff, got 1234", "a new download is scheduled in 1 s"} {
 			if !strings.Contains(string(body), want) {
 				t.Errorf("GET %s: body lacks %q:\n%s", path, want, body)
 			}
