@@ -57,8 +57,12 @@ v1.14.0), each level with image_delivery: oci fails, naming the release
 needed, instead of writing a template that CAPM3 would refuse. From files
 alone it cannot tell, and renders as asked.
 
-On any error nothing is printed or applied, every failing level is listed,
-and the exit code is 1 (2 for unreadable input).`,
+On any error nothing is printed or applied and every failing level is
+listed. The exit code is 1 when a pick fails (no image, or several, for a
+level) or the image picked is not served (yet); 2 when an input is wrong:
+a flag, a value, an image record of (A) (a sha256 that is not 64 lowercase
+hex digits, a filename the server cannot serve, an image-format Metal3
+does not know), or a ConfigMap that does not parse.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runRender(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -120,7 +124,7 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 		}
 		info, err := osimage.ParseInfo(doc)
 		if err != nil {
-			return exitcode.FailureError(fmt.Errorf("ConfigMap %s: %w", o.osImagesConfigMap, err))
+			return exitcode.InputError(fmt.Errorf("--os-images-configmap %s: %w", o.osImagesConfigMap, err))
 		}
 		// (A) as Flux gives it to the chart: the ConfigMap (valuesFrom)
 		// with the values' own os_images merged on top.
@@ -135,13 +139,13 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 			return exitcode.FailureError(err)
 		}
 		if b, err = osimage.ParseServed(docs[osimage.ValuesKey]); err != nil {
-			return exitcode.FailureError(fmt.Errorf("ConfigMap %s: %w", o.servedConfigMap, err))
+			return exitcode.InputError(fmt.Errorf("--served-configmap %s: %w", o.servedConfigMap, err))
 		}
 		// An osimages server's copy also says which manifest each image's
 		// oci:// URL answers; Sylva's does not, and then nobody can tell.
 		if doc, ok := docs[osimage.ServedOCIKey]; ok {
 			if bOCI, err = osimage.ParseServedOCI(doc); err != nil {
-				return exitcode.FailureError(fmt.Errorf("ConfigMap %s, key %s: %w", o.servedConfigMap, osimage.ServedOCIKey, err))
+				return exitcode.InputError(fmt.Errorf("--served-configmap %s, key %s: %w", o.servedConfigMap, osimage.ServedOCIKey, err))
 			}
 		}
 	}
@@ -159,7 +163,16 @@ func runRender(ctx context.Context, o renderOptions, stdout, stderr io.Writer) e
 			return exitcode.FailureError(err)
 		}
 	}
-	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, Served: b, ServedOCI: bOCI, APIVersion: o.apiVersion, Namespace: o.namespace, OCIRefused: ociRefused})
+	var catalogFrom string
+	if o.osImagesConfigMap != "" {
+		catalogFrom = "ConfigMap " + o.osImagesConfigMap + " (--os-images-configmap)"
+	}
+	templates, err := capm3.Render(capm3.Input{Values: v, Catalog: a, CatalogFrom: catalogFrom, Served: b, ServedOCI: bOCI, APIVersion: o.apiVersion, Namespace: o.namespace, OCIRefused: ociRefused})
+	if capm3.InputFault(err) {
+		// A value or an image record that cannot be used as it is: the
+		// operator's to fix, whatever else failed with it.
+		return exitcode.InputError(err)
+	}
 	if err != nil {
 		return exitcode.FailureError(err)
 	}

@@ -72,7 +72,7 @@ func TestRenderChecksTheServedOCIManifest(t *testing.T) {
 	bad := served(size)
 	bad[osimage.ServedOCIKey] = "served_oci: [" + sum("plain") + "]\n"
 	put("served", bad)
-	if r = run(t, args...); r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "ConfigMap "+ns+"/served, key served-oci.yaml: parsing served_oci document") {
+	if r = run(t, args...); r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, "--served-configmap "+ns+"/served, key served-oci.yaml: parsing served_oci document") {
 		t.Fatalf("served-oci.yaml that is no document: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 

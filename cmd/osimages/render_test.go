@@ -139,6 +139,34 @@ func TestRenderFailures(t *testing.T) {
 	}
 }
 
+// A malformed sha256 in the catalog is wrong values: exit 2 (README), with
+// the input named and how to fix it, even beside a level whose image is
+// merely not served; a pick or the served check failing alone exits 1.
+func TestRenderMalformedSHA256IsTheInputs(t *testing.T) {
+	for _, tc := range []struct{ name, sha, want string }{
+		{"not hex", sum("plain")[:63] + "Z", `sha256 "` + sum("plain")[:63] + `Z" is not 64 lowercase hex digits`},
+		{"uppercase", strings.ToUpper(sum("plain")), `sha256 "` + strings.ToUpper(sum("plain")) + `" is not 64 lowercase hex digits: write it in lowercase`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(osImagesDoc, "sha256: "+sum("plain"), "sha256: "+tc.sha, 1)
+			// md0's image is not served: that alone would exit 1.
+			r := run(t, "render", "-f", writeFile(t, "c.yaml", clusterDoc+doc+servedDoc(true, sum("plain"))))
+			if r.code != 2 || r.stdout != "" {
+				t.Fatalf("want exit 2 and nothing printed, got %d, %q\n%s", r.code, r.stdout, r.stderr)
+			}
+			for _, w := range []string{
+				".control_plane.capm3: os_images.ubuntu-plain: " + tc.want,
+				".control_plane.capm3: os_images.ubuntu-plain comes from the values' os_images: correct the image's record there (its sha256 is the image file's, 64 lowercase hexadecimal digits as sha256sum prints them",
+				".machine_deployments.md0.capm3: image " + sum("hardened") + "/ubuntu-hardened is currently not served",
+			} {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}
+
 func TestSelect(t *testing.T) {
 	cat := writeFile(t, "os-images.yaml", osImagesDoc)
 	r := run(t, "select", "--os-images", cat, "--selector", "os=ubuntu", "--selector", "hardened=true")

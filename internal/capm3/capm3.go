@@ -35,6 +35,11 @@ type Input struct {
 	// Catalog is (A), the cluster's own os_images: the only source of the
 	// image picked.
 	Catalog osimage.Catalog
+	// CatalogFrom names where Catalog comes from beside the values' own
+	// os_images, such as "ConfigMap sylva-system/os-images-info", so that
+	// an error in an image record names the input to correct; empty when
+	// Catalog is the values' os_images alone.
+	CatalogFrom string
 	// Served is (B), what the management cluster's image server serves:
 	// only checked against, never picked from.
 	Served osimage.ServedSet
@@ -81,7 +86,9 @@ func (t Template) Name() string {
 // Render returns the control plane's template, then one per machine
 // deployment in name order. Every failing level is reported in the one
 // error, so that an operator fixes them all in one go; on any error no
-// template is returned, so nothing half-rendered can be applied.
+// template is returned, so nothing half-rendered can be applied. A level
+// whose image could not be picked or is not served is a *PickError in it;
+// anything else is a fault of the input (InputFault).
 func Render(in Input) ([]Template, error) {
 	apiVersion, err := NormalizeAPIVersion(in.APIVersion)
 	if err != nil {
@@ -103,7 +110,7 @@ func Render(in Input) ([]Template, error) {
 	// Levels are rendered even when a cluster value is wrong, so that one
 	// run reports every mistake; nothing is returned unless all is well.
 
-	r := renderer{cluster: cl, catalog: in.Catalog, served: in.Served, servedOCI: in.ServedOCI, apiVersion: apiVersion, ociRefused: in.OCIRefused}
+	r := renderer{values: in.Values, catalogFrom: in.CatalogFrom, cluster: cl, catalog: in.Catalog, served: in.Served, servedOCI: in.ServedOCI, apiVersion: apiVersion, ociRefused: in.OCIRefused}
 	out := make([]Template, 0, len(lvs))
 	byName := map[string]string{}
 	for _, lv := range lvs {

@@ -380,14 +380,17 @@ func TestRenderErrors(t *testing.T) {
 		namespace  string
 		want       []string // substrings, in any order
 		not        []string // substrings that must not show
+		// pick: every error is a pick or the served check failing (the
+		// work, exit 1); otherwise one at least is the input's (exit 2).
+		pick bool
 	}{
 		{
-			name: "not served", served: notServed,
+			name: "not served", pick: true, served: notServed,
 			want: []string{".machine_deployments.md0.capm3: image " + sha('b') + "/ubuntu-hardened-rke2-1-32 is currently not served by mgmt cluster os-image-server"},
 			not:  []string{".control_plane.capm3", "md1"},
 		},
 		{
-			name: "nothing served", served: nil,
+			name: "nothing served", pick: true, served: nil,
 			want: []string{
 				".control_plane.capm3: image " + sha('a') + "/ubuntu-plain-rke2-1-32 is currently not served by mgmt cluster os-image-server",
 				".machine_deployments.md0.capm3: image " + sha('b') + "/ubuntu-hardened-rke2-1-32 is currently not served",
@@ -395,7 +398,7 @@ func TestRenderErrors(t *testing.T) {
 			},
 		},
 		{
-			name: "still downloading", served: preparing,
+			name: "still downloading", pick: true, served: preparing,
 			want: []string{".machine_deployments.md0.capm3: image " + sha('b') + "/ubuntu-hardened-rke2-1-32 is known to the mgmt cluster os-image-server but not available yet", "still being prepared (downloading)"},
 			not:  []string{"currently not served"},
 		},
@@ -412,6 +415,7 @@ func TestRenderErrors(t *testing.T) {
 		{name: "unknown API version", apiVersion: "v1alpha5", want: []string{`API version "v1alpha5"`}},
 		{
 			name:  "no image at all",
+			pick:  true,
 			extra: `capm3: {os_image_selector: null}`,
 			want:  []string{".control_plane.capm3: no image: set .os_image_selector, .image_key, or .machine_image_url"},
 			not:   []string{"md0", "md1"},
@@ -453,16 +457,19 @@ func TestRenderErrors(t *testing.T) {
 		},
 		{
 			name:  "image_key and selector differ",
+			pick:  true,
 			extra: `machine_deployments: {md0: {capm3: {image_key: ubuntu-plain-rke2-1-32}}}`,
 			want:  []string{".machine_deployments.md0.capm3: both .os_image_selector and .image_key are set, but the resulting image key differ"},
 		},
 		{
 			name:  "unknown image_key",
+			pick:  true,
 			extra: `control_plane: {capm3: {os_image_selector: null, image_key: nope}}`,
 			want:  []string{".control_plane.capm3: nothing in os_images for image_key nope"},
 		},
 		{
 			name:  "no match",
+			pick:  true,
 			extra: `machine_deployments: {md1: {capm3: {os_image_selector: {os: debian}}}}`,
 			want:  []string{".machine_deployments.md1.capm3: no OS image could be found matching selectors"},
 		},
@@ -506,6 +513,7 @@ func TestRenderErrors(t *testing.T) {
 				".control_plane.capm3: os_images.ubuntu-plain-rke2-1-32: sha256 \"ABC\" is not 64 lowercase hex digits",
 				".control_plane.capm3: os_images.ubuntu-plain-rke2-1-32 has no filename",
 				".control_plane.capm3: os_images.ubuntu-plain-rke2-1-32: image-format \"iso\" is not one Metal3 accepts",
+				".control_plane.capm3: os_images.ubuntu-plain-rke2-1-32 comes from the values' os_images: correct the image's record there (its sha256 is the image file's, 64 lowercase hexadecimal digits as sha256sum prints them",
 			},
 		},
 		{
@@ -577,6 +585,9 @@ func TestRenderErrors(t *testing.T) {
 				if !strings.Contains(msg, w) {
 					t.Errorf("error lacks %q:\n%s", w, msg)
 				}
+			}
+			if InputFault(err) == tt.pick {
+				t.Errorf("InputFault = %v, want %v (a pick or served check failing is the work's, anything else the input's):\n%s", !tt.pick, !tt.pick, msg)
 			}
 			for _, n := range tt.not {
 				if strings.Contains(msg, n) {
@@ -682,6 +693,34 @@ func TestLevelSemantics(t *testing.T) {
 				if tmpl.Level == tt.level && tmpl.ImageKey != tt.want {
 					t.Errorf("render picks %s, want %s", tmpl.ImageKey, tt.want)
 				}
+			}
+		})
+	}
+}
+
+// An image record that cannot be served names the input it came from, so
+// that the operator corrects it there: the values' own os_images, the
+// os-images-info ConfigMap they are merged over, or both.
+func TestImageRecordNamesItsInput(t *testing.T) {
+	const key = "ubuntu-plain-rke2-1-32"
+	cat := testCatalog()
+	cat[key]["sha256"] = sha('a')[:63] + "Z"
+	const cm = "ConfigMap sylva-system/os-images-info"
+	for _, tc := range []struct {
+		name, extra, from, want string
+	}{
+		{"values alone", "", "", "comes from the values' os_images:"},
+		{"the ConfigMap", "", cm, "comes from " + cm + ":"},
+		{"values over the ConfigMap", "os_images: {" + key + ": {os: ubuntu}}", cm, "comes from the values' os_images merged over " + cm + ":"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Render(Input{Values: vals(t, tc.extra), Catalog: cat, CatalogFrom: tc.from, Served: servedAll()})
+			want := ".control_plane.capm3: os_images." + key + " " + tc.want
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "sha256 \""+sha('a')[:63]+"Z\" is not 64 lowercase hex digits") {
+				t.Fatalf("want %q in:\n%v", want, err)
+			}
+			if !InputFault(err) {
+				t.Errorf("a malformed sha256 is not taken as a fault of the input:\n%v", err)
 			}
 		})
 	}

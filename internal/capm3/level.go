@@ -29,12 +29,16 @@ var diskFormats = map[string]bool{"raw": true, "qcow2": true, "vdi": true, "vmdk
 var checksumTypes = map[string]int{"md5": 32, "sha256": 64, "sha512": 128}
 
 type renderer struct {
-	cluster    cluster
-	catalog    osimage.Catalog
-	served     osimage.ServedSet
-	servedOCI  osimage.ServedOCI
-	apiVersion string
-	ociRefused error
+	// values are the cluster's, whose own os_images tell where an image
+	// record of catalog came from, with catalogFrom.
+	values      values.Values
+	catalogFrom string
+	cluster     cluster
+	catalog     osimage.Catalog
+	served      osimage.ServedSet
+	servedOCI   osimage.ServedOCI
+	apiVersion  string
+	ociRefused  error
 }
 
 // spec returns the spec of the template of one level, and the key in (A)
@@ -116,12 +120,12 @@ func (r *renderer) image(lv levels.Level) (map[string]any, string, error) {
 		img, err := r.manualImage(manual, path)
 		return img, "", err
 	case !picks:
-		return nil, "", fmt.Errorf("%s: no image: set .os_image_selector, .image_key, or .machine_image_url", path)
+		return nil, "", pickFailed(fmt.Errorf("%s: no image: set .os_image_selector, .image_key, or .machine_image_url", path))
 	}
 
 	key, err := selector.Resolve(r.catalog, choice.ImageKey, choice.Selector, path)
 	if err != nil {
-		return nil, "", err
+		return nil, "", pickFailed(err)
 	}
 	img, err := r.servedImage(key, v, path)
 	return img, key, err
@@ -135,7 +139,9 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	// The identity rules are the image server's (osimage.Image.ServedAt):
 	// render never writes a URL that the server would not answer.
 	sha, filename, err := img.ServedAt(path + ": os_images." + key)
-	errs = append(errs, err)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%w\n%s: os_images.%s comes from %s: correct the image's record there (its sha256 is the image file's, 64 lowercase hexadecimal digits as sha256sum prints them; its filename follows the rules of docs/selection.md, One image identity)", err, path, key, r.origin(key)))
+	}
 	format, err := img.StringField(osimage.FieldImageFormat)
 	switch {
 	case err != nil:
@@ -155,7 +161,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q cannot be delivered by oci://: Ironic reads the disk format of an oci:// image from its tag, and knows %s only; set .image_delivery: http", path, key, format, strings.Join(osimage.OCIDiskTypes, " and ")))
 	}
 	if delivery == levels.DeliveryOCI && r.ociRefused != nil {
-		errs = append(errs, fmt.Errorf("%s.image_delivery: oci: %w", path, r.ociRefused))
+		errs = append(errs, pickFailed(fmt.Errorf("%s.image_delivery: oci: %w", path, r.ociRefused)))
 	}
 	host, base, err := provisioningBase(v, path)
 	if err != nil {
@@ -196,7 +202,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 // checkServed enforces contract §8: (B) only ever makes rendering fail.
 func (r *renderer) checkServed(sha osimage.SHA256, key, path string) error {
 	if err := r.served.Require(sha, key); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return pickFailed(fmt.Errorf("%s: %w", path, err))
 	}
 	return nil
 }
@@ -211,9 +217,27 @@ func (r *renderer) checkServedOCI(ref osimage.OCIReference, key, path string) er
 		return nil
 	}
 	if _, ok := r.servedOCI[ref.SHA256]; !ok {
-		return fmt.Errorf("%s: image %s/%s is served, but the management cluster's image server publishes no oci:// reference for it (served-oci.yaml): set .image_delivery: http, or wait until it publishes one", path, ref.SHA256, key)
+		return pickFailed(fmt.Errorf("%s: image %s/%s is served, but the management cluster's image server publishes no oci:// reference for it (served-oci.yaml): set .image_delivery: http, or wait until it publishes one", path, ref.SHA256, key))
 	}
 	return nil
+}
+
+// origin names where the record of image key of (A) comes from, for an
+// operator to correct it there: the values' own os_images, the ConfigMap
+// they are merged over, or both, field by field.
+func (r *renderer) origin(key string) string {
+	own := false
+	if inline, ok := r.values["os_images"].(map[string]any); ok {
+		_, own = inline[key]
+	}
+	switch {
+	case own && r.catalogFrom != "":
+		return "the values' os_images merged over " + r.catalogFrom
+	case own || r.catalogFrom == "":
+		return "the values' os_images"
+	default:
+		return r.catalogFrom
+	}
 }
 
 // provisioningBase returns the host (with its port, an IPv6 address in

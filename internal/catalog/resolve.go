@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 	"time"
@@ -223,12 +224,31 @@ func describe(err error, timeout time.Duration) string {
 	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
 		return fmt.Sprintf("timeout: no answer within %s", timeout)
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Sprintf("connection refused: %v", rootCause(err))
+		// The cause alone reads "connection refused": say where, and
+		// what an operator checks.
+		return fmt.Sprintf("connection refused at %s: no registry answers there; check the registry's address in the values (the image's URI) and that the registry is running and listening on that port", refusedAt(err))
 	case errors.As(err, &respErr):
 		return fmt.Sprintf("registry answered %d: %v", respErr.StatusCode, err)
 	default:
 		return err.Error()
 	}
+}
+
+// refusedAt names the registry a refused connection was for: its URL,
+// scheme and host, and the address dialled when the host is a name.
+func refusedAt(err error) string {
+	var urlErr *url.Error
+	var opErr *net.OpError
+	where := "the registry's address"
+	if errors.As(err, &urlErr) {
+		if u, perr := url.Parse(urlErr.URL); perr == nil && u.Host != "" {
+			where = u.Scheme + "://" + u.Host
+		}
+	}
+	if errors.As(err, &opErr) && opErr.Addr != nil && !strings.Contains(where, opErr.Addr.String()) {
+		where += " (" + opErr.Addr.String() + ")"
+	}
+	return where
 }
 
 func rootCause(err error) error {

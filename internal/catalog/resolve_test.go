@@ -229,6 +229,26 @@ func TestResolveTimeout(t *testing.T) {
 	}
 }
 
+// An unreachable registry is one cause, said once, with the registry's URL
+// and what to check: it read "connection refused: connection refused".
+func TestResolveConnectionRefused(t *testing.T) {
+	host := testenv.FreeAddr(t) // nothing listens there
+	v := mustParse(t, "os_images:\n  gone: {uri: \"oci://"+host+"/sylva-projects/gone:1.0\"}\noci_registry_insecure: true\n")
+	_, err := resolveValues(t, v, oci.Options{})
+	f, ok := failuresByKey(t, err)["gone"]
+	if !ok {
+		t.Fatalf("want the image to fail, got %v", err)
+	}
+	if strings.Count(f.Cause, "connection refused") != 1 {
+		t.Errorf("cause says connection refused other than once: %s", f.Cause)
+	}
+	for _, want := range []string{"connection refused at ", "://" + host, "check the registry's address in the values", "that the registry is running"} {
+		if !strings.Contains(f.Cause, want) {
+			t.Errorf("cause lacks %q: %s", want, f.Cause)
+		}
+	}
+}
+
 func writeDockerConfig(t *testing.T, host, user, password string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.json")

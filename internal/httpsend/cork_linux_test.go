@@ -82,3 +82,51 @@ func TestCorkedOverTLS(t *testing.T) {
 		t.Fatal(resp.Status)
 	}
 }
+
+// TestCorkedWithoutAConnection: a request whose context holds no TCP
+// connection (a server without ConnContext, or a nil one) is not corked:
+// Corked leaves the connection it came over as it found it, corked or not,
+// and so does the function it returns.
+func TestCorkedWithoutAConnection(t *testing.T) {
+	conns := make(chan net.Conn, 1)
+	type state struct{ during, after int }
+	got := make(chan state, 2)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(got) // a handler that ends early fails the test, not hangs it
+		c := (<-conns).(*net.TCPConn)
+		for _, req := range []*http.Request{r, r.WithContext(ConnContext(r.Context(), nil))} {
+			// Corked by someone else: neither Corked nor its uncork may
+			// touch it.
+			if err := setCork(c, true); err != nil {
+				t.Error(err)
+				return
+			}
+			uncork := Corked(req)
+			var s state
+			s.during = cork(t, c)
+			uncork()
+			s.after = cork(t, c)
+			got <- s
+		}
+		_ = setCork(c, false)
+		_, _ = w.Write([]byte("ok"))
+	}))
+	// No ConnContext: the handler finds the connection by ConnState.
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns <- c
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, what := range []string{"no connection in the context", "a nil connection"} {
+		if s := <-got; s != (state{during: 1, after: 1}) {
+			t.Errorf("%s: TCP_CORK set by another during, after: %d, %d; want 1, 1 (untouched)", what, s.during, s.after)
+		}
+	}
+}

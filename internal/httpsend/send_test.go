@@ -455,14 +455,3 @@ func TestWriterUnwraps(t *testing.T) {
 		t.Error("the recorder below was not flushed")
 	}
 }
-
-// TestCorkedWithoutAConnection: a request that did not come through a
-// server with ConnContext (or over TLS) is not corked, and uncorking it
-// is harmless.
-func TestCorkedWithoutAConnection(t *testing.T) {
-	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	Corked(r)()
-	var c net.Conn
-	r = r.WithContext(ConnContext(r.Context(), c))
-	Corked(r)()
-}

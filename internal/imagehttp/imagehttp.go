@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"path"
@@ -51,6 +52,15 @@ type Image struct {
 	Filenames      []string
 	MD5            string
 	VerifiedAt     time.Time
+	// Failure is why the last download failed, while Phase is
+	// PhaseFailed. Refused says that its bytes were refused: they did not
+	// verify (the sha256, a digest, the size, the signature), so no byte
+	// of them is served.
+	Failure string
+	Refused bool
+	// RetryAt is when the next download of a failed image starts; zero
+	// when none is scheduled.
+	RetryAt time.Time
 }
 
 // Endpoints serve images through Images, with metrics when Metrics is
@@ -304,10 +314,44 @@ func (s Endpoints) hold(w http.ResponseWriter, r *http.Request, sum osimage.SHA2
 			}
 			continue
 		}
+		if info.Phase == replica.PhaseFailed {
+			s.failed(w, sum, info)
+			return info, false
+		}
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfterSeconds))
 		http.Error(w, fmt.Sprintf("image %s is selected but not ready yet (%s)", sum, info.Phase), http.StatusServiceUnavailable)
 		return info, false
 	}
+}
+
+// failed answers for an image whose last download failed, and that no
+// peer could answer for. Bytes that did not verify are refused, not
+// pending: 502, the source gave a bad answer, and waiting does not make
+// them good. Another failure is 503. Retry-After only when a new download
+// is scheduled, saying when; a client told to come back in 30 s would
+// find the same answer for minutes.
+func (s Endpoints) failed(w http.ResponseWriter, sum osimage.SHA256, info Image) {
+	status, msg := http.StatusServiceUnavailable, fmt.Sprintf("image %s is not ready: its last download failed: %s", sum, info.Failure)
+	if info.Refused {
+		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: what its source gave did not verify (%s), and what did not verify is never served", sum, info.Failure)
+	}
+	if wait, ok := RetryAfter(info.RetryAt, s.Now()); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		msg += fmt.Sprintf("; a new download is scheduled in %d s", wait)
+	} else {
+		msg += "; no new download is scheduled: the image is no longer selected"
+	}
+	http.Error(w, msg, status)
+}
+
+// RetryAfter is the Retry-After of a failed image whose next download
+// starts at retryAt: the seconds until then, at least 1; ok is false when
+// none is scheduled (retryAt zero).
+func RetryAfter(retryAt, now time.Time) (seconds int, ok bool) {
+	if retryAt.IsZero() {
+		return 0, false
+	}
+	return max(int(math.Ceil(retryAt.Sub(now).Seconds())), 1), true
 }
 
 // ServeStored sends the stored, verified file of sum (to a client, or to

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -260,5 +261,50 @@ func TestHTTPServerTimeouts(t *testing.T) {
 	hs := Endpoints{Images: &fakeImages{}, SendTimeout: time.Minute}.Server()
 	if hs.IdleTimeout <= 0 || hs.ReadHeaderTimeout <= 0 || hs.ConnContext == nil || hs.Handler == nil {
 		t.Errorf("HTTPServer: idle %v, read header %v", hs.IdleTimeout, hs.ReadHeaderTimeout)
+	}
+}
+
+// A failed image is answered for what it is: bytes that did not verify are
+// refused (502), another failure is not ready (503), and Retry-After is
+// the time to the next download when one is scheduled, absent when none is.
+func TestFailedImages(t *testing.T) {
+	images, sum := newImages(t, "disk image bytes")
+	srv := serve(t, images, nil)
+	url := srv.URL + "/images/" + string(sum) + "/good.raw"
+	now := time.Now()
+	for _, tc := range []struct {
+		name    string
+		failure string
+		refused bool
+		retryAt time.Time
+		status  int
+		// Retry-After within [lo, hi]; absent when hi is 0. The clock
+		// moves between the test's reading and the server's.
+		lo, hi int
+		want   []string
+	}{
+		{"refused, retried", "sha256 mismatch: expected aa, got bb", true, now.Add(90 * time.Second), http.StatusBadGateway, 1, 90,
+			[]string{"is not served: what its source gave did not verify (sha256 mismatch: expected aa, got bb)", "a new download is scheduled in"}},
+		{"refused, deselected", "sha256 mismatch: expected aa, got bb", true, time.Time{}, http.StatusBadGateway, 0, 0,
+			[]string{"did not verify", "no new download is scheduled"}},
+		{"unreachable source", "connection refused at https://r.example", false, now.Add(-time.Second), http.StatusServiceUnavailable, 1, 1,
+			[]string{"is not ready: its last download failed: connection refused at https://r.example", "a new download is scheduled in 1 s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			images.mu.Lock()
+			images.images[sum] = Image{Served: true, Phase: replica.PhaseFailed, Filenames: []string{"good.raw"}, Failure: tc.failure, Refused: tc.refused, RetryAt: tc.retryAt}
+			images.mu.Unlock()
+			resp, body := get(t, url)
+			ra := resp.Header.Get("Retry-After")
+			n, err := strconv.Atoi(ra)
+			if resp.StatusCode != tc.status || tc.hi == 0 && ra != "" || tc.hi > 0 && (err != nil || n < tc.lo || n > tc.hi) {
+				t.Errorf("%s, Retry-After %q; want %d, Retry-After in [%d, %d] (none for 0)", resp.Status, ra, tc.status, tc.lo, tc.hi)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(body, w) {
+					t.Errorf("body lacks %q: %s", w, body)
+				}
+			}
+		})
 	}
 }

@@ -253,3 +253,21 @@ func TestOpenRefusesTopLevelSymlinks(t *testing.T) {
 		})
 	}
 }
+
+// A data directory that names a file is told as such, with its fix, not
+// blamed on permissions.
+func TestOpenSaysTheDataDirectoryIsAFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "images.img")
+	if err := os.WriteFile(file, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ dir, want string }{
+		{file, file + " is a regular file, not a directory: give the data directory"},
+		{filepath.Join(file, "data"), "a parent of it is a file, not a directory"},
+	} {
+		_, err := Open(tc.dir)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "writable") {
+			t.Errorf("Open(%s) = %v; want %q, and no word of writability", tc.dir, err, tc.want)
+		}
+	}
+}

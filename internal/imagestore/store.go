@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -128,8 +129,8 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("image store: creating %s: %w (the data directory must be writable)", s.dir, err)
+	if err := makeDataDir(s.dir); err != nil {
+		return nil, err
 	}
 	for _, d := range []string{s.images, s.tmp, s.partial} {
 		if err := makeOwnDir(d); err != nil {
@@ -164,6 +165,27 @@ func (s *Store) Close() error {
 	err := s.lock.Close()
 	s.lock = nil
 	return err
+}
+
+// makeDataDir makes the data directory dir, if missing. Its faults are
+// told apart, each with its fix: a file where the directory (or one of
+// its parents) should be is not a matter of permissions.
+func makeDataDir(dir string) error {
+	// The data directory itself may be a symlink (a mounted volume's
+	// path): Stat follows it.
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("image store: %s is %s, not a directory: give the data directory, where the store keeps its images (it is made when missing)", dir, describe(dir, fi))
+	}
+	err := os.MkdirAll(dir, 0o755)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("image store: creating %s: %w: a parent of it is a file, not a directory; give a path under directories", dir, err)
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+		return fmt.Errorf("image store: creating %s: %w: the data directory, or the directory it is made in, must be writable by this process", dir, err)
+	}
+	return fmt.Errorf("image store: creating %s: %w", dir, err)
 }
 
 // makeOwnDir makes the directory d of the data directory, if missing, and

@@ -3,6 +3,7 @@ package ocidist
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -30,6 +32,13 @@ type Image struct {
 	Filename string
 	// Tags are the image keys it answers to as tags (the selected ones).
 	Tags []string
+	// Failure is why the last download failed, when it did and the
+	// image is not Ready; Refused says that its bytes did not verify, so
+	// they are not served. RetryAt is when the next download starts, zero
+	// when none is scheduled.
+	Failure string
+	Refused bool
+	RetryAt time.Time
 }
 
 // Images is what the registry asks of the image server.
@@ -59,6 +68,8 @@ type Registry struct {
 	// gives up on an oci:// image after 10 tries 10 s apart: a 503 at once
 	// would fail a deploy that the image URL's hold lets through.
 	Hold func(r *http.Request, sum osimage.SHA256)
+	// Now is the clock of RetryAt (nil: time.Now).
+	Now func() time.Time
 }
 
 // Handler serves /v2/ and everything under it. A GET pattern answers HEAD
@@ -246,10 +257,32 @@ func (g Registry) held(w http.ResponseWriter, r *http.Request, img Image) (Image
 	return now, ok
 }
 
-// notReady answers for an image served but not held verified yet: wait.
+// notReady answers for an image served but not held verified yet: wait,
+// or, when its download failed, as its image URL answers: 502 when its
+// bytes did not verify, which waiting does not mend, and Retry-After only
+// when a new download is scheduled.
 func (g Registry) notReady(w http.ResponseWriter, code string, img Image) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(g.RetryAfterSeconds, 1)))
-	writeError(w, http.StatusServiceUnavailable, code, fmt.Sprintf("image %s is served but not held verified here yet", img.SHA256))
+	if img.Failure == "" {
+		w.Header().Set("Retry-After", strconv.Itoa(max(g.RetryAfterSeconds, 1)))
+		writeError(w, http.StatusServiceUnavailable, code, fmt.Sprintf("image %s is served but not held verified here yet", img.SHA256))
+		return
+	}
+	status, msg := http.StatusServiceUnavailable, fmt.Sprintf("image %s is not held verified here: its last download failed: %s", img.SHA256, img.Failure)
+	if img.Refused {
+		status, msg = http.StatusBadGateway, fmt.Sprintf("image %s is not served: what its source gave did not verify (%s), and what did not verify is never served", img.SHA256, img.Failure)
+	}
+	now := time.Now
+	if g.Now != nil {
+		now = g.Now
+	}
+	if img.RetryAt.IsZero() {
+		msg += "; no new download is scheduled: the image is no longer selected"
+	} else {
+		wait := max(int(math.Ceil(img.RetryAt.Sub(now()).Seconds())), 1)
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		msg += fmt.Sprintf("; a new download is scheduled in %d s", wait)
+	}
+	writeError(w, status, code, msg)
 }
 
 // tagList is the body of tags/list.

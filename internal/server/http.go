@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/sylva-projects/osimages/internal/imagehttp"
 	"github.com/sylva-projects/osimages/internal/imagestore"
@@ -34,7 +35,7 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 			Size:     s.declaredSize, Local: servedImages{s}.verified,
 		}
 	}
-	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds, Hold: e.HoldFor}
+	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds, Hold: e.HoldFor, Now: s.cfg.Now}
 	if e.Peers != nil {
 		reg.Peers = e.Peers
 	}
@@ -66,7 +67,22 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	if md5 == "" {
 		md5 = img.Image.Get(osimage.FieldMD5)
 	}
-	return imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: md5, VerifiedAt: img.entry.VerifiedAt}, true
+	out := imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: md5, VerifiedAt: img.entry.VerifiedAt}
+	out.Failure, out.Refused, out.RetryAt = failureOf(img)
+	return out, true
+}
+
+// failureOf is why the last download of img failed, whether its bytes
+// were refused, and when the next one starts (zero when none will: a
+// deselected image is not downloaded again), while img is failed.
+func failureOf(img *image) (why string, refused bool, retryAt time.Time) {
+	if img.Phase != PhaseFailed {
+		return "", false, time.Time{}
+	}
+	if img.Selected {
+		retryAt = img.NextTry
+	}
+	return img.Reason, img.refused, retryAt
 }
 
 // Image tells what is served of sum, for the OCI distribution face: the
@@ -80,6 +96,7 @@ func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 		return ocidist.Image{}, false
 	}
 	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size}
+	oi.Failure, oi.Refused, oi.RetryAt = failureOf(img)
 	if !oi.Ready {
 		oi.Size = img.Int64Field(osimage.FieldSize)
 	}

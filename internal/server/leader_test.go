@@ -101,9 +101,10 @@ func TestANewLeaderPublishesOnlyOnceItReadItsPeers(t *testing.T) {
 	h.srv.SetLeader(true)
 	h.want(a)
 
-	// Several poll periods with the peer's state unread: nothing counted,
-	// nothing published.
-	time.Sleep(4 * replica.PollInterval)
+	// The publish loop has passed its decision with the image selected
+	// and the peer's state unread (its read hangs until open): nothing
+	// counted, nothing published.
+	h.passPublishLoop()
 	for _, set := range pub.published() {
 		if !set[a.SHA256].Available {
 			t.Fatalf("published %v before the peers' states were read: the peer holds the image verified", set)
@@ -148,5 +149,22 @@ func TestANewLeaderKeepsWhatItsPredecessorPublished(t *testing.T) {
 	defer pub.mu.Unlock()
 	if pub.readCalls != 1 {
 		t.Errorf("the previous output was read %d times, want once", pub.readCalls)
+	}
+}
+
+// passPublishLoop returns once the publish loop has run a whole pass that
+// began after the call, so that what it decides on the state as it is now
+// has been decided. The loop's signal is buffered by one: the second send
+// waits for the loop to take the first, which starts that pass, and the
+// third for it to take the second, which it does only once that pass is
+// over.
+func (h *harness) passPublishLoop() {
+	h.t.Helper()
+	for range 3 {
+		select {
+		case h.srv.changed <- struct{}{}:
+		case <-time.After(time.Minute):
+			h.t.Fatal("the publish loop took no signal for a minute")
+		}
 	}
 }

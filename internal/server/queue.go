@@ -137,7 +137,8 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 			break
 		}
 		end.RetryAt = s.cfg.Now().Add(s.backoff(img.Attempts))
-		if s.cfg.Metrics != nil && isVerifyError(err) {
+		img.refused = isVerifyError(err)
+		if s.cfg.Metrics != nil && img.refused {
 			s.cfg.Metrics.VerifyFailures.Inc()
 		}
 		s.log.Error("download failed", "sha256", sum, "key", w.Key, "attempt", img.Attempts, "retryAt", end.RetryAt.Format(time.RFC3339), "error", err)

@@ -228,6 +228,10 @@ type image struct {
 	// claiming: the registry pull of this replica is being confirmed
 	// against its peers' states (replica.Filler).
 	claiming bool
+	// refused: the last download failed because its bytes did not verify
+	// (isVerifyError), not because they could not be had; read with the
+	// phase failed, which only the end of a download sets.
+	refused bool
 }
 
 // Server selects, downloads, serves and publishes images.

@@ -439,8 +439,23 @@ func TestFailureIsolationAndRetry(t *testing.T) {
 	h.want(bad, good)
 	h.waitPhase(good.SHA256, PhaseReady)
 	h.waitPhase(bad.SHA256, PhaseFailed)
-	if resp, _ := h.get(imageURL(bad)); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("failed image: %d", resp.StatusCode)
+	// Refused, not pending: 502 on both faces, saying why, and
+	// Retry-After when the next download is due (50 ms on the frozen
+	// clock: 1 s), not a made-up 30 s.
+	manifest := "/v2/images/" + bad.SHA256.String() + "/manifests/raw"
+	for _, path := range []string{imageURL(bad), imageURL(bad) + ".sha256sum", manifest} {
+		resp, body := h.get(path)
+		if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Retry-After") != "1" {
+			t.Errorf("GET %s of an image whose bytes did not verify: %s, Retry-After %q; want 502, 1\n%s", path, resp.Status, resp.Header.Get("Retry-After"), body)
+		}
+		for _, want := range []string{"is not served: what its source gave did not verify (pulling: sha256 mismatch: expected 00ff, got 1234", "a new download is scheduled in 1 s"} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("GET %s: body lacks %q:\n%s", path, want, body)
+			}
+		}
+		if strings.Contains(string(body), "not ready yet") {
+			t.Errorf("GET %s: a refusal answered as pending:\n%s", path, body)
+		}
 	}
 	if served := h.waitPublished(good.SHA256, true); served[bad.SHA256].Available {
 		t.Error("a failed image is published as available")
