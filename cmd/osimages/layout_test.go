@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -78,4 +79,36 @@ func hasPackageDoc(t *testing.T, files []string) bool {
 		}
 	}
 	return false
+}
+
+// TestPackagesDependOnlyOnTheirIdeas: a pure package does not drag in
+// what its idea has no use for, and a package takes an identity rule from
+// the package that holds the identities, not from a face that uses them.
+// Each rule is checked against the whole closure go list computes, so that
+// an import through a third package breaks it as well.
+func TestPackagesDependOnlyOnTheirIdeas(t *testing.T) {
+	const mod = "github.com/sylva-projects/osimages/"
+	for _, rule := range []struct {
+		pkg, without, why string
+	}{
+		{"internal/imagelife", "k8s.io/", "the image's lifecycle is a pure function; Phase lives there, and the replica wire imports it"},
+	} {
+		out, err := exec.Command("go", "list", "-deps", "../../"+rule.pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", rule.pkg, err, out)
+		}
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, mod+rule.pkg) {
+			t.Fatalf("go list -deps %s does not list the package itself: %q", rule.pkg, deps)
+		}
+		var found []string
+		for _, d := range deps {
+			if strings.HasPrefix(d, rule.without) || strings.HasPrefix(d, mod+rule.without) {
+				found = append(found, d)
+			}
+		}
+		if len(found) > 0 {
+			t.Errorf("%s depends on %d package(s) of %s (%s): %s", rule.pkg, len(found), rule.without, rule.why, strings.Join(found[:min(len(found), 5)], ", "))
+		}
+	}
 }
