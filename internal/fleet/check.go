@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -29,9 +30,9 @@ type ImageStatus struct {
 	Filenames []string `json:"filenames,omitempty"`
 	// Manifests are the manifest digests its oci:// URLs ask for
 	// (oci://<host>/images/<sha256>@<manifest>).
-	Manifests []string `json:"manifests,omitempty"`
-	State     State    `json:"state"`
-	NeededBy  []string `json:"neededBy"`
+	Manifests []digest.Digest `json:"manifests,omitempty"`
+	State     State           `json:"state"`
+	NeededBy  []string        `json:"neededBy"`
 	// Message is render's error for this image, when it is not served.
 	Message string `json:"message,omitempty"`
 	// Refused is why the image server refuses to serve it for this
@@ -74,7 +75,7 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		case len(wrong) > 0:
 			img.State = StateNotServed
 			img.Message = fmt.Sprintf("image %s/%s is served through oci:// under manifest %s, not %s: oci://<host>/%s@%s would answer 404; an image's manifest is of its sha256 and size: check the size the cluster's catalog gives it",
-				img.SHA256, img.ImageKey, served.OCI[img.SHA256].Manifest, strings.Join(wrong, ", "), osimage.OCIRepository(img.SHA256), wrong[0])
+				img.SHA256, img.ImageKey, served.OCI[img.SHA256].Manifest, joinDigests(wrong), osimage.OCIRepository(img.SHA256), wrong[0])
 			continue
 		case !entry.Available:
 			img.State = StateNotAvailable
@@ -120,18 +121,26 @@ func unservedFilenames(files osimage.ServedFilenames, img ImageStatus) []string 
 // unservedManifests returns the manifest digests img's oci:// URLs ask
 // for that the image server is known not to serve it under (it publishes
 // the one it serves once the image is available).
-func unservedManifests(refs osimage.ServedOCI, img ImageStatus) []string {
+func unservedManifests(refs osimage.ServedOCI, img ImageStatus) []digest.Digest {
 	ref, known := refs[img.SHA256]
 	if !known {
 		return nil
 	}
-	var out []string
+	var out []digest.Digest
 	for _, m := range img.Manifests {
 		if m != ref.Manifest {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+func joinDigests(ds []digest.Digest) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = d.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 // filenameMessage keeps render's words (contract §9) and says which URL

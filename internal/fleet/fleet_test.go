@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -257,7 +258,7 @@ func TestCheckOCIReferences(t *testing.T) {
 		return u
 	}
 	needs, err := Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good)}})
-	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest != good || needs[0].Filename != "" || needs[0].Delivery != "oci-digest" {
+	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest.String() != good || needs[0].Filename != "" || needs[0].Delivery != "oci-digest" {
 		t.Fatalf("needs of an oci:// template: %+v %v", needs, err)
 	}
 	// The form render writes now, the disk type's tag: the image, no
@@ -268,7 +269,7 @@ func TestCheckOCIReferences(t *testing.T) {
 		t.Fatalf("needs of an oci:// template by the disk type's tag: %+v %v", n, err)
 	}
 	served := osimage.ServedOutput{Set: osimage.ServedSet{sha: {Available: true, ImageKey: "m"}},
-		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: good}}}
+		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: digest.Digest(good)}}}
 	if r := Check("wc1", "copy", needs, served, true, nil); r.Images[0].State != StateServed {
 		t.Errorf("the manifest served: %+v", r.Images[0])
 	}

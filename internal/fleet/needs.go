@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -40,7 +41,7 @@ type Need struct {
 	Live     bool
 	// Manifest is the manifest digest a Metal3 object's oci:// URL asks
 	// for, "" otherwise.
-	Manifest string
+	Manifest digest.Digest
 }
 
 // ClusterValues is one cluster's values, from a ConfigMap labelled
@@ -100,7 +101,7 @@ func Needs(in Inputs) ([]Need, error) {
 		if urlSHA, name, ok := img.ServedFile(); ok && urlSHA == sha {
 			filename = name
 		}
-		delivery, manifest := levels.DeliveryHTTP, ""
+		delivery, manifest := levels.DeliveryHTTP, digest.Digest("")
 		if oci, ok := osimage.ParseOCIReference(img.URL); ok {
 			delivery, manifest = levels.DeliveryOCI, oci.Manifest
 			if manifest != "" {

@@ -144,7 +144,7 @@ func (o ociImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 // does.
 func TestAnOCIRequestIsHeldAsAnImageURLIs(t *testing.T) {
 	const content = "disk image bytes"
-	manifest, digest := ocidist.Manifest(osimage.SHA256(fmt.Sprintf("%x", sha256.Sum256([]byte(content)))), int64(len(content)))
+	manifest, digest := osimage.OCIManifest(osimage.SHA256(fmt.Sprintf("%x", sha256.Sum256([]byte(content)))), int64(len(content)))
 	for _, tc := range []struct{ name, path, want string }{
 		{"blob", "/blobs/" + fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(content))), content},
 		{"manifest", "/manifests/" + digest.String(), string(manifest)},

@@ -30,7 +30,7 @@ func servedData(t testing.TB, names []string, refused osimage.RefusedNeeds) map[
 	for _, n := range names {
 		out.Set[digest(n)] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + n}
 		out.Filenames[digest(n)] = []string{n + ".raw"}
-		out.OCI[digest(n)] = osimage.OCIServed{Repository: osimage.OCIRepository(digest(n)), Manifest: "sha256:" + string(digest("manifest of "+n))}
+		out.OCI[digest(n)] = osimage.OCIServed{Repository: osimage.OCIRepository(digest(n)), Manifest: osimage.OCILayerDigest(digest("manifest of " + n))}
 	}
 	data, err := out.ConfigMapData("test source")
 	if err != nil {
@@ -126,7 +126,7 @@ func TestFilteredKeepsWhatTheCatalogCanPick(t *testing.T) {
 	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.Filenames), want) || out.Filenames[digest("b")][0] != "b.raw" {
 		t.Errorf("filenames %v", out.Filenames)
 	}
-	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.OCI), want) || out.OCI[digest("a")].Manifest != "sha256:"+string(digest("manifest of a")) {
+	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.OCI), want) || out.OCI[digest("a")].Manifest != osimage.OCILayerDigest(digest("manifest of a")) {
 		t.Errorf("OCI references %v", out.OCI)
 	}
 	if len(out.Refused) != 2 || out.Refused[0].Namespace != "wc1" || out.Refused[1].Namespace != "wc1" {
