@@ -96,35 +96,12 @@ type Registry struct {
 const (
 	catalogFieldOwner  = "osimages-catalog"
 	eventActionCatalog = "Catalog"
-	// CatalogStatusKey is the catalog's key in osimages-status.
-	CatalogStatusKey = "catalog.yaml"
 	// planTimeout bounds reading a namespace's values into a plan; the
 	// bounds of template expansion keep it far below.
 	planTimeout = 10 * time.Second
 )
 
-// The states of a namespace's catalog, in osimages-status and the
-// osimages_catalog_state metric.
-const (
-	CatalogRunning   = "running"
-	CatalogPublished = "published"
-	CatalogFailed    = "failed"
-	CatalogTimedOut  = "timed-out"
-	CatalogRefused   = "refused"
-)
-
-// CatalogStatus is the catalog part of osimages-status (key catalog.yaml).
-type CatalogStatus struct {
-	State      string `json:"state"`
-	InputsHash string `json:"inputsHash,omitempty"`
-	// Since is when the state began (RFC 3339): a run "running" for long
-	// is stuck on its registries.
-	Since   string `json:"since"`
-	Images  int    `json:"images,omitempty"`
-	Message string `json:"message,omitempty"`
-}
-
-func (s CatalogStatus) same(o CatalogStatus) bool {
+func sameCatalogStatus(s, o osimage.CatalogStatus) bool {
 	return s.State == o.State && s.InputsHash == o.InputsHash && s.Message == o.Message && s.Images == o.Images
 }
 
@@ -292,8 +269,8 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		c.mu.Lock()
 		delete(c.refused, name)
 		c.mu.Unlock()
-		c.metrics.catalogState(name, CatalogPublished)
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: countImages(current)})
+		c.metrics.catalogState(name, osimage.CatalogPublished)
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogPublished, InputsHash: hash, Images: countImages(current)})
 	}
 	allowEmpty := slices.ContainsFunc(inputs, func(cm corev1.ConfigMap) bool { return cm.Annotations[catalog.AllowEmptyAnnotation] == "true" })
 	if err := catalog.CheckEmptying(current, len(plan.Sources), allowEmpty); err != nil {
@@ -315,7 +292,7 @@ func (c *catalogReconciler) advance(ctx context.Context, input *corev1.ConfigMap
 	case r == nil:
 		r = c.start(name, plan, hash, 0)
 		c.mu.Unlock()
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images", len(plan.Sources))})
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images", len(plan.Sources))})
 	case !r.done:
 		c.mu.Unlock()
 		return reconcile.Result{}, nil // its end wakes the namespace
@@ -341,7 +318,7 @@ func (c *catalogReconciler) advance(ctx context.Context, input *corev1.ConfigMap
 	default:
 		c.start(name, plan, hash, r.attempt+1)
 		c.mu.Unlock()
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images (attempt %d)", len(plan.Sources), r.attempt+2)})
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images (attempt %d)", len(plan.Sources), r.attempt+2)})
 	}
 }
 
@@ -367,7 +344,7 @@ func (c *catalogReconciler) start(namespace string, plan catalog.Plan, hash stri
 		opts.Signatures = slotVerifier{slots: c.slots, namespace: namespace, inner: reg.Signatures}
 	}
 	fetcher := slotFetcher{slots: c.slots, namespace: namespace, inner: reg.Manifests}
-	c.metrics.catalogState(namespace, CatalogRunning)
+	c.metrics.catalogState(namespace, osimage.CatalogRunning)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -454,12 +431,12 @@ func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap
 	}
 	c.mu.Unlock()
 	c.metrics.catalogRun(name, "published")
-	c.metrics.catalogState(name, CatalogPublished)
+	c.metrics.catalogState(name, osimage.CatalogPublished)
 	// Say what was checked, never more.
 	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash,
 		"signaturesVerified", len(plan.Sources)-len(plan.Unchecked())-countHTTP(plan), "ociImagesWithoutKey", plan.Unchecked())
 	c.event(input, corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
-	return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: len(resolved)})
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogPublished, InputsHash: hash, Images: len(resolved)})
 }
 
 func countHTTP(p catalog.Plan) int {
@@ -476,10 +453,10 @@ func countHTTP(p catalog.Plan) int {
 // status and the metrics.
 func (c *catalogReconciler) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
 	name := input.Namespace
-	state, reason, result := CatalogFailed, "CatalogFailed", "failed"
+	state, reason, result := osimage.CatalogFailed, "CatalogFailed", "failed"
 	msg := fmt.Sprintf("os-images-info not updated: %v; retried in %s", err, retry.Round(time.Second))
 	if errors.Is(err, errRunBudget) {
-		state, reason, result = CatalogTimedOut, "CatalogTimedOut", "timeout"
+		state, reason, result = osimage.CatalogTimedOut, "CatalogTimedOut", "timeout"
 		msg = fmt.Sprintf("os-images-info not updated: the run was stopped after its budget of %s (--catalog-run-timeout): %v; are its registries answering? Retried in %s",
 			c.opts.RunTimeout, err, retry.Round(time.Second))
 	}
@@ -487,7 +464,7 @@ func (c *catalogReconciler) failed(ctx context.Context, input *corev1.ConfigMap,
 	c.metrics.catalogState(name, state)
 	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", state, "retryIn", retry.Round(time.Second).String())
 	c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
-	return c.setStatus(ctx, input, CatalogStatus{State: state, InputsHash: hash, Message: msg})
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: state, InputsHash: hash, Message: msg})
 }
 
 // refuse reports inputs that no retry can fix; the next change of the
@@ -506,25 +483,25 @@ func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap,
 		c.log.Info("catalog inputs refused; fix them, os-images-info is left as it is", "namespace", name, "reason", reason, "error", msg)
 		c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
 	}
-	c.metrics.catalogState(name, CatalogRefused)
-	return c.setStatus(ctx, input, CatalogStatus{State: CatalogRefused, Message: msg})
+	c.metrics.catalogState(name, osimage.CatalogRefused)
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRefused, Message: msg})
 }
 
 // setStatus writes the catalog's state into osimages-status when it
 // changed. A user's own osimages-status is never written: an event says
 // so instead.
-func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigMap, s CatalogStatus) (reconcile.Result, error) {
+func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigMap, s osimage.CatalogStatus) (reconcile.Result, error) {
 	name := input.Namespace
 	previous := &corev1.ConfigMap{}
-	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: fleet.StatusConfigMapName}, previous); err != nil {
+	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: osimage.StatusConfigMapName}, previous); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
 		previous = nil
 	}
 	if previous != nil {
-		var old CatalogStatus
-		if doc, ok := previous.Data[CatalogStatusKey]; ok && yaml.Unmarshal([]byte(doc), &old) == nil && old.same(s) {
+		var old osimage.CatalogStatus
+		if doc, ok := previous.Data[osimage.CatalogStatusKey]; ok && yaml.Unmarshal([]byte(doc), &old) == nil && sameCatalogStatus(old, s) {
 			return reconcile.Result{}, nil
 		}
 	}
@@ -533,7 +510,7 @@ func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigM
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	err = writeStatusKey(ctx, c.writer, catalogFieldOwner, previous, name, CatalogStatusKey, string(doc))
+	err = writeStatusKey(ctx, c.writer, catalogFieldOwner, previous, name, osimage.CatalogStatusKey, string(doc))
 	switch {
 	case errors.Is(err, errStale):
 		c.log.V(1).Info("catalog status not written, deciding again", "namespace", name, "reason", err.Error())
@@ -542,7 +519,7 @@ func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigM
 		c.event(previous, corev1.EventTypeWarning, reasonStatusNameTaken, "%v", err)
 		return reconcile.Result{}, nil
 	case err != nil:
-		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
+		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, osimage.StatusConfigMapName, err)
 	}
 	return reconcile.Result{}, nil
 }

@@ -148,12 +148,12 @@ const (
 
 // group gathers needs by sha256, in sha256 order, each with its sorted
 // list of who needs it.
-func group(needs []Need) []ImageStatus {
-	by := map[osimage.SHA256]*ImageStatus{}
+func group(needs []Need) []osimage.ImageStatus {
+	by := map[osimage.SHA256]*osimage.ImageStatus{}
 	for _, n := range needs {
 		st := by[n.SHA256]
 		if st == nil {
-			st = &ImageStatus{SHA256: n.SHA256}
+			st = &osimage.ImageStatus{SHA256: n.SHA256}
 			by[n.SHA256] = st
 		}
 		if st.ImageKey == "" {
@@ -169,14 +169,14 @@ func group(needs []Need) []ImageStatus {
 			st.Manifests = append(st.Manifests, n.Manifest)
 		}
 	}
-	out := make([]ImageStatus, 0, len(by))
+	out := make([]osimage.ImageStatus, 0, len(by))
 	for _, st := range by {
 		slices.Sort(st.NeededBy)
 		slices.Sort(st.Filenames)
 		slices.Sort(st.Manifests)
 		out = append(out, *st)
 	}
-	slices.SortFunc(out, func(a, b ImageStatus) int {
+	slices.SortFunc(out, func(a, b osimage.ImageStatus) int {
 		if a.SHA256 < b.SHA256 {
 			return -1
 		}

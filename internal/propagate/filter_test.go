@@ -58,6 +58,18 @@ func configMap(ns, name string, data map[string]string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: data}
 }
 
+// statusConfigMap is osimages-status as the check controller writes it.
+func statusConfigMap(t *testing.T, r osimage.CheckReport) *corev1.ConfigMap {
+	t.Helper()
+	doc, err := osimage.MarshalCheckReport(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := configMap(r.Namespace, osimage.StatusConfigMapName, map[string]string{osimage.StatusKey: string(doc)})
+	cm.Labels = map[string]string{osimage.StatusLabel: ""}
+	return cm
+}
+
 // readCopy parses a copy's data the way the check and render do.
 func readCopy(t *testing.T, data map[string]string) osimage.ServedOutput {
 	t.Helper()
@@ -220,14 +232,11 @@ func TestFilteredKeepsNothingUnvouchedFor(t *testing.T) {
 func TestFilteredKeepsWhatTheCheckFoundNeeded(t *testing.T) {
 	src := ReadServedSource(configMap("sylva-system", "served", servedData(t, []string{"old", "new", "other"}, nil)))
 	catalog := configMap("wc1", osimage.InfoConfigMapName, map[string]string{osimage.ValuesKey: catalogDoc(t, "new")})
-	report := fleet.Report{Namespace: "wc1", Images: []fleet.ImageStatus{
-		{SHA256: digest("old"), State: fleet.StateServed, NeededBy: []string{"Metal3MachineTemplate wc1/old"}},
-		{SHA256: digest("gone"), State: fleet.StateNotServed, NeededBy: []string{"Metal3MachineTemplate wc1/gone"}},
+	report := osimage.CheckReport{Namespace: "wc1", Images: []osimage.ImageStatus{
+		{SHA256: digest("old"), State: osimage.StateServed, NeededBy: []string{"Metal3MachineTemplate wc1/old"}},
+		{SHA256: digest("gone"), State: osimage.StateNotServed, NeededBy: []string{"Metal3MachineTemplate wc1/gone"}},
 	}}
-	status, err := report.ConfigMap()
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusConfigMap(t, report)
 	got, _, note, err := src.Filtered("wc1", picksOf(t, catalog, status))
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +250,7 @@ func TestFilteredKeepsWhatTheCheckFoundNeeded(t *testing.T) {
 
 	// A ConfigMap of that name that the check did not write (no label)
 	// adds nothing.
-	delete(status.Labels, fleet.StatusLabel)
+	delete(status.Labels, osimage.StatusLabel)
 	got, _, _, err = src.Filtered("wc1", picksOf(t, catalog, status))
 	if err != nil {
 		t.Fatal(err)
