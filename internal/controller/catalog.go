@@ -226,7 +226,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	input := &cms.Items[0]
 	inputs, err := checkInputSizes(cms.Items, fleet.CatalogValuesLabel, c.opts.MaxInputSize)
 	if err != nil {
-		return c.refuse(ctx, input, "CatalogInputTooLarge", err)
+		return c.refuse(ctx, input, reasonInputTooLarge, err)
 	}
 	var vals values.Values
 	var sources []string
@@ -238,7 +238,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			err = fmt.Errorf("no data key %s", osimage.ValuesKey)
 		}
 		if err != nil {
-			return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", source, err))
+			return c.refuse(ctx, input, reasonValuesInvalid, fmt.Errorf("%s: %w", source, err))
 		}
 		vals = values.Merge(vals, v)
 	}
@@ -249,10 +249,10 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		if ctx.Err() != nil {
 			return reconcile.Result{}, err
 		}
-		return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		return c.refuse(ctx, input, reasonValuesInvalid, fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	if err := c.opts.Registries.Admit(plan); err != nil {
-		return c.refuse(ctx, input, "CatalogRegistryNotAllowed", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		return c.refuse(ctx, input, reasonRegistryNotAllowed, fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()
 
@@ -274,7 +274,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	allowEmpty := slices.ContainsFunc(inputs, func(cm corev1.ConfigMap) bool { return cm.Annotations[catalog.AllowEmptyAnnotation] == "true" })
 	if err := catalog.CheckEmptying(current, len(plan.Sources), allowEmpty); err != nil {
-		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
+		return c.refuse(ctx, input, reasonValuesInvalid, err)
 	}
 	return c.advance(ctx, input, plan, hash, current)
 }
@@ -402,7 +402,7 @@ func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
 		// Too large for a ConfigMap: only new values can fix it.
-		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
+		return c.refuse(ctx, input, reasonValuesInvalid, err)
 	}
 	if current == nil {
 		err = c.writer.Create(ctx, cm, client.FieldOwner(catalogFieldOwner))
@@ -430,13 +430,13 @@ func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap
 		delete(c.runs, name)
 	}
 	c.mu.Unlock()
-	c.metrics.catalogRun(name, "published")
-	c.metrics.catalogState(name, osimage.CatalogPublished)
+	c.metrics.catalogRun(name, catalogOutcomes[reasonPublished].result)
+	c.metrics.catalogState(name, catalogOutcomes[reasonPublished].state)
 	// Say what was checked, never more.
 	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash,
 		"signaturesVerified", len(plan.Sources)-len(plan.Unchecked())-countHTTP(plan), "ociImagesWithoutKey", plan.Unchecked())
-	c.event(input, corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
-	return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogPublished, InputsHash: hash, Images: len(resolved)})
+	c.event(input, reasonPublished, "os-images-info published: %d images", len(resolved))
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: catalogOutcomes[reasonPublished].state, InputsHash: hash, Images: len(resolved)})
 }
 
 func countHTTP(p catalog.Plan) int {
@@ -453,23 +453,24 @@ func countHTTP(p catalog.Plan) int {
 // status and the metrics.
 func (c *catalogReconciler) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
 	name := input.Namespace
-	state, reason, result := osimage.CatalogFailed, "CatalogFailed", "failed"
+	reason := reasonFailed
 	msg := fmt.Sprintf("os-images-info not updated: %v; retried in %s", err, retry.Round(time.Second))
 	if errors.Is(err, errRunBudget) {
-		state, reason, result = osimage.CatalogTimedOut, "CatalogTimedOut", "timeout"
+		reason = reasonTimedOut
 		msg = fmt.Sprintf("os-images-info not updated: the run was stopped after its budget of %s (--catalog-run-timeout): %v; are its registries answering? Retried in %s",
 			c.opts.RunTimeout, err, retry.Round(time.Second))
 	}
-	c.metrics.catalogRun(name, result)
-	c.metrics.catalogState(name, state)
-	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", state, "retryIn", retry.Round(time.Second).String())
-	c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
-	return c.setStatus(ctx, input, osimage.CatalogStatus{State: state, InputsHash: hash, Message: msg})
+	out := catalogOutcomes[reason]
+	c.metrics.catalogRun(name, out.result)
+	c.metrics.catalogState(name, out.state)
+	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", out.state, "retryIn", retry.Round(time.Second).String())
+	c.event(input, reason, "%s", msg)
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: out.state, InputsHash: hash, Message: msg})
 }
 
 // refuse reports inputs that no retry can fix; the next change of the
 // ConfigMaps triggers a new attempt. A run of older inputs is stopped.
-func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap, reason string, err error) (reconcile.Result, error) {
+func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap, reason catalogReason, err error) (reconcile.Result, error) {
 	name := input.Namespace
 	c.cancelRun(name, "", errInputsChanged)
 	msg := err.Error()
@@ -479,12 +480,12 @@ func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap,
 	c.mu.Unlock()
 	if !known {
 		// Once per new refusal, not per reconcile.
-		c.metrics.catalogRun(name, "refused")
+		c.metrics.catalogRun(name, catalogOutcomes[reason].result)
 		c.log.Info("catalog inputs refused; fix them, os-images-info is left as it is", "namespace", name, "reason", reason, "error", msg)
-		c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
+		c.event(input, reason, "%s", msg)
 	}
-	c.metrics.catalogState(name, osimage.CatalogRefused)
-	return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRefused, Message: msg})
+	c.metrics.catalogState(name, catalogOutcomes[reason].state)
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: catalogOutcomes[reason].state, Message: msg})
 }
 
 // setStatus writes the catalog's state into osimages-status when it
@@ -516,7 +517,7 @@ func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigM
 		c.log.V(1).Info("catalog status not written, deciding again", "namespace", name, "reason", err.Error())
 		return reconcile.Result{RequeueAfter: requeueStale}, nil
 	case errors.Is(err, errNotOurs):
-		c.event(previous, corev1.EventTypeWarning, reasonStatusNameTaken, "%v", err)
+		c.event(previous, reasonStatusNameTaken, "%v", err)
 		return reconcile.Result{}, nil
 	case err != nil:
 		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, osimage.StatusConfigMapName, err)
@@ -533,9 +534,39 @@ func countImages(cm *corev1.ConfigMap) int {
 }
 
 // event regards the given ConfigMap (the first catalog-values one: what
-// the operator edits, in the namespace concerned).
-func (c *catalogReconciler) event(regarding *corev1.ConfigMap, kind, reason, format string, args ...any) {
-	c.recorder.Eventf(regarding, nil, kind, reason, eventActionCatalog, format, args...)
+// the operator edits, in the namespace concerned), of the type the table
+// gives its reason.
+func (c *catalogReconciler) event(regarding *corev1.ConfigMap, reason catalogReason, format string, args ...any) {
+	c.recorder.Eventf(regarding, nil, catalogOutcomes[reason].eventType, string(reason), eventActionCatalog, format, args...)
+}
+
+// catalogReason is the reason of a catalog event, Flux's way: a run either
+// publishes, fails for a while (retried: Failed, TimedOut), or is refused
+// until its inputs change (no retry fixes them: the rest).
+type catalogReason string
+
+const (
+	reasonPublished          catalogReason = "CatalogPublished"
+	reasonFailed             catalogReason = "CatalogFailed"
+	reasonTimedOut           catalogReason = "CatalogTimedOut"
+	reasonInputTooLarge      catalogReason = "CatalogInputTooLarge"
+	reasonValuesInvalid      catalogReason = "CatalogValuesInvalid"
+	reasonRegistryNotAllowed catalogReason = "CatalogRegistryNotAllowed"
+	reasonStatusNameTaken    catalogReason = "StatusNameTaken"
+)
+
+// catalogOutcomes is the one place that maps a reason to what it leaves:
+// the catalog's state in osimages-status and the metrics (state; "" when
+// it leaves the state as it is), the event's type, and the run's result
+// counted (result; "" when no run ends).
+var catalogOutcomes = map[catalogReason]struct{ state, eventType, result string }{
+	reasonPublished:          {osimage.CatalogPublished, corev1.EventTypeNormal, "published"},
+	reasonFailed:             {osimage.CatalogFailed, corev1.EventTypeWarning, "failed"},
+	reasonTimedOut:           {osimage.CatalogTimedOut, corev1.EventTypeWarning, "timeout"},
+	reasonInputTooLarge:      {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonValuesInvalid:      {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonRegistryNotAllowed: {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonStatusNameTaken:    {"", corev1.EventTypeWarning, ""},
 }
 
 // runningSince lists the start of every run in progress, for the

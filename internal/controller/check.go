@@ -189,7 +189,7 @@ func (c *checkReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		log.FromContext(ctx).V(1).Info("status not written, deciding again", "reason", err.Error())
 		return reconcile.Result{RequeueAfter: requeueStale}, nil
 	case errors.Is(err, errNotOurs):
-		c.recorder.Eventf(previous, ns, corev1.EventTypeWarning, reasonStatusNameTaken, eventActionCheck, "%v", err)
+		c.recorder.Eventf(previous, ns, corev1.EventTypeWarning, string(reasonStatusNameTaken), eventActionCheck, "%v", err)
 		c.log.Info("osimages-status not written: not ours", "namespace", name)
 		return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 	case err != nil:

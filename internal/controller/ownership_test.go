@@ -51,7 +51,7 @@ func TestUsersOwnStatusIsNotOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "StatusNameTaken events from the check and the catalog", 30*time.Second, func() (bool, string) {
-		evs := eventNotes(t, "owned-status", reasonStatusNameTaken)
+		evs := eventNotes(t, "owned-status", string(reasonStatusNameTaken))
 		return len(evs) >= 2 && strings.Contains(evs[0], "not created by osimages"), fmt.Sprint(evs)
 	})
 	testenv.Eventually(t, "the catalog is published all the same", 30*time.Second, func() (bool, string) { return published(t, "owned-status"), "" })

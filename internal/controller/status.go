@@ -22,9 +22,6 @@ var errNotOurs = errors.New("not created by osimages")
 // runs again on fresher state. It is not an error worth a log at ERROR.
 var errStale = errors.New("the cache was behind the apiserver")
 
-// reasonStatusNameTaken is the event of a user's own osimages-status.
-const reasonStatusNameTaken = "StatusNameTaken"
-
 // statusKeys are the keys of osimages-status, each with its writer.
 var statusKeys = map[string]bool{osimage.StatusKey: true, osimage.CatalogStatusKey: true}
 
