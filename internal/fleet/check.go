@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -30,7 +29,7 @@ func Check(namespace, servedSetName string, needs []Need, served osimage.ServedO
 		case len(wrong) > 0:
 			img.State = osimage.StateNotServed
 			img.Message = fmt.Sprintf("image %s/%s is served through oci:// under manifest %s, not %s: oci://<host>/%s@%s would answer 404; an image's manifest is of its sha256 and size: check the size the cluster's catalog gives it",
-				img.SHA256, img.ImageKey, served.OCI[img.SHA256].Manifest, joinDigests(wrong), osimage.OCIRepository(img.SHA256), wrong[0])
+				img.SHA256, img.ImageKey, served.OCI[img.SHA256].Manifest, strings.Join(wrong, ", "), osimage.OCIRepository(img.SHA256), wrong[0])
 			continue
 		case !entry.Available:
 			img.State = osimage.StateNotAvailable
@@ -76,26 +75,18 @@ func unservedFilenames(files osimage.ServedFilenames, img osimage.ImageStatus) [
 // unservedManifests returns the manifest digests img's oci:// URLs ask
 // for that the image server is known not to serve it under (it publishes
 // the one it serves once the image is available).
-func unservedManifests(refs osimage.ServedOCI, img osimage.ImageStatus) []digest.Digest {
+func unservedManifests(refs osimage.ServedOCI, img osimage.ImageStatus) []string {
 	ref, known := refs[img.SHA256]
 	if !known {
 		return nil
 	}
-	var out []digest.Digest
+	var out []string
 	for _, m := range img.Manifests {
 		if m != ref.Manifest {
-			out = append(out, m)
+			out = append(out, m.String())
 		}
 	}
 	return out
-}
-
-func joinDigests(ds []digest.Digest) string {
-	s := make([]string, len(ds))
-	for i, d := range ds {
-		s[i] = d.String()
-	}
-	return strings.Join(s, ", ")
 }
 
 // filenameMessage keeps render's words (contract §9) and says which URL

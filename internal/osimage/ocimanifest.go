@@ -9,24 +9,13 @@ import (
 )
 
 // What the image server's OCI distribution API (internal/ocidist) serves
-// of an image, and render names in its oci:// URLs: the image is an
-// artifact of one layer, and that layer is the stored, verified file
-// itself, its digest sha256:<the catalog's sha256>, the checksum Ironic
-// verifies in transit. The manifest is built from the image's sha256 and
-// size alone (OCIManifest), two facts of its bytes: its digest never
-// changes while the image does not, whatever the filename, key or format a
-// catalog gives it, so render (from the workload cluster's catalog) and
-// the server (from the management cluster's) always agree on an image's
-// oci:// URL.
-//
-// Ironic learns an oci:// image's disk format from one place only: the
-// `disktype` annotation of the manifests listed by the index a tag
-// resolves to (a URL pinned to a manifest digest is "unknown" to it, and
-// its agent then copies the whole image into its RAM to convert it). So
-// the tag raw (qcow2) of every repository answers an index (OCIIndex)
-// whose one manifest is the image's, annotated disktype: raw (qcow2):
-// oci://host/images/<sha256>:raw still names one immutable image, and
-// Ironic streams it onto the disk.
+// of an image and render's oci:// URLs name: an artifact of one layer, the
+// stored, verified file itself (its digest is sha256:<the catalog's
+// sha256>, the checksum Ironic verifies in transit), whose manifest is of
+// the image's sha256 and size alone, so that render and the server always
+// agree on it whatever filename, key or format a catalog gives the image;
+// and per disk type, the index whose annotation tells Ironic the format
+// (OCIReference).
 
 // OCIArtifactType marks the manifests as disk-image artifacts (Ironic takes a
 // manifest with an artifactType for an artifact, not a container image).

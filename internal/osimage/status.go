@@ -7,11 +7,18 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The osimages-status ConfigMap of a workload-cluster namespace holds two
-// documents, each written by its own reconciler of osimages controller
-// and read by propagate and plan: what the fleet check found of the
-// images the namespace needs (StatusKey, CheckReport), and the state of
-// its catalog (CatalogStatusKey, CatalogStatus).
+// The osimages-status ConfigMap (StatusConfigMapName, labelled StatusLabel)
+// of each workload-cluster namespace holds two documents, each written by
+// its own reconciler of osimages controller and read by propagate and
+// plan: what the fleet check found of the images the namespace needs
+// (StatusKey, CheckReport), and the state of its catalog
+// (CatalogStatusKey, CatalogStatus).
+const (
+	StatusConfigMapName = "osimages-status"
+	StatusLabel         = "osimages.sylva-project.org/status"
+	StatusKey           = "status.yaml"
+	CatalogStatusKey    = "catalog.yaml"
+)
 
 // ImageState is where a needed image stands in the management cluster.
 type ImageState string
@@ -84,16 +91,6 @@ func (r CheckReport) Summary() string {
 		len(r.Images), r.Count(StateServed), r.Count(StateNotAvailable), r.Count(StateNotServed), len(r.Errors))
 }
 
-// StatusConfigMapName is the summary ConfigMap written in each checked
-// namespace.
-const StatusConfigMapName = "osimages-status"
-
-// StatusKey is the data key of the check's document (CheckReport).
-const StatusKey = "status.yaml"
-
-// StatusLabel marks the status ConfigMaps.
-const StatusLabel = "osimages.sylva-project.org/status"
-
 // MarshalCheckReport renders the document of StatusKey.
 func MarshalCheckReport(r CheckReport) ([]byte, error) { return yaml.Marshal(r) }
 
@@ -116,10 +113,6 @@ func ParseCheckReport(data string) (CheckReport, error) {
 	r.Images = images
 	return r, nil
 }
-
-// CatalogStatusKey is the data key of the catalog's document
-// (CatalogStatus).
-const CatalogStatusKey = "catalog.yaml"
 
 // The states of a namespace's catalog, in osimages-status and the
 // osimages_catalog_state metric.

@@ -43,11 +43,9 @@ func addFleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[osimage
 	return planFleetNeeds{added: added, refused: refused}
 }
 
-// lines says what happens to one cluster, its worst news first; with the
-// fleet's needs, the reason serve would refuse an image beside its
-// failure, and the images served because the fleet needs them. Refusals
-// and additions are joined on the cluster's namespace and the image's
-// sha256.
+// lines says what happens to one cluster, its worst news first, with
+// serve's refusal of an image beside its failure and the images served
+// for the fleet's needs: each joined on (namespace, sha256).
 func (f planFleetNeeds) lines(p fleet.ClusterPlan) []string {
 	var out []string
 	for _, l := range p.Lines {
