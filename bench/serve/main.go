@@ -55,7 +55,6 @@ import (
 
 	"github.com/sylva-projects/osimages/bench/internal/proc"
 	"github.com/sylva-projects/osimages/internal/imagestore"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	imageserver "github.com/sylva-projects/osimages/internal/server"
 )
@@ -193,7 +192,7 @@ func run(ctx context.Context, o options) error {
 	// The same osimages process, through its OCI distribution API: the
 	// blob oci:// clients download is the same stored file.
 	oci := &server{name: "osimages oci", addr: ours.addr, logPath: ours.logPath, Process: ours.Process,
-		path: "/v2/" + osimage.OCIRepository(img.sha256) + "/blobs/" + ocidist.LayerDigest(img.sha256).String()}
+		path: "/v2/" + osimage.OCIRepository(img.sha256) + "/blobs/" + osimage.OCILayerDigest(img.sha256).String()}
 	servers := []*server{theirs, ours, oci}
 	for _, s := range servers {
 		if err := s.waitReady(ctx, s.path, time.Minute); err != nil {

@@ -29,13 +29,13 @@ func TestContractDocumentsEveryConfigMap(t *testing.T) {
 		osimage.RefusedNeedsKey, "refused_needs",
 		controller.DefaultServedCopy, propagate.LabelRule, propagate.LabelSourceNamespace, propagate.LabelSourceName,
 		propagate.AnnotationSourceHash, propagate.AnnotationOwnerProof, propagate.AnnotationStaleSince, propagate.AnnotationPicks,
-		fleet.StatusConfigMapName, fleet.StatusKey, fleet.StatusLabel, controller.CatalogStatusKey,
+		osimage.StatusConfigMapName, osimage.StatusKey, osimage.StatusLabel, osimage.CatalogStatusKey,
 		osimage.FleetNeedsConfigMapName, osimage.FleetNeedsKey, osimage.FleetNeedsLabel,
 		osimage.RefusedRegistry, osimage.RefusedURI, osimage.RefusedImages, osimage.RefusedBytes, osimage.RefusedStorage,
 		osimage.RefusedNoRecord, osimage.RefusedInvalid, osimage.RefusedDocumentShare, osimage.RefusedDownload,
 		fleet.CatalogValuesLabel, fleet.ClusterValuesLabel,
-		string(fleet.StateServed), string(fleet.StateNotAvailable), string(fleet.StateNotServed),
-		controller.CatalogRunning, controller.CatalogPublished, controller.CatalogFailed, controller.CatalogTimedOut, controller.CatalogRefused,
+		string(osimage.StateServed), string(osimage.StateNotAvailable), string(osimage.StateNotServed),
+		osimage.CatalogRunning, osimage.CatalogPublished, osimage.CatalogFailed, osimage.CatalogTimedOut, osimage.CatalogRefused,
 	} {
 		if !strings.Contains(doc, name) {
 			t.Errorf("docs/contract.md does not name %q", name)

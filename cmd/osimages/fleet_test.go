@@ -287,12 +287,12 @@ func (e *fleetEnv) waitCopy(ns string, sha osimage.SHA256, present, available bo
 	})
 }
 
-func (e *fleetEnv) status(ns string) fleet.Report {
-	cm, err := e.k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+func (e *fleetEnv) status(ns string) osimage.CheckReport {
+	cm, err := e.k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
-		return fleet.Report{}
+		return osimage.CheckReport{}
 	}
-	r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+	r, _ := osimage.ParseCheckReport(cm.Data[osimage.StatusKey])
 	return r
 }
 
@@ -525,7 +525,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		start := time.Now()
 		testenv.Eventually(t, "the live check reports wc1's image not served", 30*time.Second, func() (bool, string) {
 			probs := e.status(e.wc1).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotServed, fmt.Sprint(probs)
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == osimage.StateNotServed, fmt.Sprint(probs)
 		})
 		t.Logf("live check reported the unserved image %.1fs after the change", time.Since(start).Seconds())
 		testenv.Eventually(t, "event on namespace wc1", 30*time.Second, func() (bool, string) {
@@ -674,7 +674,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		e.waitCatalog(e.wc3, img132, sha)
 		testenv.Eventually(t, "the check reports not available", 30*time.Second, func() (bool, string) {
 			probs := e.status(e.wc3).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable, fmt.Sprint(probs)
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == osimage.StateNotAvailable, fmt.Sprint(probs)
 		})
 		testenv.Eventually(t, "ImageNotAvailable event", 30*time.Second, func() (bool, string) {
 			evs := e.namespaceEvents(e.wc3, "ImageNotAvailable")

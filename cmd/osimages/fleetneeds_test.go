@@ -131,7 +131,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		wantReason := "uri " + "oci://" + undeclared.Ref + " (record " + img131 + ") is under no registry url the management values declare (" + declared + ")"
 		testenv.Eventually(t, "wc2's status gives the refusal", 60*time.Second, func() (bool, string) {
 			probs := e.status(e.wc2).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == badSHA && probs[0].State == fleet.StateNotServed &&
+			return len(probs) == 1 && probs[0].SHA256 == badSHA && probs[0].State == osimage.StateNotServed &&
 				strings.Contains(probs[0].Message, wantReason), fmt.Sprint(probs)
 		})
 		testenv.Eventually(t, "Warning event in wc2 with the reason", 30*time.Second, func() (bool, string) {
@@ -181,7 +181,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			"or ask the operator to declare its repository in the management values' os_images_oci_registries"
 		testenv.Eventually(t, "wc2's status refuses the other repository of the declared host", 60*time.Second, func() (bool, string) {
 			probs := e.status(e.wc2).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == crossSHA && probs[0].State == fleet.StateNotServed &&
+			return len(probs) == 1 && probs[0].SHA256 == crossSHA && probs[0].State == osimage.StateNotServed &&
 				strings.Contains(probs[0].Message, crossReason), fmt.Sprint(probs)
 		})
 		if n := e.gate.blobGets("someone-else/"); n != 0 {
@@ -201,9 +201,9 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 			served, quota := 0, 0
 			for _, img := range r.Images {
 				switch {
-				case img.State == fleet.StateServed:
+				case img.State == osimage.StateServed:
 					served++
-				case img.State == fleet.StateNotServed && strings.Contains(img.Message, "quota of 1 images reached"):
+				case img.State == osimage.StateNotServed && strings.Contains(img.Message, "quota of 1 images reached"):
 					quota++
 				}
 			}
@@ -220,7 +220,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		}
 		testenv.Eventually(t, "wc4 still needs the image through its templates alone, served", 30*time.Second, func() (bool, string) {
 			r := e.status(wc4)
-			if len(r.Images) != 1 || r.Images[0].SHA256 != oldSHA || r.Images[0].State != fleet.StateServed {
+			if len(r.Images) != 1 || r.Images[0].SHA256 != oldSHA || r.Images[0].State != osimage.StateServed {
 				return false, fmt.Sprintf("%+v", r.Images)
 			}
 			for _, by := range r.Images[0].NeededBy {
@@ -278,7 +278,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		e.applyConfigMap(evil, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, e.clusterValues(evil, "v1.32.5+rke2r1"))
 		testenv.Eventually(t, "the tenant is told its own record fails", 90*time.Second, func() (bool, string) {
 			probs := e.status(evil).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == fleet.StateNotAvailable &&
+			return len(probs) == 1 && probs[0].SHA256 == sha && probs[0].State == osimage.StateNotAvailable &&
 				strings.Contains(probs[0].Refused, "record aaa"), fmt.Sprintf("%+v", probs)
 		})
 
@@ -286,7 +286,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		e.applyConfigMap(victim, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, values)
 		testenv.Eventually(t, "the victim's image is served at its own URL", 120*time.Second, func() (bool, string) {
 			r := e.status(victim)
-			return len(r.Images) == 1 && r.Images[0].State == fleet.StateServed, fmt.Sprintf("%+v", r.Images)
+			return len(r.Images) == 1 && r.Images[0].State == osimage.StateServed, fmt.Sprintf("%+v", r.Images)
 		})
 		if got, code := sha256Of(t, e.serve.url("/images/"+sha.String()+"/"+good.Get(osimage.FieldFilename))); code != 200 || got != sha.String() {
 			t.Fatalf("the victim's URL: HTTP %d, sha256 %s", code, got)
@@ -316,7 +316,7 @@ func TestFleetNeedsEndToEnd(t *testing.T) {
 		e.applyConfigMap(wc4, "cluster", map[string]string{fleet.ClusterValuesLabel: ""}, values)
 		testenv.Eventually(t, "wc4 reports its image not served", 60*time.Second, func() (bool, string) {
 			probs := e.status(wc4).Problems()
-			return len(probs) == 1 && probs[0].SHA256 == oldSHA && probs[0].State == fleet.StateNotServed &&
+			return len(probs) == 1 && probs[0].SHA256 == oldSHA && probs[0].State == osimage.StateNotServed &&
 				strings.Contains(probs[0].Message, "is currently not served by mgmt cluster os-image-server") &&
 				!strings.Contains(probs[0].Message, "refuses"), fmt.Sprint(probs)
 		})

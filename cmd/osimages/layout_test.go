@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -78,4 +79,45 @@ func hasPackageDoc(t *testing.T, files []string) bool {
 		}
 	}
 	return false
+}
+
+// TestPackagesDependOnlyOnTheirIdeas: a pure package does not drag in
+// what its idea has no use for, and a package takes an identity rule from
+// the package that holds the identities, not from a face that uses them.
+// Each rule is checked against the whole closure go list computes (with
+// the package's tests when they must keep it too), so that an import
+// through a third package breaks it as well.
+func TestPackagesDependOnlyOnTheirIdeas(t *testing.T) {
+	const mod = "github.com/sylva-projects/osimages/"
+	for _, rule := range []struct {
+		pkg, without, why string
+		tests             bool
+	}{
+		{"internal/imagelife", "k8s.io/", "the image's lifecycle is a pure function; Phase lives there, and the replica wire imports it", true},
+		{"internal/capm3", "internal/ocidist", "the manifest an oci:// URL pins is an identity rule of internal/osimage; ocidist is the server's /v2/ handler", true},
+		// Its tests run the real check against the copies it writes.
+		{"internal/propagate", "internal/fleet", "osimages-status is a document of internal/osimage; fleet is the check that writes it", false},
+	} {
+		args := []string{"list", "-deps"}
+		if rule.tests {
+			args = append(args, "-test")
+		}
+		out, err := exec.Command("go", append(args, "../../"+rule.pkg)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", rule.pkg, err, out)
+		}
+		deps := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if !slices.Contains(deps, mod+rule.pkg) {
+			t.Fatalf("go list -deps %s does not list the package itself: %q", rule.pkg, deps)
+		}
+		var found []string
+		for _, d := range deps {
+			if strings.HasPrefix(d, rule.without) || strings.HasPrefix(d, mod+rule.without) {
+				found = append(found, d)
+			}
+		}
+		if len(found) > 0 {
+			t.Errorf("%s depends on %d package(s) of %s (%s): %s", rule.pkg, len(found), rule.without, rule.why, strings.Join(found[:min(len(found), 5)], ", "))
+		}
+	}
 }

@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -42,7 +41,7 @@ func TestRenderChecksTheServedOCIManifest(t *testing.T) {
 		for name, n := range map[string]int64{"plain": plainSize, "hardened": size} {
 			sha := osimage.SHA256(sum(name))
 			out.Set[sha] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + name}
-			out.OCI[sha] = osimage.OCIServed{Repository: osimage.OCIRepository(sha), Manifest: ocidist.Reference(host, sha, n).Manifest}
+			out.OCI[sha] = osimage.OCIServed{Repository: osimage.OCIRepository(sha), Manifest: osimage.PinnedOCIReference(host, sha, n).Manifest}
 		}
 		data, err := out.ConfigMapData("the served set")
 		if err != nil {

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -54,7 +53,7 @@ func (e *ipaEnv) imageURL() string {
 // blobURL is the OCI blob that Ironic resolves an oci:// URL to, and that
 // its agent downloads, checked against the layer digest.
 func (e *ipaEnv) blobURL() string {
-	return e.d.url("/v2/" + osimage.OCIRepository(e.sum) + "/blobs/" + ocidist.LayerDigest(e.sum).String())
+	return e.d.url("/v2/" + osimage.OCIRepository(e.sum) + "/blobs/" + osimage.OCILayerDigest(e.sum).String())
 }
 
 // mbrDisk is DiskContent with a DOS partition table of one Linux
@@ -153,7 +152,7 @@ func TestServeIPAStreamsTheImage(t *testing.T) {
 	}{
 		{"image URL, sha256", testenv.RawImageInfo(e.imageURL(), string(e.sum))},
 		{"image URL, checksum file", byFile},
-		{"OCI blob, layer digest", testenv.RawImageInfo(e.blobURL(), ocidist.LayerDigest(e.sum).Encoded())},
+		{"OCI blob, layer digest", testenv.RawImageInfo(e.blobURL(), osimage.OCILayerDigest(e.sum).Encoded())},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := testenv.IPA(t, testenv.IPARequest{Disk: ipaDisk(t), ImageInfo: c.info, HashDisk: true})
@@ -301,7 +300,7 @@ func TestServeIPADuringAFill(t *testing.T) {
 			})
 			url, hash := e.imageURL(), string(e.sum)
 			if kind == "OCI blob" {
-				url, hash = e.blobURL(), ocidist.LayerDigest(e.sum).Encoded()
+				url, hash = e.blobURL(), osimage.OCILayerDigest(e.sum).Encoded()
 			}
 			run := testenv.StartIPA(t, testenv.IPARequest{Disk: ipaDisk(t), ImageInfo: testenv.RawImageInfo(url, hash), HashDisk: true,
 				Conf: map[string]any{"image_download_connection_retries": 60, "image_download_connection_retry_interval": 1}})

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -50,14 +49,14 @@ func startOCIServers(t *testing.T) (map[string]devregistry.Published, []ociServe
 		// file (issue 35): the one the ConfigMap holds as served-oci.yaml.
 		sum := imageSHA(t, published["ubuntu-plain"])
 		size, _ := published["ubuntu-plain"].Fields.Size(osimage.FieldSize)
-		_, manifest := ocidist.Manifest(sum, size)
+		_, manifest := osimage.OCIManifest(sum, size)
 		testenv.Eventually(t, s.name+" server's served-oci.yaml beside "+output, 30*time.Second, func() (bool, string) {
 			doc, err := os.ReadFile(filepath.Join(filepath.Dir(output), "served-oci.yaml"))
 			if err != nil {
 				return false, err.Error()
 			}
 			refs, err := osimage.ParseServedOCI(doc)
-			want := osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest.String()}
+			want := osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest}
 			return err == nil && refs[sum] == want, fmt.Sprintf("%s (%v), want %+v", doc, err, want)
 		})
 		srv := ociServer{name: s.name, host: addr, scheme: "http", output: output}
@@ -80,7 +79,7 @@ func TestServeIronicTakesBothPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, manifest := ocidist.Manifest(sum, size)
+	_, manifest := osimage.OCIManifest(sum, size)
 	for _, srv := range servers {
 		t.Run(srv.name, func(t *testing.T) {
 			byDigest := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + "@" + manifest.String()
@@ -132,7 +131,7 @@ func TestServeIronicDeploysRendersOCIURLAsRaw(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "url: "+want+"\n") {
 		t.Fatalf("render with image_delivery: oci: exit %d, want url %s in\n%s%s", r.code, want, r.stdout, r.stderr)
 	}
-	_, manifest := ocidist.Manifest(sum, size)
+	_, manifest := osimage.OCIManifest(sum, size)
 	byDigest := "oci://" + srv.host + "/" + osimage.OCIRepository(sum) + "@" + manifest.String()
 	got, why := testenv.Ironic(t, "", want, byDigest)
 	if why != "" {
@@ -169,7 +168,7 @@ func TestServeOrasTakesTheImages(t *testing.T) {
 	plain := published["ubuntu-plain"]
 	sum := imageSHA(t, plain)
 	size, _ := plain.Fields.Size(osimage.FieldSize)
-	wantManifest, manifest := ocidist.Manifest(sum, size)
+	wantManifest, manifest := osimage.OCIManifest(sum, size)
 	run := func(t *testing.T, srv ociServer, args ...string) (string, error) {
 		t.Helper()
 		if srv.caFile != "" {
@@ -190,7 +189,7 @@ func TestServeOrasTakesTheImages(t *testing.T) {
 				t.Fatalf("oras manifest fetch: %v\n%s", err, out)
 			}
 			blob := filepath.Join(t.TempDir(), "blob")
-			if out, err := run(t, srv, "blob", "fetch", "--output", blob, repo+"@"+ocidist.LayerDigest(sum).String()); err != nil {
+			if out, err := run(t, srv, "blob", "fetch", "--output", blob, repo+"@"+osimage.OCILayerDigest(sum).String()); err != nil {
 				t.Fatalf("oras blob fetch: %v\n%s", err, out)
 			}
 			if got := fileSHA256(t, blob); got != sum.String() {
@@ -200,7 +199,7 @@ func TestServeOrasTakesTheImages(t *testing.T) {
 			if out, err := run(t, srv, "pull", "--output", dir, repo+":ubuntu-plain"); err != nil {
 				t.Fatalf("oras pull: %v\n%s", err, out)
 			}
-			if got := fileSHA256(t, filepath.Join(dir, ocidist.LayerTitle(sum))); got != sum.String() {
+			if got := fileSHA256(t, filepath.Join(dir, osimage.OCILayerTitle(sum))); got != sum.String() {
 				t.Fatalf("oras pull wrote sha256 %s, want %s", got, sum)
 			}
 			if out, err := run(t, srv, "manifest", "fetch", repo+":ubuntu-hardened"); err == nil || !strings.Contains(out, "not found") {

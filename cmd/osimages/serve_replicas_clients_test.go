@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/devregistry"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -140,19 +139,19 @@ func TestServeReplicasAnswerClientsFromAPeerDuringAFill(t *testing.T) {
 	// a's copy was verified against) and the blob, from a's copy.
 	for _, sum := range sums {
 		size, _ := strconv.ParseInt(published[sum].Fields.Get(osimage.FieldSize), 10, 64)
-		body, manifest := ocidist.Manifest(sum, size)
+		body, manifest := osimage.OCIManifest(sum, size)
 		repo := "/v2/" + osimage.OCIRepository(sum)
 		if got := httpGet(t, b.d.url(repo+"/manifests/"+manifest.String())); got != string(body) {
 			t.Fatalf("manifest of %s from b, which is still filling it: %s, want %s", sum, got, body)
 		}
-		resp, err := http.Get(b.d.url(repo + "/blobs/" + ocidist.LayerDigest(sum).String()))
+		resp, err := http.Get(b.d.url(repo + "/blobs/" + osimage.OCILayerDigest(sum).String()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		h := sha256.New()
 		n, err := io.Copy(h, resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != string(sum) || resp.Header.Get("Docker-Content-Digest") != ocidist.LayerDigest(sum).String() {
+		if resp.StatusCode != http.StatusOK || err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != string(sum) || resp.Header.Get("Docker-Content-Digest") != osimage.OCILayerDigest(sum).String() {
 			t.Fatalf("blob of %s from b: %s, %v, %d bytes of sha256 %x, digest header %q", sum, resp.Status, err, n, h.Sum(nil), resp.Header.Get("Docker-Content-Digest"))
 		}
 	}

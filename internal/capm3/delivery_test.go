@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/metal3"
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -105,7 +104,7 @@ func TestRenderOCIDeliveryHoldsToTheServedOCI(t *testing.T) {
 		o := osimage.ServedOCI{}
 		for sum, img := range servedAll() {
 			if img.Available {
-				o[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: ocidist.Reference("192.0.2.10", sum, size).Manifest}
+				o[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: osimage.PinnedOCIReference("192.0.2.10", sum, size).Manifest}
 			}
 		}
 		return o

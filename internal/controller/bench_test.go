@@ -52,7 +52,7 @@ func BenchmarkFleetReaction(b *testing.B) {
 		b.Fatal(benchSetupErr)
 	}
 	source := benchSource
-	allReport := func(want fleet.State) {
+	allReport := func(want osimage.ImageState) {
 		testenv.Poll(b, fmt.Sprintf("every namespace reports %s", want), 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
 			got := countReporting(b, want)
 			return got == n, fmt.Sprintf("%d of %d", got, n)
@@ -66,9 +66,9 @@ func BenchmarkFleetReaction(b *testing.B) {
 		if source, err = cms.ConfigMaps("bench-mgmt").Update(ctx, source, metav1.UpdateOptions{}); err != nil {
 			b.Fatal(err)
 		}
-		want := fleet.StateNotServed
+		want := osimage.StateNotServed
 		if with {
-			want = fleet.StateServed
+			want = osimage.StateServed
 		}
 		allReport(want)
 	}
@@ -137,7 +137,7 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 	start := time.Now()
 	go func() { _ = mgr.Start(context.Background()) }()
 	testenv.Poll(b, fmt.Sprintf("the first check of %d namespaces", n), 5*time.Minute, 100*time.Millisecond, func() (bool, string) {
-		got := countReporting(b, fleet.StateServed)
+		got := countReporting(b, osimage.StateServed)
 		return got >= n, fmt.Sprintf("%d of %d", got, n)
 	})
 	fmt.Printf("first check of %d namespaces (copies and statuses written): %.2fs\n", n, time.Since(start).Seconds())
@@ -146,14 +146,14 @@ func setUpFleet(b *testing.B, n int, label string, served func(bool) string, inf
 
 // countReporting counts the bench namespaces whose status has the one
 // image in state want.
-func countReporting(b *testing.B, want fleet.State) int {
-	list, err := suite.Kube(b).Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: fleet.StatusLabel})
+func countReporting(b *testing.B, want osimage.ImageState) int {
+	list, err := suite.Kube(b).Client.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{LabelSelector: osimage.StatusLabel})
 	if err != nil {
 		b.Fatal(err)
 	}
 	count := 0
 	for _, cm := range list.Items {
-		r, err := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+		r, err := osimage.ParseCheckReport(cm.Data[osimage.StatusKey])
 		if err == nil && strings.HasPrefix(r.Namespace, "bench-") && len(r.Images) == 1 && r.Images[0].State == want {
 			count++
 		}

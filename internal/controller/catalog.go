@@ -96,35 +96,12 @@ type Registry struct {
 const (
 	catalogFieldOwner  = "osimages-catalog"
 	eventActionCatalog = "Catalog"
-	// CatalogStatusKey is the catalog's key in osimages-status.
-	CatalogStatusKey = "catalog.yaml"
 	// planTimeout bounds reading a namespace's values into a plan; the
 	// bounds of template expansion keep it far below.
 	planTimeout = 10 * time.Second
 )
 
-// The states of a namespace's catalog, in osimages-status and the
-// osimages_catalog_state metric.
-const (
-	CatalogRunning   = "running"
-	CatalogPublished = "published"
-	CatalogFailed    = "failed"
-	CatalogTimedOut  = "timed-out"
-	CatalogRefused   = "refused"
-)
-
-// CatalogStatus is the catalog part of osimages-status (key catalog.yaml).
-type CatalogStatus struct {
-	State      string `json:"state"`
-	InputsHash string `json:"inputsHash,omitempty"`
-	// Since is when the state began (RFC 3339): a run "running" for long
-	// is stuck on its registries.
-	Since   string `json:"since"`
-	Images  int    `json:"images,omitempty"`
-	Message string `json:"message,omitempty"`
-}
-
-func (s CatalogStatus) same(o CatalogStatus) bool {
+func sameCatalogStatus(s, o osimage.CatalogStatus) bool {
 	return s.State == o.State && s.InputsHash == o.InputsHash && s.Message == o.Message && s.Images == o.Images
 }
 
@@ -249,7 +226,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	input := &cms.Items[0]
 	inputs, err := checkInputSizes(cms.Items, fleet.CatalogValuesLabel, c.opts.MaxInputSize)
 	if err != nil {
-		return c.refuse(ctx, input, "CatalogInputTooLarge", err)
+		return c.refuse(ctx, input, reasonInputTooLarge, err)
 	}
 	var vals values.Values
 	var sources []string
@@ -261,7 +238,7 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			err = fmt.Errorf("no data key %s", osimage.ValuesKey)
 		}
 		if err != nil {
-			return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", source, err))
+			return c.refuse(ctx, input, reasonValuesInvalid, fmt.Errorf("%s: %w", source, err))
 		}
 		vals = values.Merge(vals, v)
 	}
@@ -272,10 +249,10 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		if ctx.Err() != nil {
 			return reconcile.Result{}, err
 		}
-		return c.refuse(ctx, input, "CatalogValuesInvalid", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		return c.refuse(ctx, input, reasonValuesInvalid, fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	if err := c.opts.Registries.Admit(plan); err != nil {
-		return c.refuse(ctx, input, "CatalogRegistryNotAllowed", fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
+		return c.refuse(ctx, input, reasonRegistryNotAllowed, fmt.Errorf("%s: %w", strings.Join(sources, ", "), err))
 	}
 	hash := plan.InputsHash()
 
@@ -292,12 +269,12 @@ func (c *catalogReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		c.mu.Lock()
 		delete(c.refused, name)
 		c.mu.Unlock()
-		c.metrics.catalogState(name, CatalogPublished)
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: countImages(current)})
+		c.metrics.catalogState(name, osimage.CatalogPublished)
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogPublished, InputsHash: hash, Images: countImages(current)})
 	}
 	allowEmpty := slices.ContainsFunc(inputs, func(cm corev1.ConfigMap) bool { return cm.Annotations[catalog.AllowEmptyAnnotation] == "true" })
 	if err := catalog.CheckEmptying(current, len(plan.Sources), allowEmpty); err != nil {
-		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
+		return c.refuse(ctx, input, reasonValuesInvalid, err)
 	}
 	return c.advance(ctx, input, plan, hash, current)
 }
@@ -315,7 +292,7 @@ func (c *catalogReconciler) advance(ctx context.Context, input *corev1.ConfigMap
 	case r == nil:
 		r = c.start(name, plan, hash, 0)
 		c.mu.Unlock()
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images", len(plan.Sources))})
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images", len(plan.Sources))})
 	case !r.done:
 		c.mu.Unlock()
 		return reconcile.Result{}, nil // its end wakes the namespace
@@ -341,7 +318,7 @@ func (c *catalogReconciler) advance(ctx context.Context, input *corev1.ConfigMap
 	default:
 		c.start(name, plan, hash, r.attempt+1)
 		c.mu.Unlock()
-		return c.setStatus(ctx, input, CatalogStatus{State: CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images (attempt %d)", len(plan.Sources), r.attempt+2)})
+		return c.setStatus(ctx, input, osimage.CatalogStatus{State: osimage.CatalogRunning, InputsHash: hash, Message: fmt.Sprintf("resolving %d images (attempt %d)", len(plan.Sources), r.attempt+2)})
 	}
 }
 
@@ -367,7 +344,7 @@ func (c *catalogReconciler) start(namespace string, plan catalog.Plan, hash stri
 		opts.Signatures = slotVerifier{slots: c.slots, namespace: namespace, inner: reg.Signatures}
 	}
 	fetcher := slotFetcher{slots: c.slots, namespace: namespace, inner: reg.Manifests}
-	c.metrics.catalogState(namespace, CatalogRunning)
+	c.metrics.catalogState(namespace, osimage.CatalogRunning)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -425,7 +402,7 @@ func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap
 	cm, err := catalog.ConfigMap(name, resolved, hash)
 	if err != nil {
 		// Too large for a ConfigMap: only new values can fix it.
-		return c.refuse(ctx, input, "CatalogValuesInvalid", err)
+		return c.refuse(ctx, input, reasonValuesInvalid, err)
 	}
 	if current == nil {
 		err = c.writer.Create(ctx, cm, client.FieldOwner(catalogFieldOwner))
@@ -453,13 +430,13 @@ func (c *catalogReconciler) publish(ctx context.Context, input *corev1.ConfigMap
 		delete(c.runs, name)
 	}
 	c.mu.Unlock()
-	c.metrics.catalogRun(name, "published")
-	c.metrics.catalogState(name, CatalogPublished)
+	c.metrics.catalogRun(name, catalogOutcomes[reasonPublished].result)
+	c.metrics.catalogState(name, catalogOutcomes[reasonPublished].state)
 	// Say what was checked, never more.
 	c.log.Info("catalog published", "namespace", name, "images", len(resolved), "inputsHash", hash,
 		"signaturesVerified", len(plan.Sources)-len(plan.Unchecked())-countHTTP(plan), "ociImagesWithoutKey", plan.Unchecked())
-	c.event(input, corev1.EventTypeNormal, "CatalogPublished", "os-images-info published: %d images", len(resolved))
-	return c.setStatus(ctx, input, CatalogStatus{State: CatalogPublished, InputsHash: hash, Images: len(resolved)})
+	c.event(input, reasonPublished, "os-images-info published: %d images", len(resolved))
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: catalogOutcomes[reasonPublished].state, InputsHash: hash, Images: len(resolved)})
 }
 
 func countHTTP(p catalog.Plan) int {
@@ -476,23 +453,24 @@ func countHTTP(p catalog.Plan) int {
 // status and the metrics.
 func (c *catalogReconciler) failed(ctx context.Context, input *corev1.ConfigMap, hash string, err error, retry time.Duration) (reconcile.Result, error) {
 	name := input.Namespace
-	state, reason, result := CatalogFailed, "CatalogFailed", "failed"
+	reason := reasonFailed
 	msg := fmt.Sprintf("os-images-info not updated: %v; retried in %s", err, retry.Round(time.Second))
 	if errors.Is(err, errRunBudget) {
-		state, reason, result = CatalogTimedOut, "CatalogTimedOut", "timeout"
+		reason = reasonTimedOut
 		msg = fmt.Sprintf("os-images-info not updated: the run was stopped after its budget of %s (--catalog-run-timeout): %v; are its registries answering? Retried in %s",
 			c.opts.RunTimeout, err, retry.Round(time.Second))
 	}
-	c.metrics.catalogRun(name, result)
-	c.metrics.catalogState(name, state)
-	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", state, "retryIn", retry.Round(time.Second).String())
-	c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
-	return c.setStatus(ctx, input, CatalogStatus{State: state, InputsHash: hash, Message: msg})
+	out := catalogOutcomes[reason]
+	c.metrics.catalogRun(name, out.result)
+	c.metrics.catalogState(name, out.state)
+	c.log.Error(err, "catalog not published; the last os-images-info stays", "namespace", name, "state", out.state, "retryIn", retry.Round(time.Second).String())
+	c.event(input, reason, "%s", msg)
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: out.state, InputsHash: hash, Message: msg})
 }
 
 // refuse reports inputs that no retry can fix; the next change of the
 // ConfigMaps triggers a new attempt. A run of older inputs is stopped.
-func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap, reason string, err error) (reconcile.Result, error) {
+func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap, reason catalogReason, err error) (reconcile.Result, error) {
 	name := input.Namespace
 	c.cancelRun(name, "", errInputsChanged)
 	msg := err.Error()
@@ -502,29 +480,29 @@ func (c *catalogReconciler) refuse(ctx context.Context, input *corev1.ConfigMap,
 	c.mu.Unlock()
 	if !known {
 		// Once per new refusal, not per reconcile.
-		c.metrics.catalogRun(name, "refused")
+		c.metrics.catalogRun(name, catalogOutcomes[reason].result)
 		c.log.Info("catalog inputs refused; fix them, os-images-info is left as it is", "namespace", name, "reason", reason, "error", msg)
-		c.event(input, corev1.EventTypeWarning, reason, "%s", msg)
+		c.event(input, reason, "%s", msg)
 	}
-	c.metrics.catalogState(name, CatalogRefused)
-	return c.setStatus(ctx, input, CatalogStatus{State: CatalogRefused, Message: msg})
+	c.metrics.catalogState(name, catalogOutcomes[reason].state)
+	return c.setStatus(ctx, input, osimage.CatalogStatus{State: catalogOutcomes[reason].state, Message: msg})
 }
 
 // setStatus writes the catalog's state into osimages-status when it
 // changed. A user's own osimages-status is never written: an event says
 // so instead.
-func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigMap, s CatalogStatus) (reconcile.Result, error) {
+func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigMap, s osimage.CatalogStatus) (reconcile.Result, error) {
 	name := input.Namespace
 	previous := &corev1.ConfigMap{}
-	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: fleet.StatusConfigMapName}, previous); err != nil {
+	if err := c.reader.Get(ctx, types.NamespacedName{Namespace: name, Name: osimage.StatusConfigMapName}, previous); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return reconcile.Result{}, err
 		}
 		previous = nil
 	}
 	if previous != nil {
-		var old CatalogStatus
-		if doc, ok := previous.Data[CatalogStatusKey]; ok && yaml.Unmarshal([]byte(doc), &old) == nil && old.same(s) {
+		var old osimage.CatalogStatus
+		if doc, ok := previous.Data[osimage.CatalogStatusKey]; ok && yaml.Unmarshal([]byte(doc), &old) == nil && sameCatalogStatus(old, s) {
 			return reconcile.Result{}, nil
 		}
 	}
@@ -533,16 +511,16 @@ func (c *catalogReconciler) setStatus(ctx context.Context, input *corev1.ConfigM
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	err = writeStatusKey(ctx, c.writer, catalogFieldOwner, previous, name, CatalogStatusKey, string(doc))
+	err = writeStatusKey(ctx, c.writer, catalogFieldOwner, previous, name, osimage.CatalogStatusKey, string(doc))
 	switch {
 	case errors.Is(err, errStale):
 		c.log.V(1).Info("catalog status not written, deciding again", "namespace", name, "reason", err.Error())
 		return reconcile.Result{RequeueAfter: requeueStale}, nil
 	case errors.Is(err, errNotOurs):
-		c.event(previous, corev1.EventTypeWarning, reasonStatusNameTaken, "%v", err)
+		c.event(previous, reasonStatusNameTaken, "%v", err)
 		return reconcile.Result{}, nil
 	case err != nil:
-		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
+		return reconcile.Result{}, fmt.Errorf("writing the catalog status in ConfigMap %s/%s: %w", name, osimage.StatusConfigMapName, err)
 	}
 	return reconcile.Result{}, nil
 }
@@ -556,9 +534,39 @@ func countImages(cm *corev1.ConfigMap) int {
 }
 
 // event regards the given ConfigMap (the first catalog-values one: what
-// the operator edits, in the namespace concerned).
-func (c *catalogReconciler) event(regarding *corev1.ConfigMap, kind, reason, format string, args ...any) {
-	c.recorder.Eventf(regarding, nil, kind, reason, eventActionCatalog, format, args...)
+// the operator edits, in the namespace concerned), of the type the table
+// gives its reason.
+func (c *catalogReconciler) event(regarding *corev1.ConfigMap, reason catalogReason, format string, args ...any) {
+	c.recorder.Eventf(regarding, nil, catalogOutcomes[reason].eventType, string(reason), eventActionCatalog, format, args...)
+}
+
+// catalogReason is the reason of a catalog event, Flux's way: a run either
+// publishes, fails for a while (retried: Failed, TimedOut), or is refused
+// until its inputs change (no retry fixes them: the rest).
+type catalogReason string
+
+const (
+	reasonPublished          catalogReason = "CatalogPublished"
+	reasonFailed             catalogReason = "CatalogFailed"
+	reasonTimedOut           catalogReason = "CatalogTimedOut"
+	reasonInputTooLarge      catalogReason = "CatalogInputTooLarge"
+	reasonValuesInvalid      catalogReason = "CatalogValuesInvalid"
+	reasonRegistryNotAllowed catalogReason = "CatalogRegistryNotAllowed"
+	reasonStatusNameTaken    catalogReason = "StatusNameTaken"
+)
+
+// catalogOutcomes is the one place that maps a reason to what it leaves:
+// the catalog's state in osimages-status and the metrics (state; "" when
+// it leaves the state as it is), the event's type, and the run's result
+// counted (result; "" when no run ends).
+var catalogOutcomes = map[catalogReason]struct{ state, eventType, result string }{
+	reasonPublished:          {osimage.CatalogPublished, corev1.EventTypeNormal, "published"},
+	reasonFailed:             {osimage.CatalogFailed, corev1.EventTypeWarning, "failed"},
+	reasonTimedOut:           {osimage.CatalogTimedOut, corev1.EventTypeWarning, "timeout"},
+	reasonInputTooLarge:      {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonValuesInvalid:      {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonRegistryNotAllowed: {osimage.CatalogRefused, corev1.EventTypeWarning, "refused"},
+	reasonStatusNameTaken:    {"", corev1.EventTypeWarning, ""},
 }
 
 // runningSince lists the start of every run in progress, for the

@@ -106,7 +106,7 @@ func (c *checkReconciler) SetupWithManager(mgr manager.Manager, options controll
 	inputs := func(ctx context.Context, obj client.Object) []reconcile.Request {
 		_, values := obj.GetLabels()[fleet.ClusterValuesLabel]
 		switch obj.GetName() {
-		case osimage.InfoConfigMapName, fleet.StatusConfigMapName, c.opts.ServedCopy:
+		case osimage.InfoConfigMapName, osimage.StatusConfigMapName, c.opts.ServedCopy:
 			values = true
 		}
 		if values {
@@ -175,27 +175,27 @@ func (c *checkReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	report := fleet.Check(name, c.opts.ServedCopy, needs, gathered.Served, gathered.ServedFound, err)
 	c.metrics.report(report)
 
-	cm, err := report.ConfigMap()
+	doc, err := osimage.MarshalCheckReport(report)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	var before fleet.Report
+	var before osimage.CheckReport
 	if previous != nil {
-		before, _ = fleet.ParseStatus(previous.Data[fleet.StatusKey])
+		before, _ = osimage.ParseCheckReport(previous.Data[osimage.StatusKey])
 	}
-	err = writeStatusKey(ctx, c.writer, checkFieldOwner, previous, name, fleet.StatusKey, cm.Data[fleet.StatusKey])
+	err = writeStatusKey(ctx, c.writer, checkFieldOwner, previous, name, osimage.StatusKey, string(doc))
 	switch {
 	case errors.Is(err, errStale):
 		log.FromContext(ctx).V(1).Info("status not written, deciding again", "reason", err.Error())
 		return reconcile.Result{RequeueAfter: requeueStale}, nil
 	case errors.Is(err, errNotOurs):
-		c.recorder.Eventf(previous, ns, corev1.EventTypeWarning, reasonStatusNameTaken, eventActionCheck, "%v", err)
+		c.recorder.Eventf(previous, ns, corev1.EventTypeWarning, string(reasonStatusNameTaken), eventActionCheck, "%v", err)
 		c.log.Info("osimages-status not written: not ours", "namespace", name)
 		return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 	case err != nil:
-		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, fleet.StatusConfigMapName, err)
+		return reconcile.Result{}, fmt.Errorf("writing ConfigMap %s/%s: %w", name, osimage.StatusConfigMapName, err)
 	}
-	c.announce(cm, ns, before, previous != nil, report)
+	c.announce(statusConfigMap(name), ns, before, previous != nil, report)
 	return reconcile.Result{RequeueAfter: c.opts.Resync}, nil
 }
 
@@ -222,8 +222,8 @@ const requeueStale = time.Second
 // ConfigMap and relate to the Namespace, so that they live in the
 // namespace (`kubectl get events -n NS` shows them; an event regarding a
 // Namespace itself would land in "default").
-func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before fleet.Report, hadBefore bool, now fleet.Report) {
-	old := map[osimage.SHA256]fleet.ImageStatus{}
+func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespace, before osimage.CheckReport, hadBefore bool, now osimage.CheckReport) {
+	old := map[osimage.SHA256]osimage.ImageStatus{}
 	for _, img := range before.Images {
 		old[img.SHA256] = img
 	}
@@ -234,7 +234,7 @@ func (c *checkReconciler) announce(status *corev1.ConfigMap, ns *corev1.Namespac
 		}
 		reason := reasonImageNotServed
 		switch {
-		case img.State == fleet.StateNotAvailable:
+		case img.State == osimage.StateNotAvailable:
 			reason = reasonImageNotAvailable
 		case img.Refused != "":
 			reason = reasonFleetNeedRefused

@@ -102,12 +102,12 @@ func eventNotes(t *testing.T, ns, reason string) []string {
 	return out
 }
 
-func status(t testing.TB, ns string) fleet.Report {
-	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+func status(t testing.TB, ns string) osimage.CheckReport {
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
-		return fleet.Report{}
+		return osimage.CheckReport{}
 	}
-	r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+	r, _ := osimage.ParseCheckReport(cm.Data[osimage.StatusKey])
 	return r
 }
 
@@ -142,7 +142,7 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 	}
 	testenv.Eventually(t, "not-served reported", 30*time.Second, func() (bool, string) {
 		p := status(t, "check-a").Problems()
-		return len(p) == 1 && p[0].State == fleet.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status(t, "check-a"))
+		return len(p) == 1 && p[0].State == osimage.StateNotServed && p[0].NeededBy[0] == "ConfigMap check-a/values .control_plane.capm3", fmt.Sprint(status(t, "check-a"))
 	})
 	testenv.Eventually(t, "one ImageNotServed event", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-a", "ImageNotServed")
@@ -168,7 +168,7 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 	put(t, "check-a", "served", nil, "capm3_os_image_server_images:\n  "+sum("u")+": {available: false, image_key: m}\n")
 	testenv.Eventually(t, "not-available reported", 30*time.Second, func() (bool, string) {
 		p := status(t, "check-a").Problems()
-		return len(p) == 1 && p[0].State == fleet.StateNotAvailable, fmt.Sprint(p)
+		return len(p) == 1 && p[0].State == osimage.StateNotAvailable, fmt.Sprint(p)
 	})
 	// A namespace is reconciled by one worker at a time: the reconciles
 	// that read the unchanged inputs have returned, and logged any warning.
@@ -192,7 +192,7 @@ func TestCheckWarnsOncePerChange(t *testing.T) {
 		return len(evs) == 1, fmt.Sprint(evs)
 	})
 
-	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{}); err == nil {
+	if _, err := suite.Kube(t).Client.CoreV1().ConfigMaps("check-ignored").Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{}); err == nil {
 		t.Error("a namespace outside the selector was checked")
 	}
 }

@@ -51,7 +51,7 @@ func (r *fleetNeedsReconciler) SetupWithManager(mgr manager.Manager, options con
 			return one
 		}
 		switch {
-		case obj.GetName() == fleet.StatusConfigMapName, obj.GetName() == osimage.InfoConfigMapName,
+		case obj.GetName() == osimage.StatusConfigMapName, obj.GetName() == osimage.InfoConfigMapName,
 			obj.GetNamespace() == r.target.Namespace && obj.GetName() == r.target.Name:
 			return one
 		}
@@ -97,17 +97,17 @@ func (r *fleetNeedsReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 // written its status there.
 func (r *fleetNeedsReconciler) read(ctx context.Context, namespace string) (fleet.NamespaceNeeds, bool, error) {
 	var status corev1.ConfigMap
-	err := r.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet.StatusConfigMapName}, &status)
+	err := r.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: osimage.StatusConfigMapName}, &status)
 	if apierrors.IsNotFound(err) {
 		return fleet.NamespaceNeeds{}, false, nil
 	}
 	if err != nil {
 		return fleet.NamespaceNeeds{}, false, err
 	}
-	if _, ours := status.Labels[fleet.StatusLabel]; !ours {
+	if _, ours := status.Labels[osimage.StatusLabel]; !ours {
 		return fleet.NamespaceNeeds{}, false, nil
 	}
-	report, err := fleet.ParseStatus(status.Data[fleet.StatusKey])
+	report, err := osimage.ParseCheckReport(status.Data[osimage.StatusKey])
 	if err != nil {
 		r.log.Info("a status cannot be read; its namespace's needs are left out", "namespace", namespace, "error", err.Error())
 		return fleet.NamespaceNeeds{}, false, nil

@@ -88,13 +88,13 @@ func manyImages(host string, n int) string {
 	return b.String()
 }
 
-func catalogStatusOf(t testing.TB, ns string) CatalogStatus {
-	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+func catalogStatusOf(t testing.TB, ns string) osimage.CatalogStatus {
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
-		return CatalogStatus{}
+		return osimage.CatalogStatus{}
 	}
-	var s CatalogStatus
-	_ = yaml.Unmarshal([]byte(cm.Data[CatalogStatusKey]), &s)
+	var s osimage.CatalogStatus
+	_ = yaml.Unmarshal([]byte(cm.Data[osimage.CatalogStatusKey]), &s)
 	return s
 }
 
@@ -187,7 +187,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 		return silent.open.Load() >= workers*concurrency, fmt.Sprintf("%d connections open", silent.open.Load())
 	})
 	for _, ns := range hostile {
-		if s := catalogStatusOf(t, ns); s.State != CatalogRunning {
+		if s := catalogStatusOf(t, ns); s.State != osimage.CatalogRunning {
 			t.Errorf("%s: status %+v, want running", ns, s)
 		}
 	}
@@ -220,7 +220,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 	// A run past its budget is stopped and reported.
 	testenv.Eventually(t, "hostile-2 timed out", budget+60*time.Second, func() (bool, string) {
 		s := catalogStatusOf(t, "hostile-2")
-		return s.State == CatalogTimedOut && strings.Contains(s.Message, "stopped after its budget of 25s"), fmt.Sprintf("%+v after %s", s, time.Since(started))
+		return s.State == osimage.CatalogTimedOut && strings.Contains(s.Message, "stopped after its budget of 25s"), fmt.Sprintf("%+v after %s", s, time.Since(started))
 	})
 	// The event is written by the recorder's goroutine after the status.
 	testenv.Eventually(t, "the timeout recorded as an event", 30*time.Second, func() (bool, string) {
@@ -230,7 +230,7 @@ func TestCatalogHostileRegistries(t *testing.T) {
 	if evs := eventNotes(t, "hostile-2", "CatalogTimedOut"); !strings.Contains(evs[0], "images resolved") {
 		t.Errorf("CatalogTimedOut events: %v", evs)
 	}
-	if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": "hostile-2", "state": CatalogTimedOut}); v != 1 {
+	if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": "hostile-2", "state": osimage.CatalogTimedOut}); v != 1 {
 		t.Errorf("osimages_catalog_state{state=timed-out} = %v", v)
 	}
 	if v := metric(t, reg, "osimages_catalog_runs_total", map[string]string{"namespace": "hostile-2", "result": "timeout"}); v < 1 {
@@ -273,9 +273,9 @@ func TestCatalogHostileTemplates(t *testing.T) {
 		})
 		testenv.Eventually(t, ns+" status", 30*time.Second, func() (bool, string) {
 			s := catalogStatusOf(t, ns)
-			return s.State == CatalogRefused && strings.Contains(s.Message, "values template refused"), fmt.Sprintf("%+v", s)
+			return s.State == osimage.CatalogRefused && strings.Contains(s.Message, "values template refused"), fmt.Sprintf("%+v", s)
 		})
-		if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": ns, "state": CatalogRefused}); v != 1 {
+		if v := metric(t, reg, "osimages_catalog_state", map[string]string{"namespace": ns, "state": osimage.CatalogRefused}); v != 1 {
 			t.Errorf("%s: osimages_catalog_state{state=refused} = %v", ns, v)
 		}
 	}
@@ -310,7 +310,7 @@ func TestCatalogReachesOnlyAllowedRegistries(t *testing.T) {
 
 	testenv.Eventually(t, "the catalog naming a registry not allowed is refused", 30*time.Second, func() (bool, string) {
 		s := catalogStatusOf(t, "scan-forbidden")
-		return s.State == CatalogRefused && strings.Contains(s.Message, "is not one that workload catalogs may reach") &&
+		return s.State == osimage.CatalogRefused && strings.Contains(s.Message, "is not one that workload catalogs may reach") &&
 			strings.Contains(s.Message, "allowed registries: localhost:"), fmt.Sprintf("%+v", s)
 	})
 	testenv.Eventually(t, "the catalog of an allowed registry connects", 30*time.Second, func() (bool, string) {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -37,7 +38,7 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	// Let the informers start before the baseline.
 	namespace(t, "big-warmup", map[string]string{label: ""})
 	testenv.Eventually(t, "the check runs", 30*time.Second, func() (bool, string) {
-		_, err := suite.Kube(t).Client.CoreV1().ConfigMaps("big-warmup").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+		_, err := suite.Kube(t).Client.CoreV1().ConfigMaps("big-warmup").Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
 	before := heapInUse()
@@ -84,6 +85,6 @@ func TestBigTenantConfigMapsAreNotHeld(t *testing.T) {
 	testenv.Eventually(t, "CatalogInputTooLarge", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "big-catalog", "CatalogInputTooLarge")
 		s := catalogStatusOf(t, "big-catalog")
-		return len(evs) == 1 && strings.Contains(evs[0], "ConfigMap big-catalog/inputs holds 900") && s.State == CatalogRefused, fmt.Sprint(evs, s)
+		return len(evs) == 1 && strings.Contains(evs[0], "ConfigMap big-catalog/inputs holds 900") && s.State == osimage.CatalogRefused, fmt.Sprint(evs, s)
 	})
 }

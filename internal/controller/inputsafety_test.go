@@ -51,7 +51,7 @@ func TestCheckReportsAFilenameNotServed(t *testing.T) {
 	served("mgmt.raw")
 	testenv.Eventually(t, "not-served reported for the filename", 30*time.Second, func() (bool, string) {
 		p := status(t, "check-files").Problems()
-		return len(p) == 1 && p[0].State == fleet.StateNotServed && strings.Contains(p[0].Message, "under the filename cluster.raw"), fmt.Sprint(status(t, "check-files"))
+		return len(p) == 1 && p[0].State == osimage.StateNotServed && strings.Contains(p[0].Message, "under the filename cluster.raw"), fmt.Sprint(status(t, "check-files"))
 	})
 	testenv.Eventually(t, "ImageNotServed event naming the filename", 30*time.Second, func() (bool, string) {
 		evs := eventNotes(t, "check-files", "ImageNotServed")

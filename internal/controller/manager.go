@@ -27,7 +27,6 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/kube"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -166,7 +165,7 @@ func (o Options) cacheOptions() cache.Options {
 	}
 	written := func(cm *corev1.ConfigMap) bool {
 		return propagate.Relevant(rules, cm.Namespace, cm.Name) || cm.Name == osimage.InfoConfigMapName ||
-			cm.Name == fleet.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy) ||
+			cm.Name == osimage.StatusConfigMapName || (servedCopy != "" && cm.Name == servedCopy) ||
 			(fleetNeeds.Name != "" && cm.Namespace == fleetNeeds.Namespace && cm.Name == fleetNeeds.Name)
 	}
 	keep := func(cm *corev1.ConfigMap) bool { return inputKind(cm) != "" || written(cm) }

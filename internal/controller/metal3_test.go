@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/metal3"
+	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
 
@@ -31,12 +31,12 @@ func TestCheckSeesMetal3InstalledLater(t *testing.T) {
 		Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour,
 		DiscoveryInterval: 100 * time.Millisecond,
 	}})
-	statusOn := func() fleet.Report {
-		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	statusOn := func() osimage.CheckReport {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 		if err != nil {
-			return fleet.Report{}
+			return osimage.CheckReport{}
 		}
-		r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+		r, _ := osimage.ParseCheckReport(cm.Data[osimage.StatusKey])
 		return r
 	}
 	testenv.Eventually(t, "the namespace checked without capm3", 30*time.Second, func() (bool, string) {
@@ -62,7 +62,7 @@ func TestCheckSeesMetal3InstalledLater(t *testing.T) {
 	}
 	testenv.Eventually(t, "the Metal3Machine's image reported not served", 60*time.Second, func() (bool, string) {
 		p := statusOn().Problems()
-		return len(p) == 1 && p[0].SHA256.String() == sha && p[0].State == fleet.StateNotServed &&
+		return len(p) == 1 && p[0].SHA256.String() == sha && p[0].State == osimage.StateNotServed &&
 			len(p[0].NeededBy) == 1 && p[0].NeededBy[0] == "Metal3Machine "+ns+"/m0", fmt.Sprint(p)
 	})
 }

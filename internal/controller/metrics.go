@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sylva-projects/osimages/internal/fleet"
+	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
 // metrics of the fleet controller.
@@ -61,9 +60,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) report(r fleet.Report) {
+func (m *metrics) report(r osimage.CheckReport) {
 	m.needed.WithLabelValues(r.Namespace).Set(float64(len(r.Images)))
-	for _, s := range []fleet.State{fleet.StateNotServed, fleet.StateNotAvailable} {
+	for _, s := range []osimage.ImageState{osimage.StateNotServed, osimage.StateNotAvailable} {
 		m.unserved.WithLabelValues(r.Namespace, string(s)).Set(float64(r.Count(s)))
 	}
 }

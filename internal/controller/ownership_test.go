@@ -34,7 +34,7 @@ func TestUsersOwnStatusIsNotOverwritten(t *testing.T) {
 	}
 	readRegistry := Registry{Manifests: client, Signatures: signature.Verifier{Client: client}}
 	namespace(t, "owned-status", nil)
-	put(t, "owned-status", fleet.StatusConfigMapName, nil, "mine: true\n")
+	put(t, "owned-status", osimage.StatusConfigMapName, nil, "mine: true\n")
 	startManager(t, Options{
 		Check:   &CheckOptions{Namespaces: labels.SelectorFromSet(labels.Set{label: ""}), ServedCopy: "served", Resync: time.Hour},
 		Catalog: &CatalogOptions{Secure: readRegistry, Insecure: readRegistry},
@@ -51,15 +51,15 @@ func TestUsersOwnStatusIsNotOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "StatusNameTaken events from the check and the catalog", 30*time.Second, func() (bool, string) {
-		evs := eventNotes(t, "owned-status", reasonStatusNameTaken)
+		evs := eventNotes(t, "owned-status", string(reasonStatusNameTaken))
 		return len(evs) >= 2 && strings.Contains(evs[0], "not created by osimages"), fmt.Sprint(evs)
 	})
 	testenv.Eventually(t, "the catalog is published all the same", 30*time.Second, func() (bool, string) { return published(t, "owned-status"), "" })
-	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("owned-status").Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	cm, err := suite.Kube(t).Client.CoreV1().ConfigMaps("owned-status").Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, labelled := cm.Labels[fleet.StatusLabel]; labelled || len(cm.Data) != 1 || cm.Data["values.yaml"] != "mine: true\n" {
+	if _, labelled := cm.Labels[osimage.StatusLabel]; labelled || len(cm.Data) != 1 || cm.Data["values.yaml"] != "mine: true\n" {
 		t.Errorf("the user's osimages-status was written: %v %v", cm.Labels, cm.Data)
 	}
 }
@@ -166,7 +166,7 @@ func TestRetriedConflictsAreNotErrors(t *testing.T) {
 		for i := 0; ctx.Err() == nil; i++ {
 			for _, ns := range names {
 				cms := suite.Kube(t).Client.CoreV1().ConfigMaps(ns)
-				cm, err := cms.Get(ctx, fleet.StatusConfigMapName, metav1.GetOptions{})
+				cm, err := cms.Get(ctx, osimage.StatusConfigMapName, metav1.GetOptions{})
 				if err != nil {
 					continue
 				}
@@ -184,9 +184,9 @@ func TestRetriedConflictsAreNotErrors(t *testing.T) {
 		for _, ns := range names {
 			put(t, ns, "served", nil, served(round%2 == 0))
 		}
-		want := fleet.StateServed
+		want := osimage.StateServed
 		if round%2 == 1 {
-			want = fleet.StateNotAvailable
+			want = osimage.StateNotAvailable
 		}
 		for _, ns := range names {
 			testenv.Eventually(t, ns+" reports the served set", 60*time.Second, func() (bool, string) {

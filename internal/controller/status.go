@@ -5,16 +5,15 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sylva-projects/osimages/internal/osimage"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/sylva-projects/osimages/internal/fleet"
 )
 
 // errNotOurs refuses to write an osimages-status that osimages did not
-// create (it lacks fleet.StatusLabel): a user's own ConfigMap of that
+// create (it lacks osimage.StatusLabel): a user's own ConfigMap of that
 // name is never overwritten.
 var errNotOurs = errors.New("not created by osimages")
 
@@ -23,11 +22,20 @@ var errNotOurs = errors.New("not created by osimages")
 // runs again on fresher state. It is not an error worth a log at ERROR.
 var errStale = errors.New("the cache was behind the apiserver")
 
-// reasonStatusNameTaken is the event of a user's own osimages-status.
-const reasonStatusNameTaken = "StatusNameTaken"
-
 // statusKeys are the keys of osimages-status, each with its writer.
-var statusKeys = map[string]bool{fleet.StatusKey: true, CatalogStatusKey: true}
+var statusKeys = map[string]bool{osimage.StatusKey: true, osimage.CatalogStatusKey: true}
+
+// statusConfigMap is the osimages-status of namespace, without data: what
+// a write creates, and what the check's events regard.
+func statusConfigMap(namespace string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: osimage.StatusConfigMapName, Namespace: namespace,
+			Labels: map[string]string{osimage.StatusLabel: ""},
+		},
+	}
+}
 
 // writeStatusKey sets one key of osimages-status (the check's status.yaml,
 // the catalog's catalog.yaml) and leaves the others to their writer. The
@@ -35,19 +43,13 @@ var statusKeys = map[string]bool{fleet.StatusKey: true, CatalogStatusKey: true}
 // It writes nothing when the key already holds doc.
 func writeStatusKey(ctx context.Context, w client.Client, owner string, previous *corev1.ConfigMap, namespace, key, doc string) error {
 	if previous == nil {
-		cm := &corev1.ConfigMap{
-			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-			ObjectMeta: metav1.ObjectMeta{
-				Name: fleet.StatusConfigMapName, Namespace: namespace,
-				Labels: map[string]string{fleet.StatusLabel: ""},
-			},
-			Data: map[string]string{key: doc},
-		}
+		cm := statusConfigMap(namespace)
+		cm.Data = map[string]string{key: doc}
 		return staleOr(w.Create(ctx, cm, client.FieldOwner(owner)))
 	}
-	if _, ours := previous.Labels[fleet.StatusLabel]; !ours {
+	if _, ours := previous.Labels[osimage.StatusLabel]; !ours {
 		return fmt.Errorf("ConfigMap %s/%s: %w (no label %s); it is left as it is: rename or delete it so that osimages can report here",
-			namespace, fleet.StatusConfigMapName, errNotOurs, fleet.StatusLabel)
+			namespace, osimage.StatusConfigMapName, errNotOurs, osimage.StatusLabel)
 	}
 	stray := false
 	for k := range previous.Data {

@@ -39,7 +39,7 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 	files := osimage.ServedFilenames{osimage.SHA256(plain): {"mgmt.raw", "old.raw"}}
 	r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil)
 	p := r.Problems()
-	if len(p) != 1 || p[0].State != StateNotServed || strings.Join(p[0].Filenames, ",") != "mine.raw,old.raw" {
+	if len(p) != 1 || p[0].State != osimage.StateNotServed || strings.Join(p[0].Filenames, ",") != "mine.raw,old.raw" {
 		t.Fatalf("want mine.raw not served: %+v", r)
 	}
 	for _, want := range []string{
@@ -59,7 +59,7 @@ func TestCheckReportsAFilenameThatIsNotServed(t *testing.T) {
 		t.Errorf("both filenames served: %+v", r.Problems())
 	}
 	served[osimage.SHA256(plain)] = osimage.ServedImage{Available: false, ImageKey: "m"}
-	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil); r.Count(StateNotAvailable) != 1 {
+	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served, Filenames: files}, true, nil); r.Count(osimage.StateNotAvailable) != 1 {
 		t.Errorf("not available yet: %+v", r)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/values"
 )
@@ -113,11 +114,11 @@ func TestCheckStates(t *testing.T) {
 	}
 	served := osimage.ServedSet{osimage.SHA256(sum("a")): {Available: true, ImageKey: "m"}, osimage.SHA256(sum("b")): {Available: false, ImageKey: "m2"}}
 	r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served}, true, errors.New("broken level"))
-	states := map[string]State{}
+	states := map[string]osimage.ImageState{}
 	for _, img := range r.Images {
 		states[img.ImageKey] = img.State
 	}
-	if states["a"] != StateServed || states["b"] != StateNotAvailable || states["c"] != StateNotServed {
+	if states["a"] != osimage.StateServed || states["b"] != osimage.StateNotAvailable || states["c"] != osimage.StateNotServed {
 		t.Fatalf("states: %v", states)
 	}
 	probs := r.Problems()
@@ -139,14 +140,14 @@ func TestCheckStates(t *testing.T) {
 			}
 		}
 	}
-	if len(r.Errors) != 1 || r.Count(StateNotServed) != 1 {
+	if len(r.Errors) != 1 || r.Count(osimage.StateNotServed) != 1 {
 		t.Errorf("report: %+v", r)
 	}
-	cm, err := r.ConfigMap()
+	doc, err := osimage.MarshalCheckReport(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	back, err := ParseStatus(cm.Data[StatusKey])
+	back, err := osimage.ParseCheckReport(string(doc))
 	if err != nil || len(back.Images) != 3 || back.Images[0].SHA256 != r.Images[0].SHA256 {
 		t.Errorf("status round trip: %+v, %v", back, err)
 	}
@@ -257,7 +258,7 @@ func TestCheckOCIReferences(t *testing.T) {
 		return u
 	}
 	needs, err := Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good)}})
-	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest != good || needs[0].Filename != "" || needs[0].Delivery != "oci-digest" {
+	if err != nil || len(needs) != 1 || needs[0].SHA256 != sha || needs[0].Manifest.String() != good || needs[0].Filename != "" || needs[0].Delivery != "oci-digest" {
 		t.Fatalf("needs of an oci:// template: %+v %v", needs, err)
 	}
 	// The form render writes now, the disk type's tag: the image, no
@@ -268,18 +269,18 @@ func TestCheckOCIReferences(t *testing.T) {
 		t.Fatalf("needs of an oci:// template by the disk type's tag: %+v %v", n, err)
 	}
 	served := osimage.ServedOutput{Set: osimage.ServedSet{sha: {Available: true, ImageKey: "m"}},
-		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: good}}}
-	if r := Check("wc1", "copy", needs, served, true, nil); r.Images[0].State != StateServed {
+		OCI: osimage.ServedOCI{sha: {Repository: osimage.OCIRepository(sha), Manifest: digest.Digest(good)}}}
+	if r := Check("wc1", "copy", needs, served, true, nil); r.Images[0].State != osimage.StateServed {
 		t.Errorf("the manifest served: %+v", r.Images[0])
 	}
 	needs, _ = Needs(Inputs{Namespace: "wc1", Catalog: catalog, Objects: []*unstructured.Unstructured{obj("t-good", good), obj("t-bad", bad)}})
 	r := Check("wc1", "copy", needs, served, true, nil)
-	if img := r.Images[0]; img.State != StateNotServed || !strings.Contains(img.Message, "under manifest "+good+", not "+bad) || !strings.Contains(img.Message, "images/"+string(sha)+"@"+bad+" would answer 404") {
+	if img := r.Images[0]; img.State != osimage.StateNotServed || !strings.Contains(img.Message, "under manifest "+good+", not "+bad) || !strings.Contains(img.Message, "images/"+string(sha)+"@"+bad+" would answer 404") {
 		t.Errorf("another manifest: %+v", img)
 	}
 	// A server that publishes no OCI references (Sylva's, an older one)
 	// is compared by sha256 only.
-	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served.Set}, true, nil); r.Images[0].State != StateServed {
+	if r := Check("wc1", "copy", needs, osimage.ServedOutput{Set: served.Set}, true, nil); r.Images[0].State != osimage.StateServed {
 		t.Errorf("without OCI references: %+v", r.Images[0])
 	}
 }

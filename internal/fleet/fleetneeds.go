@@ -14,7 +14,7 @@ import (
 // NamespaceNeeds is what one namespace contributes: the check's report of
 // it and its own catalog (A), nil when it has none.
 type NamespaceNeeds struct {
-	Report  Report
+	Report  osimage.CheckReport
 	Catalog osimage.Catalog
 }
 
@@ -200,7 +200,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.Fle
 // recordOf finds the catalog record of a needed image, cut down to
 // osimage.NeedFields: under the key the check found, else under any key with
 // that sha256.
-func recordOf(cat osimage.Catalog, img ImageStatus) (string, osimage.Image, bool) {
+func recordOf(cat osimage.Catalog, img osimage.ImageStatus) (string, osimage.Image, bool) {
 	key := ""
 	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == string(img.SHA256) {
 		key = img.ImageKey

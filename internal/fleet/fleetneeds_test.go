@@ -15,7 +15,7 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: "disk.qcow2"}
 	}
 	wc1 := NamespaceNeeds{
-		Report: Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu"}, {SHA256: osimage.SHA256(c), ImageKey: "gone"}}},
+		Report: osimage.CheckReport{Namespace: "wc1", Images: []osimage.ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu"}, {SHA256: osimage.SHA256(c), ImageKey: "gone"}}},
 		Catalog: osimage.Catalog{
 			"ubuntu": rec(a, "oci://r1/ubuntu:1"),
 			// A key that names other bytes than those needed is no
@@ -24,12 +24,12 @@ func TestAggregateFleetNeeds(t *testing.T) {
 		},
 	}
 	wc2 := NamespaceNeeds{
-		Report:  Report{Namespace: "wc2", Images: []ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu-old"}}},
+		Report:  osimage.CheckReport{Namespace: "wc2", Images: []osimage.ImageStatus{{SHA256: osimage.SHA256(a), ImageKey: "ubuntu-old"}}},
 		Catalog: osimage.Catalog{"ubuntu-old": rec(a, "oci://r2/ubuntu:1")},
 	}
 	wc3 := NamespaceNeeds{
 		// No key from the check: found by sha256.
-		Report:  Report{Namespace: "wc3", Images: []ImageStatus{{SHA256: osimage.SHA256(a)}}},
+		Report:  osimage.CheckReport{Namespace: "wc3", Images: []osimage.ImageStatus{{SHA256: osimage.SHA256(a)}}},
 		Catalog: osimage.Catalog{"ubuntu": rec(a, "oci://r1/ubuntu:1")},
 	}
 	got := Aggregate([]NamespaceNeeds{wc3, wc2, wc1})
@@ -79,7 +79,7 @@ func TestAggregateCopiesOnlyTheFieldsTheServerReads(t *testing.T) {
 	rec := osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: "disk.qcow2",
 		osimage.FieldSize: "100", "description": strings.Repeat("a line\n", 100_000), "os": "ubuntu", "flags": map[string]any{"x": true}}
 	got := Aggregate([]NamespaceNeeds{{
-		Report:  Report{Namespace: "wc1", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
+		Report:  osimage.CheckReport{Namespace: "wc1", Images: []osimage.ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"disk.qcow2"}}}},
 		Catalog: osimage.Catalog{"ubuntu": rec},
 	}})
 	if len(got.Images) != 1 || len(got.Images[0].Sources) != 1 {
@@ -105,12 +105,12 @@ func fleetOf(prefix string, n, images, uriBytes int) []NamespaceNeeds {
 	var out []NamespaceNeeds
 	for i := range n {
 		ns := fmt.Sprintf("%s-%04d", prefix, i)
-		nn := NamespaceNeeds{Report: Report{Namespace: ns}, Catalog: osimage.Catalog{}}
+		nn := NamespaceNeeds{Report: osimage.CheckReport{Namespace: ns}, Catalog: osimage.Catalog{}}
 		for j := range images {
 			sha := fmt.Sprintf("%064x", i*1000+j+1)
 			key := fmt.Sprintf("img-%d", j)
 			uri := "oci://registry.example.org/" + strings.Repeat("p", max(uriBytes-30, 1)) + ":1"
-			nn.Report.Images = append(nn.Report.Images, ImageStatus{SHA256: osimage.SHA256(sha), ImageKey: key, Filenames: []string{key + ".raw"}})
+			nn.Report.Images = append(nn.Report.Images, osimage.ImageStatus{SHA256: osimage.SHA256(sha), ImageKey: key, Filenames: []string{key + ".raw"}})
 			nn.Catalog[key] = osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: uri, osimage.FieldFilename: key + ".raw", osimage.FieldSize: "1000"}
 		}
 		out = append(out, nn)
@@ -201,14 +201,14 @@ func TestAggregateCarriesEachNamespacesFilenames(t *testing.T) {
 	rec := func(name string) osimage.Image {
 		return osimage.Image{osimage.FieldSHA256: sha, osimage.FieldURI: "oci://r1/ubuntu:1", osimage.FieldFilename: name}
 	}
-	forged, err := ParseStatus("namespace: evil\nservedSet: copy\nservedSetFound: true\nimages:\n" +
+	forged, err := osimage.ParseCheckReport("namespace: evil\nservedSet: copy\nservedSetFound: true\nimages:\n" +
 		"- {sha256: " + sha + ", imageKey: aaa, filenames: [evil.raw, ../x], state: served, neededBy: [x]}\n" +
 		"- {sha256: " + strings.ToUpper(sha) + ", imageKey: aaa, state: served, neededBy: [x]}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := Aggregate([]NamespaceNeeds{
-		{Report: Report{Namespace: "victim", Images: []ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
+		{Report: osimage.CheckReport{Namespace: "victim", Images: []osimage.ImageStatus{{SHA256: osimage.SHA256(sha), ImageKey: "ubuntu", Filenames: []string{"good.raw", "older.raw"}}}},
 			Catalog: osimage.Catalog{"ubuntu": rec("good.raw")}},
 		{Report: forged, Catalog: osimage.Catalog{"aaa": rec("evil.raw")}},
 	})

@@ -70,7 +70,7 @@ func Gather(namespace, servedCopy string, cms []corev1.ConfigMap, objects []*uns
 				break
 			}
 			out.Catalog = cat
-		case StatusConfigMapName:
+		case osimage.StatusConfigMapName:
 			out.Status = cm
 		}
 		if _, ok := cm.Labels[ClusterValuesLabel]; ok {

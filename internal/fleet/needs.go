@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/sylva-projects/osimages/internal/levels"
 	"github.com/sylva-projects/osimages/internal/metal3"
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -40,7 +41,7 @@ type Need struct {
 	Live     bool
 	// Manifest is the manifest digest a Metal3 object's oci:// URL asks
 	// for, "" otherwise.
-	Manifest string
+	Manifest digest.Digest
 }
 
 // ClusterValues is one cluster's values, from a ConfigMap labelled
@@ -100,7 +101,7 @@ func Needs(in Inputs) ([]Need, error) {
 		if urlSHA, name, ok := img.ServedFile(); ok && urlSHA == sha {
 			filename = name
 		}
-		delivery, manifest := levels.DeliveryHTTP, ""
+		delivery, manifest := levels.DeliveryHTTP, digest.Digest("")
 		if oci, ok := osimage.ParseOCIReference(img.URL); ok {
 			delivery, manifest = levels.DeliveryOCI, oci.Manifest
 			if manifest != "" {
@@ -147,12 +148,12 @@ const (
 
 // group gathers needs by sha256, in sha256 order, each with its sorted
 // list of who needs it.
-func group(needs []Need) []ImageStatus {
-	by := map[osimage.SHA256]*ImageStatus{}
+func group(needs []Need) []osimage.ImageStatus {
+	by := map[osimage.SHA256]*osimage.ImageStatus{}
 	for _, n := range needs {
 		st := by[n.SHA256]
 		if st == nil {
-			st = &ImageStatus{SHA256: n.SHA256}
+			st = &osimage.ImageStatus{SHA256: n.SHA256}
 			by[n.SHA256] = st
 		}
 		if st.ImageKey == "" {
@@ -168,14 +169,14 @@ func group(needs []Need) []ImageStatus {
 			st.Manifests = append(st.Manifests, n.Manifest)
 		}
 	}
-	out := make([]ImageStatus, 0, len(by))
+	out := make([]osimage.ImageStatus, 0, len(by))
 	for _, st := range by {
 		slices.Sort(st.NeededBy)
 		slices.Sort(st.Filenames)
 		slices.Sort(st.Manifests)
 		out = append(out, *st)
 	}
-	slices.SortFunc(out, func(a, b ImageStatus) int {
+	slices.SortFunc(out, func(a, b osimage.ImageStatus) int {
 		if a.SHA256 < b.SHA256 {
 			return -1
 		}

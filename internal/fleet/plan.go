@@ -32,7 +32,8 @@ var rank = map[Verdict]int{Unchanged: 0, NewlyServed: 1, Rolls: 2, CannotTell: 3
 // PlanLine is one needed image under the proposed served set.
 type PlanLine struct {
 	Verdict Verdict
-	Image   string // sha256/key
+	SHA256  osimage.SHA256 // "" for a line of no one image
+	Image   string         // sha256/key
 	Detail  string
 	By      []string
 }
@@ -57,7 +58,7 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 		_, now := current[img.SHA256]
 		_, then := proposed.Set[img.SHA256]
 		missing := unservedFilenames(proposed.Filenames, img)
-		line := PlanLine{Image: name, By: img.NeededBy}
+		line := PlanLine{SHA256: img.SHA256, Image: name, By: img.NeededBy}
 		switch {
 		case then && len(missing) > 0:
 			line.Verdict, line.Detail = WouldFail, fmt.Sprintf("%s not served under the filename %s (/images/%s/%s would answer 404; the proposed management os_images names it only as %s)",
@@ -128,7 +129,7 @@ func deliverySwitches(needs []Need) []PlanLine {
 			continue
 		}
 		name := string(sha) + "/" + k.key
-		out = append(out, PlanLine{Verdict: Rolls, Image: name, By: k.by,
+		out = append(out, PlanLine{Verdict: Rolls, SHA256: sha, Image: name, By: k.by,
 			Detail: fmt.Sprintf("%s: its Metal3 objects take it by %s, and the cluster values now give it by %s: the next render writes new Metal3MachineTemplates, and their nodes roll",
 				name, deliveryWords(k.live), deliveryWords(k.values))})
 	}

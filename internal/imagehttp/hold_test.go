@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 // lookups counts the Lookups of the images it wraps, so that a test knows
@@ -45,7 +45,7 @@ func (p *fakePeers) Serve(w http.ResponseWriter, _ *http.Request, _ osimage.SHA2
 	return true
 }
 
-func setPhase(f *fakeImages, sum osimage.SHA256, stored bool, phase replica.Phase) {
+func setPhase(f *fakeImages, sum osimage.SHA256, stored bool, phase imagelife.Phase) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	img := f.images[sum]
@@ -58,7 +58,7 @@ func setPhase(f *fakeImages, sum osimage.SHA256, stored bool, phase replica.Phas
 // instead of a 503 that Ironic's conductor would fail the host on.
 func TestARequestIsHeldUntilTheImageIsVerified(t *testing.T) {
 	images, sum := newImages(t, "disk image bytes")
-	setPhase(images, sum, false, replica.PhaseDownloading)
+	setPhase(images, sum, false, imagelife.PhaseDownloading)
 	l := &lookups{fakeImages: images}
 	srv := httptest.NewServer(Endpoints{Images: l, SendTimeout: time.Minute, Hold: time.Minute}.Handler())
 	t.Cleanup(srv.Close)
@@ -87,7 +87,7 @@ func TestARequestIsHeldUntilTheImageIsVerified(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	setPhase(images, sum, true, replica.PhaseReady)
+	setPhase(images, sum, true, imagelife.PhaseReady)
 	if a := <-got; a.code != http.StatusOK || a.body != "disk image bytes" {
 		t.Fatalf("once verified: %d %q, want 200 and the image", a.code, a.body)
 	}
@@ -100,7 +100,7 @@ func TestARequestIsHeldUntilTheImageIsVerified(t *testing.T) {
 // Retry-After at once.
 func TestAnImageAPeerHoldsIsServedFromThePeer(t *testing.T) {
 	images, sum := newImages(t, "disk image bytes")
-	setPhase(images, sum, false, replica.PhaseDownloading)
+	setPhase(images, sum, false, imagelife.PhaseDownloading)
 	peers := &fakePeers{body: "the peer's verified copy"}
 	peers.holds.Store(true)
 	srv := httptest.NewServer(Endpoints{Images: images, SendTimeout: time.Minute, Peers: peers}.Handler())
@@ -134,7 +134,7 @@ func (o ociImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 	if !ok || !img.Served {
 		return ocidist.Image{}, false
 	}
-	return ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == replica.PhaseReady, Size: int64(len("disk image bytes")), Filename: img.Filenames[0]}, true
+	return ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == imagelife.PhaseReady, Size: int64(len("disk image bytes")), Filename: img.Filenames[0]}, true
 }
 
 // TestAnOCIRequestIsHeldAsAnImageURLIs: the manifest and the blob of an
@@ -144,14 +144,14 @@ func (o ociImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 // does.
 func TestAnOCIRequestIsHeldAsAnImageURLIs(t *testing.T) {
 	const content = "disk image bytes"
-	manifest, digest := ocidist.Manifest(osimage.SHA256(fmt.Sprintf("%x", sha256.Sum256([]byte(content)))), int64(len(content)))
+	manifest, digest := osimage.OCIManifest(osimage.SHA256(fmt.Sprintf("%x", sha256.Sum256([]byte(content)))), int64(len(content)))
 	for _, tc := range []struct{ name, path, want string }{
 		{"blob", "/blobs/" + fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(content))), content},
 		{"manifest", "/manifests/" + digest.String(), string(manifest)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			images, sum := newImages(t, content)
-			setPhase(images, sum, false, replica.PhaseDownloading)
+			setPhase(images, sum, false, imagelife.PhaseDownloading)
 			l := &lookups{fakeImages: images}
 			e := Endpoints{Images: l, SendTimeout: time.Minute, Hold: time.Minute}
 			e.Registry = ocidist.Registry{Images: ociImages{l}, ServeBlob: e.ServeStored, Hold: e.HoldFor, RetryAfterSeconds: RetryAfterSeconds}.Handler()
@@ -182,7 +182,7 @@ func TestAnOCIRequestIsHeldAsAnImageURLIs(t *testing.T) {
 				case <-time.After(10 * time.Millisecond):
 				}
 			}
-			setPhase(images, sum, true, replica.PhaseReady)
+			setPhase(images, sum, true, imagelife.PhaseReady)
 			if a := <-got; a.code != http.StatusOK || a.body != tc.want {
 				t.Fatalf("once verified: %d %q, want 200 and %q", a.code, a.body, tc.want)
 			}

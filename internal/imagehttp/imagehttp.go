@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sylva-projects/osimages/internal/httpsend"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
@@ -48,7 +49,7 @@ type Image struct {
 	// Served: selected, or deselected but kept because referenced (or
 	// because the references are not all known yet).
 	Served, Stored bool
-	Phase          replica.Phase
+	Phase          imagelife.Phase
 	Filenames      []string
 	MD5            string
 	VerifiedAt     time.Time
@@ -201,7 +202,7 @@ func (s Endpoints) serveImage(w http.ResponseWriter, r *http.Request) {
 	case ".md5sum":
 		checksum = info.MD5
 	}
-	if !info.Stored || info.Phase != replica.PhaseReady {
+	if !info.Stored || info.Phase != imagelife.PhaseReady {
 		var ok bool
 		if info, ok = s.hold(w, r, sum, name, suffix); !ok {
 			return
@@ -251,13 +252,13 @@ func (s Endpoints) servable(r *http.Request, sum osimage.SHA256) (info Image, he
 		switch {
 		case !ok || !info.Served:
 			return Image{}, false, false
-		case info.Stored && info.Phase == replica.PhaseReady:
+		case info.Stored && info.Phase == imagelife.PhaseReady:
 			return info, true, false
 		case s.Peers != nil && replica.Relayable(r) && s.Peers.Holds(sum):
 			// A peer counts only for a request its copy may answer: a
 			// range, or a conditional request, waits for the copy here.
 			return info, false, true
-		case deadline == nil || info.Phase == replica.PhaseFailed:
+		case deadline == nil || info.Phase == imagelife.PhaseFailed:
 			return info, false, false
 		}
 		select {

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
-	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 // fakeImages is the server's state as a table: the HTTP face is tested
@@ -65,7 +65,7 @@ func (f *fakeImages) Readiness() (bool, string) {
 }
 
 func (f *fakeImages) Report() Report {
-	return Report{Ready: true, Phase: ServerServing, Images: []Status{{SHA256: sha('a'), Key: "a", Phase: replica.PhaseReady, Selected: true, Filenames: []string{"a.raw"}}}}
+	return Report{Ready: true, Phase: ServerServing, Images: []Status{{SHA256: sha('a'), Key: "a", Phase: imagelife.PhaseReady, Selected: true, Filenames: []string{"a.raw"}}}}
 }
 
 func sha(c byte) osimage.SHA256 { return osimage.SHA256(strings.Repeat(string(c), 64)) }
@@ -101,7 +101,7 @@ func newImages(t *testing.T, content string) (*fakeImages, osimage.SHA256) {
 		t.Fatal(err)
 	}
 	return &fakeImages{dir: dir, ready: true, tampered: map[osimage.SHA256]bool{}, images: map[osimage.SHA256]Image{
-		sum: {Served: true, Stored: true, Phase: replica.PhaseReady, Filenames: []string{"good.raw", "renamed.raw"}, MD5: "0123456789abcdef0123456789abcdef", VerifiedAt: time.Unix(1e9, 0)},
+		sum: {Served: true, Stored: true, Phase: imagelife.PhaseReady, Filenames: []string{"good.raw", "renamed.raw"}, MD5: "0123456789abcdef0123456789abcdef", VerifiedAt: time.Unix(1e9, 0)},
 	}}, sum
 }
 
@@ -161,7 +161,7 @@ func TestNotReadyTamperedAndEmptyRanges(t *testing.T) {
 		t.Errorf("tampered: %s retry %q dropped %v; want 503 after 30 s, the server told", resp.Status, resp.Header.Get("Retry-After"), images.dropped)
 	}
 	img := images.images[sum]
-	img.Stored, img.Phase = false, replica.PhaseDownloading
+	img.Stored, img.Phase = false, imagelife.PhaseDownloading
 	images.images[sum] = img
 	if resp, _ := get(t, url+".sha256sum"); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" {
 		t.Errorf("not ready: %s; want 503 with Retry-After", resp.Status)

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/sylva-projects/osimages/internal/replica"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/serverio"
 )
 
@@ -112,7 +112,7 @@ func (m *Metrics) Bind(report func() Report) {
 			gauge(accepted, float64(r.Inputs.Accepted.UnixNano())/1e9)
 		}
 		counts := map[[2]string]int{}
-		for _, p := range []replica.Phase{replica.PhaseQueued, replica.PhaseDownloading, replica.PhaseVerifying, replica.PhaseReady, replica.PhaseFailed} {
+		for _, p := range []imagelife.Phase{imagelife.PhaseQueued, imagelife.PhaseDownloading, imagelife.PhaseVerifying, imagelife.PhaseReady, imagelife.PhaseFailed} {
 			counts[[2]string{string(p), "true"}] = 0
 		}
 		for _, st := range r.Images {

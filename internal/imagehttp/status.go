@@ -11,6 +11,7 @@ import (
 
 	_ "embed"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/scrub"
@@ -120,7 +121,7 @@ type Report struct {
 type Status struct {
 	SHA256                osimage.SHA256
 	Key, Filename, URI    string
-	Phase                 replica.Phase
+	Phase                 imagelife.Phase
 	Selected              bool
 	Received, Total, Size int64
 	Reason                string

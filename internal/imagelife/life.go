@@ -14,15 +14,24 @@
 //     shutdown, a wait for space, giving way to the queue) is not counted.
 package imagelife
 
-import (
-	"time"
+import "time"
 
-	"github.com/sylva-projects/osimages/internal/replica"
+// Phase is where an image is in the image server; a replica's state
+// carries it to its peers (replica.Image).
+type Phase string
+
+// The phases of an image.
+const (
+	PhaseQueued      Phase = "queued"
+	PhaseDownloading Phase = "downloading"
+	PhaseVerifying   Phase = "verifying"
+	PhaseReady       Phase = "ready"
+	PhaseFailed      Phase = "failed"
 )
 
 // Life is the lifecycle state of one image.
 type Life struct {
-	Phase    replica.Phase
+	Phase    Phase
 	Selected bool
 	// DeselectedAt is when it was last deselected (zero while selected):
 	// the grace of the collection counts from there.
@@ -44,7 +53,7 @@ type Life struct {
 
 // Downloading says whether a download of the image runs.
 func (l Life) Downloading() bool {
-	return l.Phase == replica.PhaseDownloading || l.Phase == replica.PhaseVerifying
+	return l.Phase == PhaseDownloading || l.Phase == PhaseVerifying
 }
 
 // Due says whether the image needs a download at now.
@@ -52,7 +61,7 @@ func (l Life) Due(now time.Time) bool {
 	if !l.Selected || l.Stored || l.WaitingForSpace {
 		return false
 	}
-	return l.Phase == replica.PhaseQueued || l.Phase == replica.PhaseFailed && !now.Before(l.NextTry)
+	return l.Phase == PhaseQueued || l.Phase == PhaseFailed && !now.Before(l.NextTry)
 }
 
 // Effect is what the server must do after a transition.
@@ -142,7 +151,7 @@ func Transition(l Life, ev Event) (Life, Effect) {
 	case Selected:
 		fx := KickQueue | Publish
 		l.Selected, l.DeselectedAt = true, time.Time{}
-		if l.Phase == replica.PhaseFailed {
+		if l.Phase == PhaseFailed {
 			// New inputs may well fix what failed: try again now.
 			l.NextTry, l.Attempts = time.Time{}, 0
 		}
@@ -162,18 +171,18 @@ func Transition(l Life, ev Event) (Life, Effect) {
 		}
 		return l, Publish | KickQueue
 	case Claimed:
-		l.Phase = replica.PhaseDownloading
+		l.Phase = PhaseDownloading
 		l.Attempts++
 		l.Reason = ""
 		return l, KickQueue | Publish
 	case Verifying:
-		if l.Phase != replica.PhaseDownloading {
+		if l.Phase != PhaseDownloading {
 			return l, 0
 		}
-		l.Phase = replica.PhaseVerifying
+		l.Phase = PhaseVerifying
 		return l, Publish
 	case Downloaded:
-		l.Phase, l.Stored = replica.PhaseReady, true
+		l.Phase, l.Stored = PhaseReady, true
 		l.Attempts, l.GaveWay, l.Reason = 0, false, ""
 		l.NextTry = time.Time{}
 		return l, KickQueue | Publish
@@ -201,7 +210,7 @@ func Transition(l Life, ev Event) (Life, Effect) {
 			return l, RemoveRecord | Publish
 		}
 		if !l.Downloading() {
-			l.Phase = replica.PhaseQueued
+			l.Phase = PhaseQueued
 		}
 		l.Reason = ev.Reason
 		return l, KickQueue | Publish
@@ -210,7 +219,7 @@ func Transition(l Life, ev Event) (Life, Effect) {
 		if l.Selected {
 			// Selected again while its file was deleted: download it.
 			if !l.Downloading() {
-				l.Phase = replica.PhaseQueued
+				l.Phase = PhaseQueued
 			}
 			return l, KickQueue | Publish
 		}
@@ -230,36 +239,36 @@ func ended(l Life, ev DownloadEnded) (Life, Effect) {
 	case !l.Selected && !l.Stored:
 		return l, RemoveRecord | fx
 	case !l.Selected:
-		l.Phase = replica.PhaseReady
+		l.Phase = PhaseReady
 		return l, fx
 	}
 	switch ev.Why {
 	case EndedByShutdown:
 		// Not a failed attempt; nothing is claimed after it.
-		l.Phase = replica.PhaseQueued
+		l.Phase = PhaseQueued
 		l.Attempts = max(l.Attempts-1, 0)
 		return l, Publish
 	case EndedByDeselection:
 		// Deselected, then selected again before the download ended.
-		l.Phase = replica.PhaseQueued
+		l.Phase = PhaseQueued
 		l.Attempts = max(l.Attempts-1, 0)
 	case EndedWaitingForSpace:
-		l.Phase = replica.PhaseQueued
+		l.Phase = PhaseQueued
 		l.Attempts = max(l.Attempts-1, 0)
 		l.Reason = ev.Reason
 		// WaitingForSpace was set when the reservation failed, under the
 		// same lock as the releases that clear it.
 		return l, Publish
 	case EndedGivingWay:
-		l.Phase = replica.PhaseQueued
+		l.Phase = PhaseQueued
 		l.Attempts = max(l.Attempts-1, 0)
 		l.GaveWay = true
 		l.Reason = ev.Reason
 	case EndedForNextRecord:
-		l.Phase = replica.PhaseQueued
+		l.Phase = PhaseQueued
 		l.Reason = ev.Reason
 	case EndedFailed:
-		l.Phase = replica.PhaseFailed
+		l.Phase = PhaseFailed
 		l.Reason = ev.Reason
 		l.NextTry = ev.RetryAt
 	}

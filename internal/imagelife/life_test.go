@@ -4,17 +4,15 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/sylva-projects/osimages/internal/replica"
 )
 
 var t0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 
 func TestTransitions(t *testing.T) {
-	queued := Life{Phase: replica.PhaseQueued, Selected: true}
-	downloading := Life{Phase: replica.PhaseDownloading, Selected: true, Attempts: 1}
-	ready := Life{Phase: replica.PhaseReady, Selected: true, Stored: true}
-	failed := Life{Phase: replica.PhaseFailed, Selected: true, Attempts: 3, NextTry: t0.Add(time.Hour), Reason: "tag unknown"}
+	queued := Life{Phase: PhaseQueued, Selected: true}
+	downloading := Life{Phase: PhaseDownloading, Selected: true, Attempts: 1}
+	ready := Life{Phase: PhaseReady, Selected: true, Stored: true}
+	failed := Life{Phase: PhaseFailed, Selected: true, Attempts: 3, NextTry: t0.Add(time.Hour), Reason: "tag unknown"}
 	tests := []struct {
 		name string
 		from Life
@@ -23,44 +21,44 @@ func TestTransitions(t *testing.T) {
 		fx   Effect
 	}{
 		{"new inputs retry a failed image at once", failed, Selected{},
-			Life{Phase: replica.PhaseFailed, Selected: true, Reason: "tag unknown"}, KickQueue | Publish},
+			Life{Phase: PhaseFailed, Selected: true, Reason: "tag unknown"}, KickQueue | Publish},
 		{"a claim counts an attempt", queued, Claimed{},
-			Life{Phase: replica.PhaseDownloading, Selected: true, Attempts: 1}, KickQueue | Publish},
+			Life{Phase: PhaseDownloading, Selected: true, Attempts: 1}, KickQueue | Publish},
 		{"the last byte: verified and committed", downloading, Verifying{},
-			Life{Phase: replica.PhaseVerifying, Selected: true, Attempts: 1}, Publish},
+			Life{Phase: PhaseVerifying, Selected: true, Attempts: 1}, Publish},
 		{"Verifying is only for a download", queued, Verifying{}, queued, 0},
 		{"success resets the count", downloading, Downloaded{},
-			Life{Phase: replica.PhaseReady, Selected: true, Stored: true}, KickQueue | Publish},
+			Life{Phase: PhaseReady, Selected: true, Stored: true}, KickQueue | Publish},
 		{"a failure waits for its retry", downloading, DownloadEnded{Why: EndedFailed, Reason: "x", RetryAt: t0},
-			Life{Phase: replica.PhaseFailed, Selected: true, Attempts: 1, Reason: "x", NextTry: t0}, KickQueue | Publish},
+			Life{Phase: PhaseFailed, Selected: true, Attempts: 1, Reason: "x", NextTry: t0}, KickQueue | Publish},
 		{"a shutdown is no failed attempt, and claims nothing", downloading, DownloadEnded{Why: EndedByShutdown},
-			Life{Phase: replica.PhaseQueued, Selected: true}, Publish},
+			Life{Phase: PhaseQueued, Selected: true}, Publish},
 		{"waiting for space is no failed attempt", downloading, DownloadEnded{Why: EndedWaitingForSpace, Reason: "w"},
-			Life{Phase: replica.PhaseQueued, Selected: true, Reason: "w"}, Publish},
+			Life{Phase: PhaseQueued, Selected: true, Reason: "w"}, Publish},
 		{"giving way goes behind", downloading, DownloadEnded{Why: EndedGivingWay, Reason: "slow"},
-			Life{Phase: replica.PhaseQueued, Selected: true, GaveWay: true, Reason: "slow"}, KickQueue | Publish},
+			Life{Phase: PhaseQueued, Selected: true, GaveWay: true, Reason: "slow"}, KickQueue | Publish},
 		{"the next record is tried at once, the attempt counted", downloading, DownloadEnded{Why: EndedForNextRecord, Reason: "r"},
-			Life{Phase: replica.PhaseQueued, Selected: true, Attempts: 1, Reason: "r"}, KickQueue | Publish},
+			Life{Phase: PhaseQueued, Selected: true, Attempts: 1, Reason: "r"}, KickQueue | Publish},
 		{"Deselected while downloading: cancelled, kept until its end", downloading, Deselected{At: t0},
-			Life{Phase: replica.PhaseDownloading, DeselectedAt: t0, Attempts: 1}, CancelDownload | Publish | KickQueue},
-		{"the end of a Deselected download removes it", Life{Phase: replica.PhaseDownloading, DeselectedAt: t0}, DownloadEnded{Why: EndedByDeselection},
-			Life{Phase: replica.PhaseDownloading, DeselectedAt: t0}, RemoveRecord | KickQueue | Publish},
-		{"Deselected, then Selected again before its end: queued again", Life{Phase: replica.PhaseDownloading, Selected: true, Attempts: 2}, DownloadEnded{Why: EndedByDeselection},
-			Life{Phase: replica.PhaseQueued, Selected: true, Attempts: 1}, KickQueue | Publish},
+			Life{Phase: PhaseDownloading, DeselectedAt: t0, Attempts: 1}, CancelDownload | Publish | KickQueue},
+		{"the end of a Deselected download removes it", Life{Phase: PhaseDownloading, DeselectedAt: t0}, DownloadEnded{Why: EndedByDeselection},
+			Life{Phase: PhaseDownloading, DeselectedAt: t0}, RemoveRecord | KickQueue | Publish},
+		{"Deselected, then Selected again before its end: queued again", Life{Phase: PhaseDownloading, Selected: true, Attempts: 2}, DownloadEnded{Why: EndedByDeselection},
+			Life{Phase: PhaseQueued, Selected: true, Attempts: 1}, KickQueue | Publish},
 		{"a queued image Deselected is removed", queued, Deselected{At: t0},
-			Life{Phase: replica.PhaseQueued, DeselectedAt: t0}, RemoveRecord | Publish | KickQueue},
+			Life{Phase: PhaseQueued, DeselectedAt: t0}, RemoveRecord | Publish | KickQueue},
 		{"a stored image Deselected stays for its grace", ready, Deselected{At: t0},
-			Life{Phase: replica.PhaseReady, Stored: true, DeselectedAt: t0}, Publish | KickQueue},
+			Life{Phase: PhaseReady, Stored: true, DeselectedAt: t0}, Publish | KickQueue},
 		{"a changed file of a Selected image is Downloaded again", ready, StoredLost{Reason: "changed"},
-			Life{Phase: replica.PhaseQueued, Selected: true, Reason: "changed"}, KickQueue | Publish},
-		{"a changed file of a Deselected image goes", Life{Phase: replica.PhaseReady, Stored: true, DeselectedAt: t0}, StoredLost{},
-			Life{Phase: replica.PhaseReady, DeselectedAt: t0}, RemoveRecord | Publish},
-		{"Collected", Life{Phase: replica.PhaseReady, Stored: true, DeselectedAt: t0}, Collected{},
-			Life{Phase: replica.PhaseReady, DeselectedAt: t0}, RemoveRecord | Publish},
+			Life{Phase: PhaseQueued, Selected: true, Reason: "changed"}, KickQueue | Publish},
+		{"a changed file of a Deselected image goes", Life{Phase: PhaseReady, Stored: true, DeselectedAt: t0}, StoredLost{},
+			Life{Phase: PhaseReady, DeselectedAt: t0}, RemoveRecord | Publish},
+		{"Collected", Life{Phase: PhaseReady, Stored: true, DeselectedAt: t0}, Collected{},
+			Life{Phase: PhaseReady, DeselectedAt: t0}, RemoveRecord | Publish},
 		{"Collected while Selected again: Downloaded again, not lost", ready, Collected{},
-			Life{Phase: replica.PhaseQueued, Selected: true}, KickQueue | Publish},
-		{"space freed wakes a waiting image", Life{Phase: replica.PhaseQueued, Selected: true, WaitingForSpace: true}, SpaceFreed{},
-			Life{Phase: replica.PhaseQueued, Selected: true}, KickQueue},
+			Life{Phase: PhaseQueued, Selected: true}, KickQueue | Publish},
+		{"space freed wakes a waiting image", Life{Phase: PhaseQueued, Selected: true, WaitingForSpace: true}, SpaceFreed{},
+			Life{Phase: PhaseQueued, Selected: true}, KickQueue},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,7 +80,7 @@ func TestTransitionRules(t *testing.T) {
 		DownloadEnded{Why: EndedGivingWay}, DownloadEnded{Why: EndedForNextRecord}, DownloadEnded{Why: EndedFailed, RetryAt: t0},
 		WaitsForSpace{}, SpaceFreed{}, StoredLost{}, Collected{}}
 	n := 0
-	for _, phase := range []replica.Phase{replica.PhaseQueued, replica.PhaseDownloading, replica.PhaseVerifying, replica.PhaseReady, replica.PhaseFailed} {
+	for _, phase := range []Phase{PhaseQueued, PhaseDownloading, PhaseVerifying, PhaseReady, PhaseFailed} {
 		for _, sel := range []bool{false, true} {
 			for _, stored := range []bool{false, true} {
 				for _, waiting := range []bool{false, true} {

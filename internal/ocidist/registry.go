@@ -1,3 +1,12 @@
+// Package ocidist serves the image server's verified images through the
+// read-only part of the OCI distribution API, for clients that take
+// oci:// image URLs (Metal3's BareMetalOperator and Ironic's OCI image
+// service): /v2/, and in each image's repository (images/<sha256>, as its
+// image URL is /images/<sha256>/<filename>) its manifest by digest or by
+// tag (its keys), an index per disk type (the tags raw and qcow2), its
+// blob by digest (with ranges), and its tag list. What a manifest and an
+// index hold is an identity rule of internal/osimage (OCIManifest,
+// OCIIndex), which render applies too.
 package ocidist
 
 import (
@@ -188,11 +197,11 @@ func (g Registry) serveManifest(w http.ResponseWriter, r *http.Request, img Imag
 // its digest); nil, with the manifest's digest, for another digest d.
 func manifestFor(img Image, ref string, d digest.Digest) (mediaType string, body []byte, dgst digest.Digest) {
 	for _, diskType := range osimage.OCIDiskTypes {
-		if b, id := Index(img.SHA256, img.Size, diskType); ref == diskType || d == id {
+		if b, id := osimage.OCIIndex(img.SHA256, img.Size, diskType); ref == diskType || d == id {
 			return ocispec.MediaTypeImageIndex, b, id
 		}
 	}
-	b, md := Manifest(img.SHA256, img.Size)
+	b, md := osimage.OCIManifest(img.SHA256, img.Size)
 	if d != "" && d != md {
 		return "", nil, md
 	}
@@ -212,8 +221,8 @@ func (g Registry) serveBlob(w http.ResponseWriter, r *http.Request, img Image) {
 		if r.Method != http.MethodHead {
 			_, _ = w.Write(body)
 		}
-	case d != LayerDigest(img.SHA256):
-		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, LayerDigest(img.SHA256)))
+	case d != osimage.OCILayerDigest(img.SHA256):
+		writeError(w, http.StatusNotFound, "BLOB_UNKNOWN", fmt.Sprintf("blob %s is not in repository images/%s: its one layer is %s", d, img.SHA256, osimage.OCILayerDigest(img.SHA256)))
 	default:
 		if img, ok := g.held(w, r, img); ok {
 			g.serveLayer(w, r, img, d)

@@ -15,48 +15,6 @@ import (
 
 var sumA = osimage.SHA256(strings.Repeat("a", 64))
 
-func TestManifestDependsOnSHA256AndSizeOnly(t *testing.T) {
-	body, d := Manifest(sumA, 42)
-	again, d2 := Manifest(sumA, 42)
-	if d != d2 || string(body) != string(again) {
-		t.Fatalf("the same image gave two manifests:\n%s\n%s", body, again)
-	}
-	if _, o := Manifest(sumA, 43); o == d {
-		t.Error("another size gave the same digest")
-	}
-	if _, o := Manifest(osimage.SHA256(strings.Repeat("b", 64)), 42); o == d {
-		t.Error("another sha256 gave the same digest")
-	}
-	var m ocispec.Manifest
-	if err := json.Unmarshal(body, &m); err != nil {
-		t.Fatal(err)
-	}
-	if m.SchemaVersion != 2 || m.MediaType != ocispec.MediaTypeImageManifest || m.ArtifactType != ArtifactType || m.Config.Digest != ocispec.DescriptorEmptyJSON.Digest ||
-		len(m.Layers) != 1 || m.Layers[0].Digest.String() != "sha256:"+string(sumA) || m.Layers[0].Size != 42 ||
-		m.Layers[0].Annotations[ocispec.AnnotationTitle] != string(sumA)+".img" || len(m.Annotations) != 0 {
-		t.Errorf("manifest: %s", body)
-	}
-	ref := Reference("10.0.0.1:8443", sumA, 42)
-	if got := ref.String(); got != "oci://10.0.0.1:8443/images/"+string(sumA)+"@"+d.String() {
-		t.Errorf("reference %s", got)
-	}
-	if back, ok := osimage.ParseOCIReference(ref.String()); !ok || back != ref {
-		t.Errorf("the reference does not read back: %+v %v", back, ok)
-	}
-	for _, bad := range []string{
-		"oci://h/images/" + string(sumA) + ":tag",
-		"oci://h/os-images@" + d.String(),
-		"oci://h/images/" + strings.ToUpper(string(sumA)) + "@" + d.String(),
-		"oci://h/images/" + string(sumA) + "@sha512:" + strings.Repeat("0", 128),
-		"oci:///images/" + string(sumA) + "@" + d.String(),
-		"https://h/images/" + string(sumA) + "@" + d.String(),
-	} {
-		if _, ok := osimage.ParseOCIReference(bad); ok {
-			t.Errorf("%s read as an osimages reference", bad)
-		}
-	}
-}
-
 type images []Image
 
 func (i images) Image(sum osimage.SHA256) (Image, bool) {
@@ -130,9 +88,9 @@ func TestADiskTypeTagAnswersAnIndex(t *testing.T) {
 		_, _ = io.Copy(&b, resp.Body)
 		return resp, []byte(b.String())
 	}
-	manifest, md := Manifest(sumA, 42)
+	manifest, md := osimage.OCIManifest(sumA, 42)
 	for _, diskType := range osimage.OCIDiskTypes {
-		want, id := Index(sumA, 42, diskType)
+		want, id := osimage.OCIIndex(sumA, 42, diskType)
 		for _, ref := range []string{diskType, id.String()} {
 			resp, body := fetch(ref)
 			if resp.StatusCode != http.StatusOK || string(body) != string(want) || resp.Header.Get("Content-Type") != ocispec.MediaTypeImageIndex || resp.Header.Get("Docker-Content-Digest") != id.String() {

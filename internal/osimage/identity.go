@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // The identity of a served image: its sha256, the file name it is served
@@ -145,7 +147,7 @@ type OCIReference struct {
 	// DiskType is the tag, one of OCIDiskTypes; "" in the digest form.
 	DiskType string
 	// Manifest is the manifest digest, sha256:<hex>; "" in the tag form.
-	Manifest string
+	Manifest digest.Digest
 }
 
 // String is the oci:// URL.
@@ -153,7 +155,7 @@ func (r OCIReference) String() string {
 	if r.DiskType != "" {
 		return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + ":" + r.DiskType
 	}
-	return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + "@" + r.Manifest
+	return "oci://" + r.Host + "/" + OCIRepository(r.SHA256) + "@" + r.Manifest.String()
 }
 
 // ParseOCIReference reads an oci:// URL that OCIReference.String can have
@@ -190,7 +192,7 @@ func ParseOCIReference(ref string) (OCIReference, bool) {
 			return OCIReference{}, false
 		}
 	}
-	return OCIReference{Host: host, SHA256: sha, DiskType: diskType, Manifest: manifest}, true
+	return OCIReference{Host: host, SHA256: sha, DiskType: diskType, Manifest: digest.Digest(manifest)}, true
 }
 
 // ServedFile is a file an image path names: the image itself, or one of

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/opencontainers/go-digest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -62,8 +63,8 @@ const ServedOCIKey = "served-oci.yaml"
 // OCIServed is where the OCI distribution API of the server serves an
 // image: oci://<server>/<Repository>@<Manifest>.
 type OCIServed struct {
-	Repository string `json:"repository"`
-	Manifest   string `json:"manifest"`
+	Repository string        `json:"repository"`
+	Manifest   digest.Digest `json:"manifest"`
 }
 
 // ServedOCI maps the sha256 of each available image to its OCI reference.

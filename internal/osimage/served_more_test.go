@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // The path ImagePath builds reaches an HTTP server as one segment that
@@ -109,7 +111,7 @@ func TestServedFilenames(t *testing.T) {
 // named.
 func TestServedOutputConfigMapData(t *testing.T) {
 	a := SHA256(strings.Repeat("a", 64))
-	ref := OCIServed{Repository: OCIRepository(a), Manifest: "sha256:" + strings.Repeat("b", 64)}
+	ref := OCIServed{Repository: OCIRepository(a), Manifest: digest.Digest("sha256:" + strings.Repeat("b", 64))}
 	out := ServedOutput{Set: ServedSet{a: {Available: true, ImageKey: "ubuntu"}}, Filenames: ServedFilenames{a: {"u.raw"}}, OCI: ServedOCI{a: ref}}
 	data, err := out.ConfigMapData("ConfigMap ns/served")
 	if err != nil || len(data) != 3 {

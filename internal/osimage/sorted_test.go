@@ -24,7 +24,7 @@ func TestMarshalIsDeterministic(t *testing.T) {
 		}
 		set[sha] = ServedImage{Available: i%2 == 0, ImageKey: fmt.Sprintf("image-%d", i)}
 		files[sha] = []string{fmt.Sprintf("image-%d.raw", i)}
-		oci[sha] = OCIServed{Repository: OCIRepository(sha), Manifest: "sha256:" + string(sha)}
+		oci[sha] = OCIServed{Repository: OCIRepository(sha), Manifest: OCILayerDigest(sha)}
 	}
 	// Keys on which yaml's order goes round in a circle, and values it
 	// writes as block scalars or quotes.

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/fleet"
@@ -42,26 +43,35 @@ func addFleetNeeds(mgmt values.Values, inputs []fleet.Inputs, wanted map[osimage
 	return planFleetNeeds{added: added, refused: refused}
 }
 
-// explain adds, for one namespace, the images served because the fleet
-// needs them, and the reason of each refusal next to its failure.
-func (f planFleetNeeds) explain(namespace string, p fleet.ClusterPlan, lines []string) []string {
+// lines says what happens to one cluster, its worst news first, with
+// serve's refusal of an image beside its failure and the images served
+// for the fleet's needs: each joined on (namespace, sha256).
+func (f planFleetNeeds) lines(p fleet.ClusterPlan) []string {
 	var out []string
-	for _, line := range lines {
-		if line == string(fleet.Unchanged) {
-			continue
-		}
-		if image, ok := strings.CutPrefix(line, "newly served: "); ok && f.adds(image) {
-			continue
-		}
-		for _, r := range f.refused {
-			if r.Namespace == namespace && strings.HasPrefix(line, "would fail: "+string(r.SHA256)) && (r.SHA256 == "" || strings.HasPrefix(line, "would fail: "+string(r.SHA256)+"/")) {
+	for _, l := range p.Lines {
+		if l.Verdict == fleet.WouldFail {
+			line := fmt.Sprintf("would fail: %s (needed by %s)", l.Detail, strings.Join(l.By, ", "))
+			if r, ok := f.refused.For(p.Namespace, l.SHA256); ok {
 				line += "; serve --serve-fleet-needs would refuse it: " + r.Message
 			}
+			out = append(out, line)
 		}
-		out = append(out, line)
+	}
+	for _, e := range p.Errors {
+		out = append(out, "cannot tell: "+strings.ReplaceAll(e, "\n", "; "))
 	}
 	for _, l := range p.Lines {
-		if f.adds(l.Image) {
+		if l.Verdict == fleet.Rolls {
+			out = append(out, fmt.Sprintf("rolls nodes: %s (%s)", l.Detail, strings.Join(l.By, ", ")))
+		}
+	}
+	for _, l := range p.Lines {
+		if l.Verdict == fleet.NewlyServed && !f.adds(l.SHA256) {
+			out = append(out, "newly served: "+l.Detail)
+		}
+	}
+	for _, l := range p.Lines {
+		if f.adds(l.SHA256) {
 			out = append(out, "served for the fleet's needs: "+l.Image)
 		}
 	}
@@ -71,14 +81,8 @@ func (f planFleetNeeds) explain(namespace string, p fleet.ClusterPlan, lines []s
 	return out
 }
 
-// adds says whether the image of a plan line ("<sha256>/<key>") is served
-// for the fleet's needs.
-func (f planFleetNeeds) adds(image string) bool {
-	raw, _, _ := strings.Cut(image, "/")
-	sha, err := osimage.ParseSHA256(raw)
-	if err != nil {
-		return false
-	}
+// adds says whether the image of sha is served for the fleet's needs.
+func (f planFleetNeeds) adds(sha osimage.SHA256) bool {
 	_, added := f.added[sha]
 	return added
 }

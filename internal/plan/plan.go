@@ -8,7 +8,6 @@ package plan
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -66,39 +65,9 @@ func (p Proposal) Against(current osimage.ServedSet, clusters []fleet.Inputs, fl
 	for _, in := range clusters {
 		needs, err := fleet.Needs(in)
 		cp := fleet.Plan(in.Namespace, needs, current, proposed, err)
-		lines := planLines(cp)
-		if fleetNeeds != nil {
-			lines = added.explain(in.Namespace, cp, lines)
-		}
+		lines := added.lines(cp)
 		out = append(out, Cluster{Namespace: in.Namespace, Lines: lines,
 			Fails: cp.Verdict == fleet.WouldFail || cp.Verdict == fleet.CannotTell})
-	}
-	return out
-}
-
-// planLines says what happens to one cluster: its worst news first.
-func planLines(p fleet.ClusterPlan) []string {
-	var out []string
-	for _, l := range p.Lines {
-		if l.Verdict == fleet.WouldFail {
-			out = append(out, fmt.Sprintf("would fail: %s (needed by %s)", l.Detail, strings.Join(l.By, ", ")))
-		}
-	}
-	for _, e := range p.Errors {
-		out = append(out, "cannot tell: "+strings.ReplaceAll(e, "\n", "; "))
-	}
-	for _, l := range p.Lines {
-		if l.Verdict == fleet.Rolls {
-			out = append(out, fmt.Sprintf("rolls nodes: %s (%s)", l.Detail, strings.Join(l.By, ", ")))
-		}
-	}
-	for _, l := range p.Lines {
-		if l.Verdict == fleet.NewlyServed {
-			out = append(out, "newly served: "+l.Detail)
-		}
-	}
-	if len(out) == 0 {
-		out = append(out, string(fleet.Unchanged))
 	}
 	return out
 }

@@ -140,7 +140,7 @@ func (e *env) render(ns string) ([]capm3.Template, error) {
 
 // check runs the fleet check of ns as the controller does: fleet.Read of
 // the namespace, its needs, compared with its copy.
-func (e *env) check(ns string) fleet.Report {
+func (e *env) check(ns string) osimage.CheckReport {
 	e.t.Helper()
 	read, err := fleet.Read(context.Background(), e.c, ns, fleet.ReadOptions{ServedCopy: e.rule.Target})
 	if err != nil {
@@ -188,7 +188,7 @@ func TestCopiesCarryWhatTheirNamespaceCanUse(t *testing.T) {
 			t.Errorf("%d templates, want 2", len(templates))
 		}
 		report := e.check(one)
-		if len(report.Images) != 2 || report.Count(fleet.StateServed) != 2 || len(report.Errors) != 0 {
+		if len(report.Images) != 2 || report.Count(osimage.StateServed) != 2 || len(report.Errors) != 0 {
 			t.Errorf("check: %+v", report)
 		}
 		cp := e.getCopy(one)
@@ -210,7 +210,7 @@ func TestCopiesCarryWhatTheirNamespaceCanUse(t *testing.T) {
 			t.Fatalf("render: %v", err)
 		}
 		report := e.check(two)
-		if report.Count(fleet.StateServed) != 2 {
+		if report.Count(osimage.StateServed) != 2 {
 			t.Errorf("check: %+v", report)
 		}
 		refused, _ := osimage.ParseRefusedNeeds([]byte(e.getCopy(two).Data[osimage.RefusedNeedsKey]))
@@ -280,7 +280,7 @@ func TestCopiesCarryWhatTheirNamespaceCanUse(t *testing.T) {
 			t.Errorf("render: %v, want %q", err, want)
 		}
 		report := e.check(one)
-		if report.Count(fleet.StateNotServed) != 1 || report.Count(fleet.StateServed) != 1 {
+		if report.Count(osimage.StateNotServed) != 1 || report.Count(osimage.StateServed) != 1 {
 			t.Errorf("check: %+v", report)
 		}
 	})
@@ -325,12 +325,9 @@ func TestCopiesKeepWhatTheCheckFoundNeeded(t *testing.T) {
 	e.start(Options{})
 	e.waitServed(ns, "new")
 
-	status, err := fleet.Report{Namespace: ns, Images: []fleet.ImageStatus{
-		{SHA256: digest("old"), State: fleet.StateServed, NeededBy: []string{"Metal3MachineTemplate " + ns + "/wc-cp-1"}},
-	}}.ConfigMap()
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusConfigMap(t, osimage.CheckReport{Namespace: ns, Images: []osimage.ImageStatus{
+		{SHA256: digest("old"), State: osimage.StateServed, NeededBy: []string{"Metal3MachineTemplate " + ns + "/wc-cp-1"}},
+	}})
 	e.putConfigMap(ns, status.Name, status.Labels, status.Data)
 	e.waitServed(ns, "new", "old")
 	e.deleteConfigMap(ns, status.Name)

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/sylva-projects/osimages/internal/osimage"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -158,7 +158,7 @@ func (c *reconciler) keysForConfigMap(ctx context.Context, obj client.Object) []
 		if obj.GetNamespace() == r.Source.Namespace && obj.GetName() == r.Source.Name {
 			keys = append(keys, c.keysForRule(ctx, r)...)
 		}
-		if obj.GetName() == r.Target || (r.Catalog != "" && (obj.GetName() == r.Catalog || obj.GetName() == fleet.StatusConfigMapName)) {
+		if obj.GetName() == r.Target || (r.Catalog != "" && (obj.GetName() == r.Catalog || obj.GetName() == osimage.StatusConfigMapName)) {
 			keys = append(keys, Key{Rule: r.Name, Namespace: obj.GetNamespace()})
 		}
 	}
@@ -210,7 +210,7 @@ func Relevant(rules []Rule, namespace, name string) bool {
 		if name == r.Target || (namespace == r.Source.Namespace && name == r.Source.Name) {
 			return true
 		}
-		if r.Catalog != "" && (name == r.Catalog || name == fleet.StatusConfigMapName) {
+		if r.Catalog != "" && (name == r.Catalog || name == osimage.StatusConfigMapName) {
 			return true
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sylva-projects/osimages/internal/clip"
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -132,13 +131,13 @@ func CatalogSHA256s(catalog *corev1.ConfigMap) (map[osimage.SHA256]bool, error) 
 
 // StatusSHA256s reads the sha256s of the images the fleet check found the
 // namespace's clusters need, from its osimages-status ConfigMap; nothing
-// from one the check did not write (no fleet.StatusLabel) or that does not
+// from one the check did not write (no osimage.StatusLabel) or that does not
 // parse.
 func StatusSHA256s(status *corev1.ConfigMap) map[osimage.SHA256]bool {
-	if _, ours := status.Labels[fleet.StatusLabel]; !ours {
+	if _, ours := status.Labels[osimage.StatusLabel]; !ours {
 		return nil
 	}
-	report, err := fleet.ParseStatus(status.Data[fleet.StatusKey])
+	report, err := osimage.ParseCheckReport(status.Data[osimage.StatusKey])
 	if err != nil {
 		return nil
 	}
@@ -166,7 +165,7 @@ func NewPicks(catalogName string, catalog map[osimage.SHA256]bool, catalogFound 
 		p.Note = fmt.Sprintf("%d sha256s named by ConfigMap %s", len(catalog), catalogName)
 	}
 	if len(needed) > 0 {
-		p.Note += fmt.Sprintf(", %d needed by %s", len(needed), fleet.StatusConfigMapName)
+		p.Note += fmt.Sprintf(", %d needed by %s", len(needed), osimage.StatusConfigMapName)
 	}
 	return p
 }

@@ -30,7 +30,7 @@ func servedData(t testing.TB, names []string, refused osimage.RefusedNeeds) map[
 	for _, n := range names {
 		out.Set[digest(n)] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + n}
 		out.Filenames[digest(n)] = []string{n + ".raw"}
-		out.OCI[digest(n)] = osimage.OCIServed{Repository: osimage.OCIRepository(digest(n)), Manifest: "sha256:" + string(digest("manifest of "+n))}
+		out.OCI[digest(n)] = osimage.OCIServed{Repository: osimage.OCIRepository(digest(n)), Manifest: osimage.OCILayerDigest(digest("manifest of " + n))}
 	}
 	data, err := out.ConfigMapData("test source")
 	if err != nil {
@@ -56,6 +56,18 @@ func catalogDoc(t testing.TB, names ...string) string {
 
 func configMap(ns, name string, data map[string]string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: data}
+}
+
+// statusConfigMap is osimages-status as the check controller writes it.
+func statusConfigMap(t *testing.T, r osimage.CheckReport) *corev1.ConfigMap {
+	t.Helper()
+	doc, err := osimage.MarshalCheckReport(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := configMap(r.Namespace, osimage.StatusConfigMapName, map[string]string{osimage.StatusKey: string(doc)})
+	cm.Labels = map[string]string{osimage.StatusLabel: ""}
+	return cm
 }
 
 // readCopy parses a copy's data the way the check and render do.
@@ -126,7 +138,7 @@ func TestFilteredKeepsWhatTheCatalogCanPick(t *testing.T) {
 	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.Filenames), want) || out.Filenames[digest("b")][0] != "b.raw" {
 		t.Errorf("filenames %v", out.Filenames)
 	}
-	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.OCI), want) || out.OCI[digest("a")].Manifest != "sha256:"+string(digest("manifest of a")) {
+	if want := shas("a", "b"); !slices.Equal(sortedSHA256s(out.OCI), want) || out.OCI[digest("a")].Manifest != osimage.OCILayerDigest(digest("manifest of a")) {
 		t.Errorf("OCI references %v", out.OCI)
 	}
 	if len(out.Refused) != 2 || out.Refused[0].Namespace != "wc1" || out.Refused[1].Namespace != "wc1" {
@@ -220,14 +232,11 @@ func TestFilteredKeepsNothingUnvouchedFor(t *testing.T) {
 func TestFilteredKeepsWhatTheCheckFoundNeeded(t *testing.T) {
 	src := ReadServedSource(configMap("sylva-system", "served", servedData(t, []string{"old", "new", "other"}, nil)))
 	catalog := configMap("wc1", osimage.InfoConfigMapName, map[string]string{osimage.ValuesKey: catalogDoc(t, "new")})
-	report := fleet.Report{Namespace: "wc1", Images: []fleet.ImageStatus{
-		{SHA256: digest("old"), State: fleet.StateServed, NeededBy: []string{"Metal3MachineTemplate wc1/old"}},
-		{SHA256: digest("gone"), State: fleet.StateNotServed, NeededBy: []string{"Metal3MachineTemplate wc1/gone"}},
+	report := osimage.CheckReport{Namespace: "wc1", Images: []osimage.ImageStatus{
+		{SHA256: digest("old"), State: osimage.StateServed, NeededBy: []string{"Metal3MachineTemplate wc1/old"}},
+		{SHA256: digest("gone"), State: osimage.StateNotServed, NeededBy: []string{"Metal3MachineTemplate wc1/gone"}},
 	}}
-	status, err := report.ConfigMap()
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusConfigMap(t, report)
 	got, _, note, err := src.Filtered("wc1", picksOf(t, catalog, status))
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +250,7 @@ func TestFilteredKeepsWhatTheCheckFoundNeeded(t *testing.T) {
 
 	// A ConfigMap of that name that the check did not write (no label)
 	// adds nothing.
-	delete(status.Labels, fleet.StatusLabel)
+	delete(status.Labels, osimage.StatusLabel)
 	got, _, _, err = src.Filtered("wc1", picksOf(t, catalog, status))
 	if err != nil {
 		t.Fatal(err)

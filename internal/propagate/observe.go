@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/sylva-projects/osimages/internal/fleet"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -87,7 +86,7 @@ func (ob *observer) picks(ctx context.Context, catalogName, namespace string) (P
 		ob.catalogs.forget(key)
 	}
 	var needed map[osimage.SHA256]bool
-	key = types.NamespacedName{Namespace: namespace, Name: fleet.StatusConfigMapName}
+	key = types.NamespacedName{Namespace: namespace, Name: osimage.StatusConfigMapName}
 	status := &corev1.ConfigMap{}
 	if found, err := get(ctx, ob.reader, key, status); err != nil {
 		return Picks{}, fmt.Errorf("reading ConfigMap %s: %w", key, err)

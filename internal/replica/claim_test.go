@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -103,9 +104,9 @@ func TestClaimsWaitForTheExpectedReplicas(t *testing.T) {
 }
 
 func TestJudgeClaim(t *testing.T) {
-	claiming := Image{Phase: PhaseDownloading, Source: fill.FromRegistry, Claiming: true}
-	pulling := Image{Phase: PhaseDownloading, Source: fill.FromRegistry}
-	following := Image{Phase: PhaseDownloading, Source: fill.FromPeerPrefix + "x"}
+	claiming := Image{Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry, Claiming: true}
+	pulling := Image{Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry}
+	following := Image{Phase: imagelife.PhaseDownloading, Source: fill.FromPeerPrefix + "x"}
 	order := []string{"a", "self", "c", "d"}
 	for _, tc := range []struct {
 		name   string
@@ -114,12 +115,12 @@ func TestJudgeClaim(t *testing.T) {
 		peer   string
 	}{
 		{"nobody else", map[string]Image{}, Proceed, ""},
-		{"peers that follow or wait", map[string]Image{"a": following, "c": {Phase: PhaseQueued}}, Proceed, ""},
+		{"peers that follow or wait", map[string]Image{"a": following, "c": {Phase: imagelife.PhaseQueued}}, Proceed, ""},
 		{"a claimant first in order", map[string]Image{"a": claiming}, GiveWay, "a"},
 		{"a claimant after", map[string]Image{"c": claiming}, Hold, "c"},
 		{"a puller after", map[string]Image{"c": claiming, "d": pulling}, GiveWay, "d"},
-		{"a verified copy after", map[string]Image{"d": {Phase: PhaseReady}}, GiveWay, "d"},
-		{"a failed claim left its source", map[string]Image{"a": {Phase: PhaseFailed, Source: fill.FromRegistry}}, Proceed, ""},
+		{"a verified copy after", map[string]Image{"d": {Phase: imagelife.PhaseReady}}, GiveWay, "d"},
+		{"a failed claim left its source", map[string]Image{"a": {Phase: imagelife.PhaseFailed, Source: fill.FromRegistry}}, Proceed, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, peer := judgeClaim("self", order, tc.images)
@@ -141,7 +142,7 @@ type claimer struct {
 }
 
 func startClaimer(t *testing.T, id string, sum osimage.SHA256) *claimer {
-	c := &claimer{sum: sum, img: Image{Phase: PhaseDownloading}}
+	c := &claimer{sum: sum, img: Image{Phase: imagelife.PhaseDownloading}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -97,7 +98,7 @@ type statusLie struct{ *holder }
 func (s statusLie) State() State {
 	st := s.holder.State()
 	for sum, img := range st.Images {
-		img.Phase = PhaseReady
+		img.Phase = imagelife.PhaseReady
 		st.Images[sum] = img
 	}
 	return st

@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
@@ -142,9 +143,9 @@ func (h *holder) State() State {
 	st := State{Replica: "origin", Instance: h.instance, Images: map[osimage.SHA256]Image{}}
 	switch {
 	case h.stored:
-		st.Images[h.img.w.SHA256] = Image{Phase: PhaseReady, Source: fill.FromRegistry, Size: int64(len(h.img.data))}
+		st.Images[h.img.w.SHA256] = Image{Phase: imagelife.PhaseReady, Source: fill.FromRegistry, Size: int64(len(h.img.data))}
 	case h.download != nil:
-		st.Images[h.img.w.SHA256] = Image{Phase: PhaseDownloading, Source: fill.FromRegistry, Received: h.written}
+		st.Images[h.img.w.SHA256] = Image{Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry, Received: h.written}
 	}
 	return st
 }
@@ -535,7 +536,7 @@ func TestAvailabilityAsPeersJoinAndLeave(t *testing.T) {
 	img := newImage(t, 16, 7)
 	sum := img.w.SHA256
 	a, b := startStatePeer(t, "a"), startStatePeer(t, "b")
-	a.set(sum, Image{Phase: PhaseReady})
+	a.set(sum, Image{Phase: imagelife.PhaseReady})
 	rs := &replicas{self: "self", selfReady: true, ready: []Peer{a.Peer}}
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	v := NewView(rs, nil, clk, ClaimRule{})
@@ -564,7 +565,7 @@ func TestAvailabilityAsPeersJoinAndLeave(t *testing.T) {
 	if v.Available(sum, true, true) {
 		t.Error("a ready peer read without the image: still available")
 	}
-	b.set(sum, Image{Phase: PhaseReady})
+	b.set(sum, Image{Phase: imagelife.PhaseReady})
 	v.readAll(ctx)
 	if !v.Available(sum, true, false) {
 		t.Error("every ready replica holds it: not available")
@@ -639,7 +640,7 @@ func TestChooseVerifiedFirstThenThePullerThenTheRendezvous(t *testing.T) {
 	if last == "self" {
 		last = order[len(order)-2]
 	}
-	peers[last].set(sum, Image{Phase: PhaseDownloading, Source: fill.FromRegistry})
+	peers[last].set(sum, Image{Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry})
 	v.readAll(context.Background())
 	if got := v.Choose(sum, none); got == nil || got.ID != last {
 		t.Errorf("%s pulls it from the registry: chose %v", last, got)
@@ -648,7 +649,7 @@ func TestChooseVerifiedFirstThenThePullerThenTheRendezvous(t *testing.T) {
 	if last == "b" {
 		holder = "a"
 	}
-	peers[holder].set(sum, Image{Phase: PhaseReady})
+	peers[holder].set(sum, Image{Phase: imagelife.PhaseReady})
 	v.readAll(context.Background())
 	if got := v.Choose(sum, none); got == nil || got.ID != holder {
 		t.Errorf("%s holds it verified: chose %v", holder, got)

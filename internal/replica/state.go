@@ -11,20 +11,8 @@ import (
 	"time"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
-)
-
-// Phase is where an image is on a replica: the server's phases, which a
-// replica's state carries to its peers.
-type Phase string
-
-// The phases of an image.
-const (
-	PhaseQueued      Phase = "queued"
-	PhaseDownloading Phase = "downloading"
-	PhaseVerifying   Phase = "verifying"
-	PhaseReady       Phase = "ready"
-	PhaseFailed      Phase = "failed"
 )
 
 // State is one replica's images, as its state endpoint (/peer/state)
@@ -41,7 +29,7 @@ type State struct {
 
 // Image is one image on one replica.
 type Image struct {
-	Phase Phase `json:"phase"`
+	Phase imagelife.Phase `json:"phase"`
 	// Source is where the copy comes (or came) from: fill.FromRegistry,
 	// fill.FromPeerPrefix and the peer's ID, or fill.FromStore for a copy
 	// found on disk at start.
@@ -56,7 +44,7 @@ type Image struct {
 }
 
 // Verified says whether the replica holds a verified copy.
-func (i Image) Verified() bool { return i.Phase == PhaseReady }
+func (i Image) Verified() bool { return i.Phase == imagelife.PhaseReady }
 
 // PullsFromRegistry says whether the replica is pulling the image from
 // the registry now, its claim confirmed: its download may be followed.
@@ -70,11 +58,13 @@ func (i Image) ClaimsRegistry() bool {
 	return i.Source == fill.FromRegistry && i.busy() && i.Claiming
 }
 
-func (i Image) busy() bool { return i.Phase == PhaseDownloading || i.Phase == PhaseVerifying }
+func (i Image) busy() bool {
+	return i.Phase == imagelife.PhaseDownloading || i.Phase == imagelife.PhaseVerifying
+}
 
 // FillsFromPeer says whether the replica fills the image from a peer now.
 func (i Image) FillsFromPeer() bool {
-	return strings.HasPrefix(i.Source, fill.FromPeerPrefix) && (i.Phase == PhaseDownloading || i.Phase == PhaseVerifying)
+	return strings.HasPrefix(i.Source, fill.FromPeerPrefix) && (i.Phase == imagelife.PhaseDownloading || i.Phase == imagelife.PhaseVerifying)
 }
 
 // StatePath is where a replica answers its State.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sylva-projects/osimages/internal/fill"
+	"github.com/sylva-projects/osimages/internal/imagelife"
 )
 
 func TestTreeFansOutFromTheSource(t *testing.T) {
@@ -22,7 +23,7 @@ func TestTreeFansOutFromTheSource(t *testing.T) {
 	}
 	// d pulls it already (it chose itself before the others were
 	// listed): it is the root, the others follow in order.
-	pulling := map[string]Image{"d": {Phase: PhaseDownloading, Source: fill.FromRegistry}}
+	pulling := map[string]Image{"d": {Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry}}
 	want = map[string]string{"a": "d", "b": "d", "c": "a", "e": "a", "f": "b", "g": "b"}
 	for self, parent := range want {
 		if got := Tree(self, order, pulling, 2); got != parent {
@@ -30,12 +31,12 @@ func TestTreeFansOutFromTheSource(t *testing.T) {
 		}
 	}
 	// A verified copy comes before a pull.
-	verified := map[string]Image{"d": pulling["d"], "f": {Phase: PhaseReady}}
+	verified := map[string]Image{"d": pulling["d"], "f": {Phase: imagelife.PhaseReady}}
 	if got := Tree("a", order, verified, 2); got != "f" {
 		t.Errorf("f holds it verified: a fills from %s", got)
 	}
 	// A peer that failed the image is left out: its children move up.
-	failed := map[string]Image{"b": {Phase: PhaseFailed, Source: fill.FromRegistry}}
+	failed := map[string]Image{"b": {Phase: imagelife.PhaseFailed, Source: fill.FromRegistry}}
 	want = map[string]string{"a": "a", "c": "a", "d": "a", "e": "c", "f": "c", "g": "d"}
 	for self, parent := range want {
 		if got := Tree(self, order, failed, 2); got != parent {
@@ -65,7 +66,7 @@ func TestTreeNeverLoopsAndBoundsTheFanOut(t *testing.T) {
 		order := Rendezvous(fmt.Sprint(round), ids)
 		images := map[string]Image{}
 		if r.IntN(2) == 0 {
-			images[ids[r.IntN(n)]] = Image{Phase: PhaseDownloading, Source: fill.FromRegistry}
+			images[ids[r.IntN(n)]] = Image{Phase: imagelife.PhaseDownloading, Source: fill.FromRegistry}
 		}
 		children := map[string]int{}
 		sources := 0

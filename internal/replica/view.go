@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -358,7 +359,7 @@ func (v *View) Choose(sum osimage.SHA256, skip func(id string) bool) *Peer {
 func Tree(self string, order []string, images map[string]Image, fanOut int) string {
 	order = slices.DeleteFunc(slices.Clone(order), func(id string) bool {
 		img := images[id]
-		return id != self && img.Phase == PhaseFailed && !img.Verified()
+		return id != self && img.Phase == imagelife.PhaseFailed && !img.Verified()
 	})
 	root := ""
 	for _, has := range []func(Image) bool{Image.Verified, Image.PullsFromRegistry, Image.ClaimsRegistry} {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/replica"
 	"github.com/sylva-projects/osimages/internal/testenv"
@@ -77,7 +78,7 @@ func peerState(t *testing.T, sum osimage.SHA256, open <-chan struct{}, fail bool
 		case <-r.Context().Done():
 			return
 		}
-		_ = json.NewEncoder(w).Encode(replica.State{Replica: "peer", Images: map[osimage.SHA256]replica.Image{sum: {Phase: replica.PhaseReady}}})
+		_ = json.NewEncoder(w).Encode(replica.State{Replica: "peer", Images: map[osimage.SHA256]replica.Image{sum: {Phase: imagelife.PhaseReady}}})
 	}))
 	t.Cleanup(srv.Close)
 	return replica.Peer{ID: "peer", URL: srv.URL}

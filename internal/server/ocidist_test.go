@@ -14,7 +14,6 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote"
 
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -51,7 +50,7 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading the manifest (oras checks its digest): %v", err)
 	}
-	wantBody, wantDigest := ocidist.Manifest(a.SHA256, int64(len(content1)))
+	wantBody, wantDigest := osimage.OCIManifest(a.SHA256, int64(len(content1)))
 	if desc.Digest != wantDigest || !bytes.Equal(manifestBytes, wantBody) {
 		t.Fatalf("manifest %s, want %s (built from sha256 and size alone)", desc.Digest, wantDigest)
 	}
@@ -60,7 +59,7 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(m.Layers) != 1 || m.Layers[0].Digest.Encoded() != a.SHA256.String() || m.Layers[0].Size != int64(len(content1)) ||
-		m.Layers[0].Annotations[ocispec.AnnotationTitle] != ocidist.LayerTitle(a.SHA256) || m.ArtifactType == "" {
+		m.Layers[0].Annotations[ocispec.AnnotationTitle] != osimage.OCILayerTitle(a.SHA256) || m.ArtifactType == "" {
 		t.Fatalf("manifest: %s", manifestBytes)
 	}
 	// By digest, then the layer, verified by the client against its digest.
@@ -149,12 +148,12 @@ func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
 	h := start(t, t.TempDir(), src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseDownloading)
-	manifestBody, manifestDigest := ocidist.Manifest(a.SHA256, int64(len(content1)))
+	manifestBody, manifestDigest := osimage.OCIManifest(a.SHA256, int64(len(content1)))
 	repoPath := "/v2/" + osimage.OCIRepository(a.SHA256)
 	for _, p := range []string{
 		repoPath + "/manifests/ubuntu-a",
 		repoPath + "/manifests/" + manifestDigest.String(),
-		repoPath + "/blobs/" + ocidist.LayerDigest(a.SHA256).String(),
+		repoPath + "/blobs/" + osimage.OCILayerDigest(a.SHA256).String(),
 	} {
 		resp, body := h.get(p)
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || bytes.Contains(body, content1[:100]) {
@@ -163,7 +162,7 @@ func TestOCIClientsNeverGetAnImageBeingDownloaded(t *testing.T) {
 	}
 	src.release(a.SHA256)
 	h.waitPhase(a.SHA256, PhaseReady)
-	resp, body := h.get(repoPath + "/blobs/" + ocidist.LayerDigest(a.SHA256).String())
+	resp, body := h.get(repoPath + "/blobs/" + osimage.OCILayerDigest(a.SHA256).String())
 	if resp.StatusCode != 200 || !bytes.Equal(body, content1) {
 		t.Fatalf("once verified: %d, %d bytes", resp.StatusCode, len(body))
 	}
@@ -198,11 +197,11 @@ func TestOutputGivesTheOCIReferenceOfAvailableImages(t *testing.T) {
 		ref = out.OCI[a.SHA256]
 		return out.Set[a.SHA256].Available && ref.Manifest != "", fmt.Sprint(out)
 	})
-	_, want := ocidist.Manifest(a.SHA256, int64(len(content1)))
-	if ref.Repository != osimage.OCIRepository(a.SHA256) || ref.Manifest != want.String() {
+	_, want := osimage.OCIManifest(a.SHA256, int64(len(content1)))
+	if ref.Repository != osimage.OCIRepository(a.SHA256) || ref.Manifest != want {
 		t.Fatalf("published %+v, want repository %s and manifest %s", ref, osimage.OCIRepository(a.SHA256), want)
 	}
-	if resp, _ := h.get("/v2/" + ref.Repository + "/manifests/" + ref.Manifest); resp.StatusCode != http.StatusOK {
+	if resp, _ := h.get("/v2/" + ref.Repository + "/manifests/" + ref.Manifest.String()); resp.StatusCode != http.StatusOK {
 		t.Errorf("the published reference answers %d", resp.StatusCode)
 	}
 }

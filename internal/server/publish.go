@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sylva-projects/osimages/internal/ocidist"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -36,8 +35,8 @@ func (s *Server) outputLocked() osimage.ServedOutput {
 			size = img.Int64Field(osimage.FieldSize)
 		}
 		if entry.Available && size > 0 {
-			_, manifest := ocidist.Manifest(sum, size)
-			out.OCI[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest.String()}
+			_, manifest := osimage.OCIManifest(sum, size)
+			out.OCI[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest}
 		}
 	}
 	if len(out.Refused) > 0 {

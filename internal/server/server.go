@@ -32,15 +32,15 @@ import (
 )
 
 // Phase is where an image stands; replicas tell each other theirs.
-type Phase = replica.Phase
+type Phase = imagelife.Phase
 
 // The phases of an image, in the order a successful one goes through.
 const (
-	PhaseQueued      = replica.PhaseQueued
-	PhaseDownloading = replica.PhaseDownloading
-	PhaseVerifying   = replica.PhaseVerifying
-	PhaseReady       = replica.PhaseReady
-	PhaseFailed      = replica.PhaseFailed
+	PhaseQueued      = imagelife.PhaseQueued
+	PhaseDownloading = imagelife.PhaseDownloading
+	PhaseVerifying   = imagelife.PhaseVerifying
+	PhaseReady       = imagelife.PhaseReady
+	PhaseFailed      = imagelife.PhaseFailed
 )
 
 // Store is the content-addressed storage the server fills and serves from.

@@ -21,7 +21,7 @@ func output() osimage.ServedOutput {
 			sha('b'): {Available: false, ImageKey: "rocky"},
 		},
 		Filenames: osimage.ServedFilenames{sha('a'): {"ubuntu.img"}, sha('b'): {"rocky.img"}},
-		OCI:       osimage.ServedOCI{sha('a'): {Repository: "osimages/ubuntu", Manifest: "sha256:" + strings.Repeat("1", 64)}},
+		OCI:       osimage.ServedOCI{sha('a'): {Repository: "osimages/ubuntu", Manifest: osimage.OCILayerDigest(sha('1'))}},
 	}
 }
 
