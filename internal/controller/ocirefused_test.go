@@ -65,12 +65,12 @@ func TestCheckReportsACAPM3ThatRefusesOCI(t *testing.T) {
 		}
 		return true
 	}
-	statusOn := func() fleet.Report {
-		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), fleet.StatusConfigMapName, metav1.GetOptions{})
+	statusOn := func() osimage.CheckReport {
+		cm, err := k.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), osimage.StatusConfigMapName, metav1.GetOptions{})
 		if err != nil {
-			return fleet.Report{}
+			return osimage.CheckReport{}
 		}
-		r, _ := fleet.ParseStatus(cm.Data[fleet.StatusKey])
+		r, _ := osimage.ParseCheckReport(cm.Data[osimage.StatusKey])
 		return r
 	}
 	testenv.Eventually(t, "the refusal in the namespace's status", 60*time.Second, func() (bool, string) {

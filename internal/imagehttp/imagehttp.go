@@ -315,7 +315,7 @@ func (s Endpoints) hold(w http.ResponseWriter, r *http.Request, sum osimage.SHA2
 			}
 			continue
 		}
-		if info.Phase == replica.PhaseFailed {
+		if info.Phase == imagelife.PhaseFailed {
 			s.failed(w, sum, info)
 			return info, false
 		}

@@ -292,7 +292,7 @@ func TestFailedImages(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			images.mu.Lock()
-			images.images[sum] = Image{Served: true, Phase: replica.PhaseFailed, Filenames: []string{"good.raw"}, Failure: tc.failure, Refused: tc.refused, RetryAt: tc.retryAt}
+			images.images[sum] = Image{Served: true, Phase: imagelife.PhaseFailed, Filenames: []string{"good.raw"}, Failure: tc.failure, Refused: tc.refused, RetryAt: tc.retryAt}
 			images.mu.Unlock()
 			resp, body := get(t, url)
 			ra := resp.Header.Get("Retry-After")
