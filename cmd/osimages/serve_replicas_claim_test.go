@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -29,7 +30,9 @@ func TestServeReplicasStartedTogetherPullOnce(t *testing.T) {
 	counter.trickle.Store(true)
 	reg := testenv.Registry(t, devregistry.Options{Middleware: counter.middleware})
 	args, sums, blobBytes := replicaImages(t, reg, 6<<20)
-	rs := newReplicaSet(t, append(args, "--replicas", "3")...)
+	// A claim wait far beyond the test: only listing the 3 replicas lets
+	// one claim.
+	rs := newReplicaSet(t, append(args, "--replicas", "3", "--claim-wait", "10m")...)
 	ids := []string{"r0", "r1", "r2"}
 	for _, id := range ids {
 		rs.startListed(false, id, nil)
@@ -44,9 +47,16 @@ func TestServeReplicasStartedTogetherPullOnce(t *testing.T) {
 		}
 		return true, ""
 	})
-	// Long enough for a replica that lists nobody to have claimed (the
-	// settle is 500 ms), far within the claim wait (10 s).
-	time.Sleep(2 * time.Second)
+	// Each replica's listing settled and it decided, listing nobody, to
+	// wait for the others: had it claimed, it would have done so by then.
+	testenv.Eventually(t, "every replica waits for the replicas expected", 60*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if !strings.Contains(rs.get(id).d.stderr.String(), "no download is claimed until the replicas expected are listed") {
+				return false, id + ": " + rs.get(id).d.stderr.String()
+			}
+		}
+		return true, ""
+	})
 	for _, id := range ids {
 		for sum, img := range rs.get(id).state().Images {
 			if img.Source == fill.FromRegistry {

@@ -85,6 +85,8 @@ type View struct {
 	listedIDs       []string
 	listedChangedAt time.Time
 	readySeen       map[string]time.Time
+	// toldWaiting: the wait for the replicas expected was logged.
+	toldWaiting bool
 }
 
 // peerView is what was last learnt of a peer's state.
@@ -228,7 +230,16 @@ func (v *View) Claimable() bool {
 		// Unknown: a replica that lists no other waits.
 		want = 2
 	}
-	return len(v.listedIDs)+1 >= want || v.clock.Since(v.firstRead) >= v.rule.Wait
+	if len(v.listedIDs)+1 >= want || v.clock.Since(v.firstRead) >= v.rule.Wait {
+		return true
+	}
+	if !v.toldWaiting {
+		// Once: the replicas settled, and too few of them for a claim.
+		v.toldWaiting = true
+		v.log.Info("no download is claimed until the replicas expected are listed, or the claim wait has passed",
+			"listed", len(v.listedIDs)+1, "expected", want, "claimWait", v.rule.Wait)
+	}
+	return false
 }
 
 // Available says whether sum is available: every ready replica holds it
