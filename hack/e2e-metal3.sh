@@ -102,9 +102,12 @@ ipa_files() {
   mkdir -p "$W/ipa" "$W/ipa-ca/etc/ssl/certs"
   cp "$IPA_DIR/ipa.kernel" "$W/ipa/ipa.kernel"
   # The kernel unpacks concatenated archives in order: this one replaces
-  # the ramdisk's CA bundle with the run's CA.
+  # the ramdisk's CA bundle with the run's CA. It is compressed as the
+  # ramdisk is (zstd): the kernel's zstd reader takes the rest of the file
+  # as frames of one stream, so an uncompressed cpio after it is never
+  # read (IPA then failed with CERTIFICATE_VERIFY_FAILED).
   cp "$W/tls/ca.crt" "$W/ipa-ca/etc/ssl/certs/ca-certificates.crt"
-  { cat "$IPA_DIR/ipa.initramfs"; (cd "$W/ipa-ca" && find . | cpio -o -H newc --quiet); } >"$W/ipa/ipa.initramfs"
+  { cat "$IPA_DIR/ipa.initramfs"; (cd "$W/ipa-ca" && find . | cpio -o -H newc --quiet | zstd -q); } >"$W/ipa/ipa.initramfs"
 }
 
 up() {

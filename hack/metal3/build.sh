@@ -67,8 +67,13 @@ IPA_MODULES="drivers/virtio drivers/block/virtio_blk.ko.xz drivers/net/virtio_ne
   drivers/scsi/scsi_common.ko.xz drivers/block/loop.ko.xz drivers/cdrom fs/isofs
   drivers/scsi/sr_mod.ko.xz"
 
+# The patches of IPA, none at times: the list, one per line.
+ipa_patches() { compgen -G "$M3_DIR/patches/ipa-*.patch" || true; }
+
 ipa_dir() {
-  echo "$CACHE/metal3-ipa-$(key <(basename "$(rootfs_tar ipa minbase)") "$IPA_TGZ" "$M3_DIR"/patches/ipa-*.patch \
+  local patches
+  mapfile -t patches < <(ipa_patches)
+  echo "$CACHE/metal3-ipa-$(key <(basename "$(rootfs_tar ipa minbase)") "$IPA_TGZ" ${patches[@]+"${patches[@]}"} \
     "$M3_DIR/ipa-init" "$M3_DIR/udhcpc.script" <(declare -f build_ipa) <(echo "$IPA_MODULES"))"
 }
 
@@ -87,7 +92,9 @@ build_ipa() {
   tar -C "$r" -xpf "$(rootfs_tar ipa minbase)"
   mkdir -p "$r/tmp/ipa-src"
   tar -C "$r/tmp/ipa-src" --strip-components=1 -xzf "$IPA_TGZ"
-  for p in "$M3_DIR"/patches/ipa-*.patch; do
+  local patches p
+  mapfile -t patches < <(ipa_patches)
+  for p in ${patches[@]+"${patches[@]}"}; do
     patch -s -p1 --forward --batch -d "$r/tmp/ipa-src" <"$p" || fail "$p does not apply to $IPA_TGZ"
   done
   chroot "$r" env PBR_VERSION=10.0.0 pip install -q --no-deps --no-build-isolation \

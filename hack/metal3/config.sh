@@ -53,11 +53,9 @@ image_download_source = http
 # ipa-disk-wait-attempts=1: the 1 GiB disk is under IPA's 4 GiB guess, and
 # root device hints are known only after lookup. No retry of a failed
 # download or checksum: a refused image fails the deploy at once.
-# ipa-insecure=1: the run's CA appended to the ramdisk as a second cpio
-# did not reach IPA's trust (CERTIFICATE_VERIFY_FAILED in the first run);
-# until that is found, IPA does not check the server's certificate (it
-# still checks the image's sha256).
-kernel_append_params = console=ttyS0,115200 ipa-debug=1 ipa-disk-wait-attempts=1 ipa-image-download-connection-retries=0 ipa-insecure=1
+# IPA checks the server's certificate against the run's CA, which the test
+# appends to the ramdisk (hack/e2e-metal3.sh, ipa_files).
+kernel_append_params = console=ttyS0,115200 ipa-debug=1 ipa-disk-wait-attempts=1 ipa-image-download-connection-retries=0
 tftp_root = /srv/tftp
 ipxe_timeout = 120
 boot_retry_timeout = 900
