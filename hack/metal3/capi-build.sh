@@ -9,6 +9,8 @@
 #   bmo-VERSION/manager           baremetal-operator's manager
 #   kubectl-K8S-KEY/kubectl       from hack/tools/cluster, the module the
 #                                 e2e cluster is built from
+#   capi-apiserver-K8S-KEY/       the tests' kube-apiserver (hack/tools/envtest)
+#                                 linked with its version, which CAPI checks
 #   m3manifests-KEY/m3manifests   hack/tools/m3manifests: renders each
 #                                 provider's config/default (kustomize, as
 #                                 upstream makes its release manifests) into
@@ -38,6 +40,13 @@ BMO_VERSION=v0.13.2
 # pkg/hardwareutils is empty upstream), so v0.13.1 stands in for it.
 BMO_APIS_VERSION=v0.13.2
 BMO_HWUTILS_VERSION=v0.13.1
+# BMO v0.13.2 requires github.com/metal3-io/ironic-standalone-operator/api
+# v0.8.2, which the proxy refuses (403, as v0.8.1); v0.8.0 stands in:
+# v0.8.2 adds two constants to it (LabelEnvironmentName/Value, git diff
+# api/v0.8.0 api/v0.8.2 upstream) and BMO uses neither (only the Ironic
+# type, IronicStatusReady and AddToScheme, for its Ironic-CR mode, which
+# the box does not use).
+BMO_IRSO_API_VERSION=v0.8.0
 
 mkdir -p "$CACHE"
 
@@ -51,9 +60,10 @@ moddir() {
   echo "$dir"
 }
 
-# build_manager OUT MODULE@VERSION [NESTED=MODULE@VERSION ...]: go build of
-# the module's main package (its root), in a copy of the module where each
-# NESTED folder holds the named module, as the tag's own tree does.
+# build_manager OUT MODULE@VERSION [NESTED=MODULE@VERSION | MODULE=>VERSION ...]:
+# go build of the module's main package (its root), in a copy of the module
+# where each NESTED folder holds the named module, as the tag's own tree
+# does, and each MODULE required is replaced by its VERSION.
 build_manager() {
   local out=$1 mod=$2 src tmp nested
   shift 2
@@ -64,6 +74,10 @@ build_manager() {
   cp -r "$src" "$tmp/src"
   chmod -R u+w "$tmp/src"
   for nested in "$@"; do
+    if [[ $nested == *"=>"* ]]; then
+      (cd "$tmp/src" && go mod edit -replace "${nested%%=>*}=${nested%%=>*}@${nested#*=>}")
+      continue
+    fi
     rm -rf "${tmp:?}/src/${nested%%=*}"
     cp -r "$(moddir "${nested#*=}")" "$tmp/src/${nested%%=*}"
     chmod -R u+w "$tmp/src/${nested%%=*}"
@@ -71,7 +85,7 @@ build_manager() {
   # -mod=mod: go.sum of the release may lack lines for the nested folders'
   # own requirements; the proxy's checksum database still checks them.
   (cd "$tmp/src" && GOFLAGS=-mod=mod nice -n 10 go build -trimpath -o "$tmp/manager" .) ||
-    fail "building $mod failed"
+    { rm -rf "$tmp"; fail "building $mod failed"; }
   mkdir -p "$tmp/out"
   mv "$tmp/manager" "$tmp/out/manager"
   echo "$mod $*" >"$tmp/out/SOURCE"
@@ -103,6 +117,29 @@ build_kubectl() {
   mv "$tmp" "$d"
 }
 
+# build_apiserver: kube-apiserver of hack/tools/envtest (the tests' one),
+# linked with its version: Cluster API's manager refuses an apiserver that
+# says v0.0.0-master ("minimum required version is v1.20.0"), which the
+# tests' build does. Only the link differs, so the build cache serves the
+# rest.
+apiserver_dir() {
+  local module=$ROOT/hack/tools/envtest
+  echo "$CACHE/capi-apiserver-$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$module/go.mod" | head -1 | cut -d' ' -f2)-$(key "$module/go.mod" "$module/go.sum")"
+}
+build_apiserver() {
+  local d tmp k8s ldflags
+  d=$(apiserver_dir)
+  [ -x "$d/kube-apiserver" ] && return 0
+  k8s=$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$ROOT/hack/tools/envtest/go.mod" | head -1 | cut -d' ' -f2)
+  log "building kube-apiserver $k8s with its version into $d (the tests' build, linked again)"
+  ldflags="-X k8s.io/component-base/version.gitVersion=$k8s -X k8s.io/component-base/version.gitMajor=$(echo "$k8s" | cut -d. -f1 | tr -d v) -X k8s.io/component-base/version.gitMinor=$(echo "$k8s" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
+  tmp=$(mktemp -d "$CACHE/.apiserver.XXXXXX")
+  (cd "$ROOT/hack/tools/envtest" && nice -n 10 go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$tmp/kube-apiserver" ./kube-apiserver) ||
+    { rm -rf "$tmp"; fail "building kube-apiserver failed"; }
+  rm -rf "$d"
+  mv "$tmp" "$d"
+}
+
 m3manifests_dir() { echo "$CACHE/m3manifests-$(key "$ROOT"/hack/tools/m3manifests/{go.mod,go.sum,main.go})"; }
 build_m3manifests() {
   local d tmp
@@ -120,11 +157,13 @@ build_manager "$CACHE/capm3-$CAPM3_VERSION" "github.com/metal3-io/cluster-api-pr
   "api=github.com/metal3-io/cluster-api-provider-metal3/api@$CAPM3_VERSION"
 build_manager "$CACHE/bmo-$BMO_VERSION" "github.com/metal3-io/baremetal-operator@$BMO_VERSION" \
   "apis=github.com/metal3-io/baremetal-operator/apis@$BMO_APIS_VERSION" \
-  "pkg/hardwareutils=github.com/metal3-io/baremetal-operator/pkg/hardwareutils@$BMO_HWUTILS_VERSION"
+  "pkg/hardwareutils=github.com/metal3-io/baremetal-operator/pkg/hardwareutils@$BMO_HWUTILS_VERSION" \
+  "github.com/metal3-io/ironic-standalone-operator/api=>$BMO_IRSO_API_VERSION"
 build_kubectl
 build_m3manifests
+build_apiserver
 
 echo "CAPI_MANAGER=$CACHE/capi-core-$CAPI_VERSION/manager CAPM3_MANAGER=$CACHE/capm3-$CAPM3_VERSION/manager BMO_MANAGER=$CACHE/bmo-$BMO_VERSION/manager" \
-  "KUBECTL=$(kubectl_dir)/kubectl M3MANIFESTS=$(m3manifests_dir)/m3manifests" \
+  "KUBECTL=$(kubectl_dir)/kubectl M3MANIFESTS=$(m3manifests_dir)/m3manifests KUBE_APISERVER=$(apiserver_dir)/kube-apiserver" \
   "CAPI_SRC=$(moddir "sigs.k8s.io/cluster-api@$CAPI_VERSION") CAPM3_SRC=$(moddir "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION") BMO_SRC=$(moddir "github.com/metal3-io/baremetal-operator@$BMO_VERSION")" \
   "CAPI_VERSION=$CAPI_VERSION CAPM3_VERSION=$CAPM3_VERSION BMO_VERSION=$BMO_VERSION"

@@ -42,11 +42,11 @@ capi_build() {
   local out
   out=$("$M3_DIR/capi-build.sh") || fail "building the Cluster API chain failed"
   eval "$out"
-  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER KUBECTL M3MANIFESTS CAPI_SRC CAPM3_SRC BMO_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
+  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER KUBECTL M3MANIFESTS KUBE_APISERVER CAPI_SRC CAPM3_SRC BMO_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
   local tools
-  tools=$("$ROOT/hack/tools.sh" env) || fail "hack/tools.sh failed: the chain runs the envtest kube-apiserver and etcd"
+  tools=$("$ROOT/hack/tools.sh" env) || fail "hack/tools.sh failed: the chain runs the envtest etcd"
   KUBEBUILDER_ASSETS=$(printf '%s\n' "$tools" | sed -n "s/^export KUBEBUILDER_ASSETS='\(.*\)'$/\1/p")
-  [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] || fail "no kube-apiserver in '$KUBEBUILDER_ASSETS' (hack/tools.sh builds it)"
+  [ -x "$KUBEBUILDER_ASSETS/etcd" ] || fail "no etcd in '$KUBEBUILDER_ASSETS' (hack/tools.sh builds it)"
   export KUBEBUILDER_ASSETS
 }
 
@@ -151,13 +151,13 @@ capi_up() {
     --initial-cluster m3box=http://127.0.0.1:2380 --log-level warn
   # No controller-manager: nothing here needs garbage collection or
   # service accounts' tokens; the managers delete what they own.
-  start apiserver "$KUBEBUILDER_ASSETS/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+  start apiserver "$KUBE_APISERVER" --etcd-servers=http://127.0.0.1:2379 \
     --advertise-address=127.0.0.1 --bind-address=127.0.0.1 --secure-port="$API_PORT" \
     --tls-cert-file="$CAPI_DIR/pki/apiserver.crt" --tls-private-key-file="$CAPI_DIR/pki/apiserver.key" \
     --client-ca-file="$W/tls/ca.crt" \
     --service-account-key-file="$CAPI_DIR/pki/sa.pub" --service-account-signing-key-file="$CAPI_DIR/pki/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc --service-cluster-ip-range=10.216.240.0/24 \
-    --authorization-mode=RBAC --profiling=false
+    --authorization-mode=RBAC --profiling=false --endpoint-reconciler-type=none
   wait_for "the management kube-apiserver's /readyz (see $W/logs/apiserver.log)" 120 kc get --raw /readyz
   capi_manifests capi "$CAPI_SRC" "$WEBHOOK_PORT_CAPI"
   capi_manifests capm3 "$CAPM3_SRC" "$WEBHOOK_PORT_CAPM3"
@@ -192,7 +192,7 @@ capi_up() {
     name=${name%:*}
     wait_for "$name's manager ready (see $W/logs/$name.log)" 180 capi_ready "$name" "$port"
   done
-  log "Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION and baremetal-operator $BMO_VERSION up in $(($(now) - t0)) s (kube-apiserver $("$KUBEBUILDER_ASSETS/kube-apiserver" --version | cut -d' ' -f2), webhooks over TLS)"
+  log "Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION and baremetal-operator $BMO_VERSION up in $(($(now) - t0)) s (kube-apiserver $("$KUBE_APISERVER" --version | cut -d' ' -f2), webhooks over TLS)"
 }
 
 capi_ready() {
