@@ -551,6 +551,11 @@ capi)
   on_box
   out=$("$M3_DIR/build.sh" all) || fail "building the box's trees failed"
   eval "$out"
+  # The box may have been started from another checkout: this one's
+  # osimages and publisher (a new file each: the running server keeps its
+  # own).
+  nice -n 5 go build -o "$W/bin/osimages" ./cmd/osimages
+  nice -n 5 go build -o "$W/bin/publish" ./test/metal3/publish
   capi_build
   capi_debs
   trap 'capi_stop' EXIT

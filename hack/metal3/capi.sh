@@ -368,7 +368,7 @@ capi_scenarios() {
   # The management side: its catalog in the cluster, the image server
   # reading it and publishing what it serves, the propagation of that into
   # the workload clusters' namespaces.
-  : >"$CAPI_DIR/mgmt-values-extra.yaml"
+  echo "{}" >"$CAPI_DIR/mgmt-values-extra.yaml"
   osi catalog --kubeconfig "$KCFG" --apply -n "$MGMT_NS" -f "$W/serve/catalog-values.yaml" >/dev/null 2>"$W/logs/catalog-mgmt.log" ||
     fail "osimages catalog --apply ($MGMT_NS) failed: $(cat "$W/logs/catalog-mgmt.log")"
   mgmt_serve
