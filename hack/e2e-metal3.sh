@@ -15,6 +15,9 @@
 #   hack/e2e-metal3.sh up         only start the box, and leave it up (to
 #                                 debug: then `scenarios`, `bench`, `down`)
 #   hack/e2e-metal3.sh scenarios  the scenarios, on a box that is up
+#   hack/e2e-metal3.sh capi       the Cluster API chain (hack/metal3/capi.sh),
+#                                 on a box that is up: run does it after
+#                                 the scenarios when E2E_METAL3_CAPI=1
 #   hack/e2e-metal3.sh down       stop a box a killed run left behind
 #   hack/e2e-metal3.sh check-clean  fail when anything of a box is left
 #
@@ -23,7 +26,9 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/metal3/lib.sh"
 . "$M3_DIR/config.sh"
+. "$M3_DIR/capi.sh"
 cd "$ROOT"
+WITH_CAPI=${E2E_METAL3_CAPI:-0}
 
 R=$W/ironic/root
 SERVE_URL=https://$BR_IP:$SERVE_PORT
@@ -65,6 +70,10 @@ build() {
   nice -n 5 go build -o "$W/bin/osimages" ./cmd/osimages
   CGO_ENABLED=0 nice -n 5 go build -o "$W/bin/registry" ./test/e2e/images/registry
   nice -n 5 go build -o "$W/bin/publish" ./test/metal3/publish
+  if [ "$WITH_CAPI" = 1 ]; then
+    capi_build
+    capi_debs
+  fi
 }
 
 # --- the box ----------------------------------------------------------------
@@ -448,6 +457,7 @@ down() {
   if alive "$holder"; then
     nsenter -t "$holder" -m -n chroot "$R" virsh -q -c qemu:///system destroy "$NODE" >/dev/null 2>&1 || true
   fi
+  capi_stop
   for p in serve registry ironic nginx dnsmasq sushy libvirtd virtlogd holder; do stop_pid "$p"; done
   # What the daemons started and left (the VM's qemu outlives libvirtd):
   # the processes of the run, by their command line or root.
@@ -507,7 +517,13 @@ main() {
   trap 'exit 130' INT TERM
   up
   case "$mode" in
-  run) scenarios ;;
+  run)
+    scenarios
+    if [ "$WITH_CAPI" = 1 ]; then
+      capi_up
+      capi_scenarios
+    fi
+    ;;
   bench) bench ;;
   esac
 }
@@ -519,7 +535,11 @@ on_box() {
 }
 
 case "${1:-run}" in
-run | bench) main "${1:-run}" ;;
+run) main run ;;
+bench)
+  WITH_CAPI=0
+  main bench
+  ;;
 up)
   preflight
   trap 'rc=$?; [ "$rc" = 0 ] || { down; check_clean; }; exit "$rc"' EXIT
@@ -529,6 +549,21 @@ up)
 scenarios)
   on_box
   scenarios
+  ;;
+capi)
+  on_box
+  out=$("$M3_DIR/build.sh" all) || fail "building the box's trees failed"
+  eval "$out"
+  # The box may have been started from another checkout: this one's
+  # osimages and publisher (a new file each: the running server keeps its
+  # own).
+  nice -n 5 go build -o "$W/bin/osimages" ./cmd/osimages
+  nice -n 5 go build -o "$W/bin/publish" ./test/metal3/publish
+  capi_build
+  capi_debs
+  trap 'capi_stop' EXIT
+  capi_up
+  capi_scenarios
   ;;
 bench-on-box)
   on_box
@@ -540,5 +575,5 @@ down)
   check_clean
   ;;
 check-clean) check_clean ;;
-*) fail "unknown command $1 (want run, bench, up, scenarios, bench-on-box, down or check-clean)" ;;
+*) fail "unknown command $1 (want run, bench, up, scenarios, capi, bench-on-box, down or check-clean)" ;;
 esac

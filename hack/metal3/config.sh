@@ -19,16 +19,22 @@ enabled_boot_interfaces = ipxe
 enabled_deploy_interfaces = direct
 enabled_power_interfaces = redfish
 enabled_management_interfaces = redfish
-enabled_inspect_interfaces = no-inspect
+# baremetal-operator (the Cluster API chain) enrolls its nodes with the
+# agent inspection and redfish RAID and firmware interfaces; the defaults
+# keep the nodes the scenarios enroll themselves as they were.
+enabled_inspect_interfaces = agent,no-inspect
 enabled_network_interfaces = noop
-enabled_raid_interfaces = no-raid
+enabled_raid_interfaces = redfish,no-raid
 enabled_bios_interfaces = no-bios
 enabled_console_interfaces = no-console
 enabled_rescue_interfaces = no-rescue
 enabled_vendor_interfaces = no-vendor
-enabled_firmware_interfaces = no-firmware
+enabled_firmware_interfaces = redfish,no-firmware
 default_boot_interface = ipxe
 default_deploy_interface = direct
+default_inspect_interface = no-inspect
+default_raid_interface = no-raid
+default_firmware_interface = no-firmware
 minimum_memory_warning_only = true
 [api]
 host_ip = $BR_IP

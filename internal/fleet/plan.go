@@ -20,8 +20,9 @@ const (
 	Unchanged   Verdict = "unchanged"
 	NewlyServed Verdict = "newly served"
 	// Rolls: the cluster's values now give an image another kind of URL
-	// (image URL or oci://) than its Metal3 objects hold: the next render
-	// writes new templates, and their nodes roll.
+	// (image URL or oci://) than its Metal3 objects hold, or another image
+	// (imageSwitches): the next render writes new templates, and their
+	// nodes roll.
 	Rolls      Verdict = "rolls nodes"
 	WouldFail  Verdict = "would fail"
 	CannotTell Verdict = "cannot tell"
@@ -75,7 +76,7 @@ func Plan(namespace string, needs []Need, current osimage.ServedSet, proposed os
 		p.Lines = append(p.Lines, line)
 		p.worsen(line.Verdict)
 	}
-	for _, line := range deliverySwitches(needs) {
+	for _, line := range append(deliverySwitches(needs), imageSwitches(needs)...) {
 		p.Lines = append(p.Lines, line)
 		p.worsen(line.Verdict)
 	}
