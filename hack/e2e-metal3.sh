@@ -429,7 +429,8 @@ deploy_with_server_killed() {
   else
     local err
     err=$(node_field last_error)
-    [[ $err == *"$url"* || $err == *download* || $err == *checksum* ]] || fail "server killed: the deploy failed without naming the download: $err"
+    # Ironic says "Download of image ..." (IPA's ImageDownloadError).
+    [[ $err == *"$url"* || ${err,,} == *download* || ${err,,} == *checksum* ]] || fail "server killed: the deploy failed without naming the download: $err"
     echo "server killed mid-deploy: deploy failed in $DEPLOY_SECS s with: ${err:0:300}"
   fi
 }
