@@ -7,7 +7,13 @@
 #   OSIMAGES-BOOT-MARKER <sha256 of those bytes>
 #
 # on the serial line, then powers off: the line proves that the disk the host
-# booted from holds exactly the image. No loop device, no mount: mtools and
+# booted from holds exactly the image. Before it, the line
+#
+#   OSIMAGES-DISK-BUT-PARTITION-TABLE <sha256 of those bytes but 440-511>
+#
+# proves the same of a disk whose partition table Ironic extended with a
+# config drive partition (as baremetal-operator asks for its user data): the
+# partition table is the one part of the first 48 MiB it rewrites. No loop device, no mount: mtools and
 # syslinux write into the file. Runs inside the box's Ironic tree (chroot),
 # where the tools are.
 #
@@ -20,7 +26,7 @@ cd "$D"
 rm -rf ir osimages-test.raw
 mkdir -p ir/bin ir/proc ir/sys ir/dev ir/modules
 cp /bin/busybox ir/bin/busybox # Debian's busybox-static
-for a in sh mount echo poweroff sleep cat head sha256sum cut insmod ls; do ln -s busybox "ir/bin/$a"; done
+for a in sh mount echo poweroff sleep cat head dd sha256sum cut insmod ls; do ln -s busybox "ir/bin/$a"; done
 cp modules/* ir/modules/
 cat >ir/init <<EOI
 #!/bin/sh
@@ -29,6 +35,8 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in \$(cat /modules/modules.order); do insmod /modules/\$m; done
 for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do [ -b /dev/vda ] && break; sleep 0.5; done
+rest=\$({ head -c 440 /dev/vda; dd if=/dev/vda bs=512 skip=1 count=$((SIZE_MIB * 2048 - 1)) 2>/dev/null; } | sha256sum | cut -d' ' -f1)
+echo "OSIMAGES-DISK-BUT-PARTITION-TABLE \$rest" >/dev/ttyS0
 sum=\$(head -c $((SIZE_MIB * 1024 * 1024)) /dev/vda | sha256sum | cut -d' ' -f1)
 echo "OSIMAGES-BOOT-MARKER \$sum" >/dev/ttyS0
 sleep 1
@@ -63,5 +71,11 @@ if ! grep -q "OSIMAGES-BOOT-MARKER $sum" boot.log; then
   tail -30 boot.log >&2
   exit 1
 fi
+rest=$({ head -c 440 "$img"; dd if="$img" bs=512 skip=1 status=none; } | sha256sum | cut -d' ' -f1)
+if ! grep -q "OSIMAGES-DISK-BUT-PARTITION-TABLE $rest" boot.log; then
+  echo "test-image: the image booted, but not to OSIMAGES-DISK-BUT-PARTITION-TABLE $rest" >&2
+  exit 1
+fi
+echo "$rest" >but-partition-table.sha256
 mv "$img" osimages-test.raw
 echo "$sum"
