@@ -555,13 +555,13 @@ check_clean() {
     log "mounts left: $(awk -v w="$W" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | tr '\n' ' ')"
     bad=1
   fi
-  if ip netns list | grep -qw "$NS"; then
+  if ip netns list | grep -w "$NS" >/dev/null; then
     log "network namespace left: $NS"
     bad=1
   fi
   local r
   for r in $NODE_CIDR $POD_CIDR $SERVICE_CIDR; do
-    if ip route show | grep -q "$r"; then
+    if ip route show | grep "$r" >/dev/null; then
       log "route left: $(ip route show | grep "$r")"
       bad=1
     fi

@@ -52,7 +52,7 @@ preflight() {
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
   fi
-  if ip netns list | grep -qw "$NS" || ip route show | grep -q "^blackhole $BOX_CIDR"; then
+  if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null; then
     fail "a box of an earlier run is still up (netns $NS or the route to $BOX_CIDR): stop it with make e2e-metal3-down"
   fi
   if [ -n "$(ip route show to match 10.216.0.1 | grep -v '^default')" ]; then
@@ -263,7 +263,28 @@ api() {
     -H 'Content-Type: application/json' "http://$BR_IP:$IRONIC_PORT$path" ${3:+-d "$3"}
 }
 node_field() { api GET "/nodes/$NODE" | jq -r ".$1"; }
-provision() { api PUT "/nodes/$NODE/states/provision" "{\"target\": \"$1\"}" >/dev/null; }
+
+# change METHOD PATH DATA: a change of a node, asked again while Ironic
+# answers 409 (NodeLocked: its power sync takes the node's lock every
+# minute, for seconds on a busy machine); any other answer but 2xx fails,
+# naming it. Without it a PUT of a provision state was lost, and the run
+# waited 300 s for a state nobody asked for.
+change() {
+  local path=/v1$2 code t0
+  t0=$(now)
+  while :; do
+    code=$(in_ns curl -sS --max-time 60 -o "$W/run/change.out" -w '%{http_code}' -X "$1" \
+      -H 'X-OpenStack-Ironic-API-Version: 1.96' -H 'Content-Type: application/json' \
+      "http://$BR_IP:$IRONIC_PORT$path" ${3:+-d "$3"}) || code=000
+    case "$code" in
+    2??) cat "$W/run/change.out"; return 0 ;;
+    409 | 000) [ $(($(now) - t0)) -lt 180 ] || fail "Ironic answered $code to $1 $path for 180 s: $(cat "$W/run/change.out")" ;;
+    *) fail "Ironic answered $code to $1 $path: $(cat "$W/run/change.out")" ;;
+    esac
+    sleep 2
+  done
+}
+provision() { change PUT "/nodes/$NODE/states/provision" "{\"target\": \"$1\"}" >/dev/null; }
 
 # wait_state TARGET TIMEOUT: until the node is in TARGET; returns 1 when it
 # fails instead (a state naming "fail") or the time runs out.
@@ -314,7 +335,7 @@ deploy() {
   [ -n "$checksum" ] && ii="$ii, \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\""
   [[ $url == oci://* ]] || ii="$ii, \"image_disk_format\": \"raw\""
   ii="$ii}"
-  api PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": $ii}]" >/dev/null
+  change PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": $ii}]" >/dev/null
   MARKERS_BEFORE=$(markers)
   t0=$(now)
   provision active
@@ -387,7 +408,7 @@ deploy_with_server_killed() {
     provision deleted
     wait_state available 300 || fail "$NODE did not come back to available: $(node_field last_error)"
   fi
-  api PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": {\"image_source\": \"$url\", \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\", \"image_disk_format\": \"raw\"}}]" >/dev/null
+  change PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": {\"image_source\": \"$url\", \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\", \"image_disk_format\": \"raw\"}}]" >/dev/null
   MARKERS_BEFORE=$(markers)
   # Connections an earlier deploy's IPA left established (its host was
   # powered off under it) are not this download.
@@ -464,8 +485,8 @@ down() {
   # the processes of the run, by their command line or root.
   for p in $(box_processes); do kill -KILL "$p" 2>/dev/null || true; done
   for _ in $(seq 1 20); do [ -z "$(box_processes)" ] && break; sleep 0.5; done
-  ip netns list | grep -qw "$NS" && ip netns del "$NS"
-  ip route show | grep -q "^blackhole $BOX_CIDR" && ip route del blackhole "$BOX_CIDR"
+  ip netns list | grep -w "$NS" >/dev/null && ip netns del "$NS"
+  ip route show | grep "^blackhole $BOX_CIDR" >/dev/null && ip route del blackhole "$BOX_CIDR"
   rm -f "$W/run/ready"
   return 0
 }
@@ -493,9 +514,9 @@ check_clean() {
     log "mounts left: $(awk -v w="$W" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | tr '\n' ' ')"
     bad=1
   fi
-  ip netns list | grep -qw "$NS" && { log "network namespace left: $NS"; bad=1; }
-  ip route show | grep -q "10\.216\." && { log "route left: $(ip route show | grep '10\.216\.')"; bad=1; }
-  losetup -a 2>/dev/null | grep -q "$W" && { log "loop device left: $(losetup -a | grep "$W")"; bad=1; }
+  ip netns list | grep -w "$NS" >/dev/null && { log "network namespace left: $NS"; bad=1; }
+  ip route show | grep "10\.216\." >/dev/null && { log "route left: $(ip route show | grep '10\.216\.')"; bad=1; }
+  losetup -a 2>/dev/null | grep "$W" >/dev/null && { log "loop device left: $(losetup -a | grep "$W")"; bad=1; }
   [ "$bad" = 0 ] || fail "the box left the above behind (make e2e-metal3-down stops it)"
   log "clean: no process, mount, network namespace, route or loop device of the box left"
 }

@@ -217,14 +217,14 @@ release_node() {
   s=$(api GET "/nodes/$name" | jq -r '.provision_state // "none"')
   [ "$s" = none ] && return 0
   if [ "$s" != available ] && [ "$s" != manageable ] && [ "$s" != enroll ]; then
-    api PUT "/nodes/$name/states/provision" '{"target": "deleted"}' >/dev/null
+    change PUT "/nodes/$name/states/provision" '{"target": "deleted"}' >/dev/null
     wait_for "Ironic node $name undeployed" 300 node_in "$name" available
   fi
   if [ "$(api GET "/nodes/$name" | jq -r .provision_state)" = available ]; then
-    api PUT "/nodes/$name/states/provision" '{"target": "manage"}' >/dev/null
+    change PUT "/nodes/$name/states/provision" '{"target": "manage"}' >/dev/null
     wait_for "Ironic node $name manageable" 120 node_in "$name" manageable
   fi
-  api DELETE "/nodes/$name" >/dev/null
+  change DELETE "/nodes/$name" >/dev/null
   [ "$(api GET "/nodes/$name" | jq -r '.provision_state // "none"')" = none ] || fail "could not delete the Ironic node $name: $(api GET "/nodes/$name")"
   in_box virsh -q -c qemu:///system destroy "$NODE" >/dev/null 2>&1 || true
 }
@@ -270,7 +270,7 @@ mgmt_serve() {
 }
 
 # served_in NS/NAME SHA: the served-images ConfigMap lists SHA.
-served_in() { kc -n "${1%/*}" get configmap "${1#*/}" -o jsonpath='{.data.values\.yaml}' | grep -q "$2"; }
+served_in() { kc -n "${1%/*}" get configmap "${1#*/}" -o jsonpath='{.data.values\.yaml}' | grep "$2" >/dev/null; }
 
 # cluster_values IMAGE_KEY DELIVERY: the workload cluster's values.
 cluster_values() {
