@@ -450,8 +450,11 @@ deploy_with_server_killed() {
   else
     local err
     err=$(node_field last_error)
-    # Ironic says "Download of image ..." (IPA's ImageDownloadError).
-    [[ $err == *"$url"* || ${err,,} == *download* || ${err,,} == *checksum* ]] || fail "server killed: the deploy failed without naming the download: $err"
+    # Ironic says "Download of image ..." (IPA's ImageDownloadError), or,
+    # killed before its answer began, names the step that downloads and
+    # the connection that broke: "deploy.write_image failed ...
+    # ('Connection aborted.', RemoteDisconnected(...))".
+    [[ $err == *"$url"* || ${err,,} == *download* || ${err,,} == *checksum* || $err == *write_image*onnection* ]] || fail "server killed: the deploy failed without naming the download: $err"
     echo "server killed mid-deploy: deploy failed in $DEPLOY_SECS s with: ${err:0:300}"
   fi
 }
