@@ -463,13 +463,16 @@ host_facts() {
 
 # A second image, published to the box's registry as a new release would
 # be: the test image built again (its FAT volume differs) under another
-# name and registry key, signed with a key of its own.
+# name and registry key, signed with a key of its own, under a url of its
+# own (osimages checks an image against every key whose registry url is a
+# prefix of its URI: two keys on one url would each have to verify it).
 second_image() {
   mkdir -p "$W/image2"
   cp -r "$W/image/vmlinuz" "$W/image/modules" "$W/image2/"
   SHA2=$(in_box /m3box/bin/test-image.sh /m3box/image2) || fail "the second test image was not built: see $W/image2/boot.log"
   [ "$SHA2" != "$SHA" ] || fail "the second test image is byte for byte the first ($SHA)"
   in_ns "$W/bin/publish" -registry 127.0.0.1:5000 -image "$W/image2/osimages-test.raw" -name m3box-test-v2 -registry-key m3box-v2 \
+    -repo-base sylva-projects/sylva-elements/m3box-v2 \
     -catalog-values "$CAPI_DIR/catalog-values2.yaml" -server-values "$CAPI_DIR/mgmt-values2.yaml" >&2 ||
     fail "publishing the second test image failed"
 }

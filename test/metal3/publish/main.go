@@ -23,15 +23,13 @@ import (
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
-const (
-	repoBase = "sylva-projects/sylva-elements/diskimage-builder"
-	tag      = "0.0.1-m3box"
-)
+const tag = "0.0.1-m3box"
 
 func main() {
 	reg := flag.String("registry", "", "host:port of the registry (plain HTTP)")
 	image := flag.String("image", "", "the raw disk image to publish")
 	name := flag.String("name", "m3box-test", "the image's name (its os_images key)")
+	repoBase := flag.String("repo-base", "sylva-projects/sylva-elements/diskimage-builder", "the repository path the registry's url names; the image goes under it (a registry with a signing key of its own needs a url of its own: every key whose url is a prefix of an image's must verify it)")
 	regKey := flag.String("registry-key", "m3box", "the key of the registry in os_images_oci_registries (a second image is published under a key of its own, with its own signing key)")
 	catalogOut := flag.String("catalog-values", "", "file to write the catalog's values to")
 	serverOut := flag.String("server-values", "", "file to write the image server's management values to")
@@ -40,13 +38,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "publish: -registry, -image, -catalog-values and -server-values are required")
 		os.Exit(2)
 	}
-	if err := run(*reg, *image, *name, *regKey, *catalogOut, *serverOut); err != nil {
+	if err := run(*reg, *repoBase, *image, *name, *regKey, *catalogOut, *serverOut); err != nil {
 		fmt.Fprintln(os.Stderr, "publish:", err)
 		os.Exit(1)
 	}
 }
 
-func run(reg, image, name, registryKey, catalogOut, serverOut string) error {
+func run(reg, repoBase, image, name, registryKey, catalogOut, serverOut string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	pusher := &devregistry.Registry{Host: reg}
