@@ -527,16 +527,17 @@ check_clean() {
 # --- main -------------------------------------------------------------------
 
 main() {
-  local mode=$1 status=0 t_start
-  t_start=$(now)
+  local mode=$1
+  # Globals: the EXIT trap runs after main has returned.
+  STATUS=0 T_START=$(now)
   preflight
   finish() {
     local rc=$?
-    [ "$status" = 0 ] && status=$rc
-    down || status=1
-    check_clean || status=1
-    log "total $(($(now) - t_start)) s; logs: $W/logs (daemons, the host's console), $W/ironic/upper/var/log"
-    exit "$status"
+    [ "$STATUS" = 0 ] && STATUS=$rc
+    down || STATUS=1
+    check_clean || STATUS=1
+    log "total $(($(now) - T_START)) s; logs: $W/logs (daemons, the host's console), $W/ironic/upper/var/log"
+    exit "$STATUS"
   }
   trap finish EXIT
   trap 'exit 130' INT TERM
