@@ -185,14 +185,15 @@ func PlanFromValuesContext(ctx context.Context, v values.Values, filter *regexp.
 			fail(err)
 			continue
 		}
-		if err := validateDeclared(path, fields); err != nil {
+		uri, err := validateDeclared(path, fields)
+		if err != nil {
 			fail(err)
 			continue
 		}
 		src, fromDIB := sources[key]
 		src.Key = key
 		src.Declared = fields
-		if uri := fields.Get(osimage.FieldURI); uri != "" {
+		if uri != "" {
 			src.URI = uri
 		}
 		if src.URI == "" {
@@ -280,17 +281,20 @@ func declaredFields(path string, raw any) (osimage.Image, error) {
 	return img, errors.Join(errs...)
 }
 
-func validateDeclared(path string, fields osimage.Image) error {
+// validateDeclared checks what an os_images entry declares, and returns
+// its uri, "" when it declares none.
+func validateDeclared(path string, fields osimage.Image) (string, error) {
 	errs := []error{checkIdentity(fields, path+".")}
 	for _, f := range []string{osimage.FieldSize, osimage.FieldArchiveSize} {
 		if _, err := fields.Size(f); err != nil {
 			errs = append(errs, fmt.Errorf("%s.%w", path, err))
 		}
 	}
-	if uri := fields.Get(osimage.FieldURI); uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
+	uri := fields.Get(osimage.FieldURI)
+	if uri != "" && !hasScheme(uri, "oci://", "http://", "https://") {
 		errs = append(errs, fmt.Errorf("%s.uri: %q must start with oci://, http:// or https://", path, uri))
 	}
-	return errors.Join(errs...)
+	return uri, errors.Join(errs...)
 }
 
 // checkIdentity applies the rules of an image's identity (osimage) to the

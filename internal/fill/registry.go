@@ -14,7 +14,6 @@ import (
 	"github.com/sylva-projects/osimages/internal/catalog"
 	"github.com/sylva-projects/osimages/internal/imagestore"
 	"github.com/sylva-projects/osimages/internal/oci"
-	"github.com/sylva-projects/osimages/internal/osimage"
 	"github.com/sylva-projects/osimages/internal/pull"
 	"github.com/sylva-projects/osimages/internal/servedset"
 	"github.com/sylva-projects/osimages/internal/signature"
@@ -125,7 +124,7 @@ func PullWith(choose func() *pull.Puller, policy func() (signature.Policy, error
 // signatureCheck is the check of w's manifest that the management values
 // ask for, nil when no key applies to it.
 func signatureCheck(w servedset.Wanted, policy func() (signature.Policy, error)) (func(context.Context, *oci.Client, digest.Digest) error, error) {
-	uri := w.Image.Get(osimage.FieldURI)
+	uri := w.Desc.URI
 	if !strings.HasPrefix(uri, "oci://") {
 		return nil, nil
 	}
@@ -133,7 +132,7 @@ func signatureCheck(w servedset.Wanted, policy func() (signature.Policy, error))
 	if err != nil {
 		return nil, fmt.Errorf("pulling %s: not pulled, since the cosign keys that apply to it cannot be read from the management values: %w", uri, err)
 	}
-	keys, err := p.KeysRequired(w.Image.Get(osimage.FieldRegistryKey), uri)
+	keys, err := p.KeysRequired(w.Desc.RegistryKey, uri)
 	if err != nil {
 		return nil, fmt.Errorf("%w (nothing was downloaded)", err)
 	}
@@ -148,12 +147,12 @@ func signatureCheck(w servedset.Wanted, policy func() (signature.Policy, error))
 // PullSource is what the puller needs to know of w.
 func PullSource(w servedset.Wanted) pull.Source {
 	return pull.Source{
-		URI:            w.Image.Get(osimage.FieldURI),
+		URI:            w.Desc.URI,
 		SHA256:         w.SHA256,
-		MD5:            w.Image.Get(osimage.FieldMD5),
-		Compression:    w.Image.Get(osimage.FieldCompression),
-		Size:           w.Int64Field(osimage.FieldSize),
-		ArchiveSize:    w.Int64Field(osimage.FieldArchiveSize),
-		ManifestDigest: w.Image.Get(osimage.FieldManifestDigest),
+		MD5:            w.Desc.MD5,
+		Compression:    w.Desc.Compression,
+		Size:           w.Desc.Size,
+		ArchiveSize:    w.Desc.ArchiveSize,
+		ManifestDigest: w.Desc.ManifestDigest,
 	}
 }

@@ -201,17 +201,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.Fle
 // osimage.NeedFields: under the key the check found, else under any key with
 // that sha256.
 func recordOf(cat osimage.Catalog, img osimage.ImageStatus) (string, osimage.Image, bool) {
-	key := ""
-	if rec, ok := cat[img.ImageKey]; ok && rec.Get(osimage.FieldSHA256) == string(img.SHA256) {
-		key = img.ImageKey
-	} else {
-		for _, k := range cat.Keys() {
-			if cat[k].Get(osimage.FieldSHA256) == string(img.SHA256) {
-				key = k
-				break
-			}
-		}
-	}
+	key := cat.KeyOf(img.SHA256, img.ImageKey)
 	if key == "" {
 		return "", nil, false
 	}

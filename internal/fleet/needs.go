@@ -80,14 +80,6 @@ type Inputs struct {
 func Needs(in Inputs) ([]Need, error) {
 	var needs []Need
 	errs := []error{in.Unreadable}
-	keyOf := func(cat osimage.Catalog, sha osimage.SHA256) string {
-		for _, k := range cat.Keys() {
-			if cat[k].Get(osimage.FieldSHA256) == string(sha) {
-				return k
-			}
-		}
-		return ""
-	}
 	for _, obj := range in.Objects {
 		img, ok := metal3.ImageOf(obj)
 		if !ok {
@@ -109,7 +101,7 @@ func Needs(in Inputs) ([]Need, error) {
 			}
 		}
 		ref := metal3.Ref{Kind: obj.GetKind(), Namespace: obj.GetNamespace(), Name: obj.GetName()}
-		needs = append(needs, Need{SHA256: sha, ImageKey: keyOf(in.Catalog, sha), Filename: filename, By: ref.String(), Delivery: delivery, Live: true, Manifest: manifest})
+		needs = append(needs, Need{SHA256: sha, ImageKey: in.Catalog.KeyOf(sha, ""), Filename: filename, By: ref.String(), Delivery: delivery, Live: true, Manifest: manifest})
 	}
 	for _, c := range in.Clusters {
 		cat, err := osimage.MergeA(in.Catalog, c.Values)

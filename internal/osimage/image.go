@@ -168,3 +168,15 @@ type Catalog map[string]Image
 
 // Keys returns the image keys in sorted order.
 func (c Catalog) Keys() []string { return slices.Sorted(maps.Keys(c)) }
+
+// KeyOf returns the key whose record pins sha: prefer when its record
+// does, else the first in sort order, "" when none does. A malformed
+// sha256 pins nothing, as the server would not serve it.
+func (c Catalog) KeyOf(sha SHA256, prefer string) string {
+	for _, k := range append([]string{prefer}, c.Keys()...) {
+		if got, err := c[k].SHA256(); err == nil && got == sha {
+			return k
+		}
+	}
+	return ""
+}

@@ -1,6 +1,7 @@
 package osimage
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -48,14 +49,48 @@ func (i Image) Size(field string) (int64, error) {
 	return n, nil
 }
 
-// ValidateSizes says why a size field of i is malformed, or nil.
-func (i Image) ValidateSizes() error {
-	for _, f := range []string{FieldSize, FieldArchiveSize} {
-		if _, err := i.Size(f); err != nil {
-			return err
-		}
-	}
-	return nil
+// Descriptor is what osimages acts on in an image record, parsed once
+// where the served set takes the record (Image.Descriptor) and carried to
+// fill, pull and the replica wire, as oras-go carries a descriptor: no
+// later reader re-reads the untyped record, so all read a field alike. The
+// record itself stays for what the output republishes.
+type Descriptor struct {
+	Filename, URI, MD5, Compression, RegistryKey string
+	// ManifestDigest is kept as written: the pull parses it, and refuses a
+	// malformed one naming the image before it downloads anything.
+	ManifestDigest string
+	// Size and ArchiveSize are 0 when the record declares none or a
+	// malformed one. SizeErr says why one is malformed: it refuses the
+	// download, not the selection, so that the image's other filenames and
+	// records stay served and its status tells the operator the fault.
+	Size, ArchiveSize int64
+	SizeErr           error
+}
+
+// Descriptor parses what osimages acts on in i. A field that is not a
+// string reads as absent (Get): the catalog and selection refuse those.
+func (i Image) Descriptor() Descriptor {
+	d := Descriptor{Filename: i.Get(FieldFilename), URI: i.Get(FieldURI), MD5: i.Get(FieldMD5),
+		Compression: i.Get(FieldCompression), RegistryKey: i.Get(FieldRegistryKey), ManifestDigest: i.Get(FieldManifestDigest)}
+	var sizeErr, archiveErr error
+	d.Size, sizeErr = i.Size(FieldSize)
+	d.ArchiveSize, archiveErr = i.Size(FieldArchiveSize)
+	d.SizeErr = cmp.Or(sizeErr, archiveErr)
+	return d
+}
+
+// Bound is the most bytes the image's file may have: its declared size,
+// or maxImageSize when it declares none.
+func (d Descriptor) Bound(maxImageSize int64) int64 {
+	return cmp.Or(d.Size, maxImageSize)
+}
+
+// DiskCost is what the image takes on disk while it downloads, its Bound
+// and the archive it is unpacked from: the one measure of the space
+// reservation, of the management selection's share of the storage and of
+// a fleet need's. It never wraps around.
+func (d Descriptor) DiskCost(maxImageSize int64) int64 {
+	return AddSizes(d.Bound(maxImageSize), d.ArchiveSize)
 }
 
 func truncateValue(s string) string {

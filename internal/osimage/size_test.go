@@ -46,10 +46,10 @@ func TestImageSizeNamesTheField(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), `size "lots" is not a decimal integer`) {
 		t.Errorf("error = %v, want one naming the field and the value", err)
 	}
-	if err := img.ValidateSizes(); err == nil || !strings.Contains(err.Error(), "size") {
-		t.Errorf("ValidateSizes = %v", err)
+	if d := img.Descriptor(); d.SizeErr == nil || !strings.Contains(d.SizeErr.Error(), "size") || d.Size != 0 || d.ArchiveSize != 12 {
+		t.Errorf("Descriptor = %+v", d)
 	}
-	if err := (Image{FieldArchiveSize: "-1"}).ValidateSizes(); err == nil || !strings.HasPrefix(err.Error(), `archive-size "-1" is negative`) {
-		t.Errorf("ValidateSizes = %v", err)
+	if err := (Image{FieldArchiveSize: "-1"}).Descriptor().SizeErr; err == nil || !strings.HasPrefix(err.Error(), `archive-size "-1" is negative`) {
+		t.Errorf("SizeErr = %v", err)
 	}
 }

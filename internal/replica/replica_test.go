@@ -47,10 +47,11 @@ func newImage(t *testing.T, n int, seed uint64) testImage {
 		t.Fatal(err)
 	}
 	m := md5.Sum(data)
-	return testImage{data: data, w: servedset.Wanted{SHA256: sha, Key: "k", Image: osimage.Image{
+	img := osimage.Image{
 		osimage.FieldFilename: "disk.raw", osimage.FieldMD5: hex.EncodeToString(m[:]),
 		osimage.FieldSize: strconv.Itoa(n),
-	}}}
+	}
+	return testImage{data: data, w: servedset.Wanted{SHA256: sha, Key: "k", Image: img, Desc: img.Descriptor()}}
 }
 
 func openStore(t *testing.T) *imagestore.Store {

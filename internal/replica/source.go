@@ -65,10 +65,10 @@ func (s Source) Fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Wr
 
 func (s Source) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
 	src := pull.Source{
-		URI:    s.Peer.URL + osimage.ImagePath(w.SHA256, w.Filename()),
-		SHA256: w.SHA256, MD5: w.Image.Get(osimage.FieldMD5), Size: w.Int64Field(osimage.FieldSize),
+		URI:    s.Peer.URL + osimage.ImagePath(w.SHA256, w.Desc.Filename),
+		SHA256: w.SHA256, MD5: w.Desc.MD5, Size: w.Desc.Size,
 	}
-	if w.Image.Get(osimage.FieldCompression) != "" {
+	if w.Desc.Compression != "" {
 		// A peer pulling the image from the registry keeps its compressed
 		// layer: stream that, verified as a registry blob is. Without one
 		// (the peer holds the image verified already), copy the image.
@@ -78,7 +78,7 @@ func (s Source) fill(ctx context.Context, w servedset.Wanted, dst *imagestore.Wr
 		}
 		if kept {
 			src.URI = s.Peer.URL + BlobPath(w.SHA256)
-			src.Compression = w.Image.Get(osimage.FieldCompression)
+			src.Compression = w.Desc.Compression
 			src.BlobDigest, src.ArchiveSize = blob.Digest, blob.Size
 		}
 	}

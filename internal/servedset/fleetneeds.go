@@ -110,7 +110,9 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osima
 			}
 			continue
 		}
-		c.cost = c.charge("", p.MaxImageSize)
+		for _, rec := range c.records {
+			c.cost = max(c.cost, rec.Desc.DiskCost(p.MaxImageSize))
+		}
 		if n, ok := stored[need.SHA256]; ok {
 			c.stored, c.cost = true, n
 		}
@@ -125,11 +127,7 @@ func FleetNeeds(mgmt values.Values, needs osimage.FleetNeeds, selected map[osima
 				budget -= n
 				continue
 			}
-			size, archive := w.Int64Field(osimage.FieldSize), w.Int64Field(osimage.FieldArchiveSize)
-			if size <= 0 {
-				size = p.MaxImageSize
-			}
-			budget -= size + archive
+			budget -= w.Desc.DiskCost(p.MaxImageSize)
 		}
 		for sha, n := range stored {
 			// Kept on disk for a grace period or a reference: not to be
@@ -165,7 +163,7 @@ type candidate struct {
 	need osimage.FleetNeed
 	// records are the admitted ones; own is the index in records of each
 	// namespace's own record.
-	records []osimage.NeedSource
+	records []Record
 	own     map[string]int
 	// stored: the server holds it already; cost is what it takes on disk.
 	stored bool
@@ -184,7 +182,8 @@ func admitRecords(need osimage.FleetNeed, regs []catalog.DeclaredRegistry, prefi
 	var first [2]string
 	ownReason := map[string][2]string{}
 	for _, src := range need.Sources {
-		reason, msg := admitSource(need.SHA256, src, regs, prefixes)
+		rec := Record{Key: src.Key, Image: src.Image, Desc: src.Image.Descriptor(), Namespaces: src.Namespaces}
+		reason, msg := admitSource(need.SHA256, rec, regs, prefixes)
 		if reason != "" {
 			if first[0] == "" {
 				first = [2]string{reason, msg}
@@ -197,7 +196,7 @@ func admitRecords(need osimage.FleetNeed, regs []catalog.DeclaredRegistry, prefi
 		for _, ns := range src.Namespaces {
 			c.own[ns] = len(c.records)
 		}
-		c.records = append(c.records, src)
+		c.records = append(c.records, rec)
 	}
 	if len(c.records) > 0 {
 		return c, nil
@@ -216,22 +215,15 @@ func admitRecords(need osimage.FleetNeed, regs []catalog.DeclaredRegistry, prefi
 	return nil, reasons
 }
 
-// charge is what the image counts for, for namespace ns ("": the most any
-// admitted record declares): its record's size, or maxImage when it
-// declares none.
+// charge is what the image counts for in namespace ns's quota: its own
+// record's bound, or the most any admitted record declares.
 func (c *candidate) charge(ns string, maxImage int64) int64 {
-	sizeOf := func(src osimage.NeedSource) int64 {
-		if n, err := src.Image.Size(osimage.FieldSize); err == nil && n > 0 {
-			return n
-		}
-		return maxImage
-	}
 	if i, ok := c.own[ns]; ok {
-		return sizeOf(c.records[i])
+		return c.records[i].Desc.Bound(maxImage)
 	}
 	var most int64
-	for _, src := range c.records {
-		most = max(most, sizeOf(src))
+	for _, rec := range c.records {
+		most = max(most, rec.Desc.Bound(maxImage))
 	}
 	return most
 }
@@ -240,9 +232,9 @@ func (c *candidate) charge(ns string, maxImage int64) int64 {
 // order they are tried (those of the namespaces it is served for first,
 // the most shared first), and every filename those namespaces use.
 func (c *candidate) wanted() Wanted {
-	admitted := func(src osimage.NeedSource) int {
+	admitted := func(rec Record) int {
 		n := 0
-		for _, ns := range src.Namespaces {
+		for _, ns := range rec.Namespaces {
 			if slices.Contains(c.admitted, ns) {
 				n++
 			}
@@ -250,19 +242,16 @@ func (c *candidate) wanted() Wanted {
 		return n
 	}
 	records := slices.Clone(c.records)
-	slices.SortStableFunc(records, func(a, b osimage.NeedSource) int { return admitted(b) - admitted(a) })
+	slices.SortStableFunc(records, func(a, b Record) int { return admitted(b) - admitted(a) })
 	w := Wanted{SHA256: c.need.SHA256, ForNamespaces: slices.Sorted(slices.Values(c.admitted)),
 		SelectedBy: []string{"fleet needs of " + strings.Join(slices.Sorted(slices.Values(c.admitted)), ", ")}}
-	for _, src := range records {
-		w.Records = append(w.Records, Record{Key: src.Key, Image: src.Image, Namespaces: src.Namespaces})
-	}
-	w.Key, w.Image = records[0].Key, records[0].Image
+	w.Records = records
+	w.Use(records[0])
 	for _, ns := range c.admitted {
 		w.Filenames = addNames(w.Filenames, namesOf(c.need, ns)...)
 	}
 	if len(w.Filenames) == 0 {
-		name, _ := w.Image.Filename()
-		w.Filenames = []string{name}
+		w.Filenames = []string{w.Desc.Filename}
 	}
 	return w
 }
@@ -346,7 +335,7 @@ func (a *admission) decide(c *candidate, ns string) {
 	note := ""
 	if i, own := c.own[ns]; !own {
 		note = "; this namespace has no admitted record of it, so it counts as the largest size an admitted record declares"
-	} else if n, err := c.records[i].Image.Size(osimage.FieldSize); err != nil || n <= 0 {
+	} else if c.records[i].Desc.Size <= 0 {
 		note = fmt.Sprintf("; its record declares no size, so it counts as --max-image-size %d: declare its size", a.p.MaxImageSize)
 	}
 	switch {
@@ -380,7 +369,7 @@ func (a *admission) decide(c *candidate, ns string) {
 }
 
 // admitSource says why the policy refuses src, "" when it admits it.
-func admitSource(sha osimage.SHA256, src osimage.NeedSource, regs []catalog.DeclaredRegistry, prefixes []string) (string, string) {
+func admitSource(sha osimage.SHA256, src Record, regs []catalog.DeclaredRegistry, prefixes []string) (string, string) {
 	img := src.Image
 	if got, err := img.SHA256(); err != nil || got != sha {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s does not pin sha256 %s", src.Key, sha)
@@ -388,10 +377,10 @@ func admitSource(sha osimage.SHA256, src osimage.NeedSource, regs []catalog.Decl
 	if _, err := img.Filename(); err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s cannot be served: %v", src.Key, err)
 	}
-	if err := img.ValidateSizes(); err != nil {
+	if err := src.Desc.SizeErr; err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s: %v", src.Key, err)
 	}
-	uri := img.Get(osimage.FieldURI)
+	uri := src.Desc.URI
 	if strings.HasPrefix(uri, "oci://") {
 		if _, err := oci.ParseReference(uri); err != nil {
 			return osimage.RefusedInvalid, fmt.Sprintf("the record %s: uri %s is no OCI image reference: %v", src.Key, uri, err)

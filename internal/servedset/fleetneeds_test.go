@@ -203,7 +203,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
 	mgmtImg := osimage.Image{osimage.FieldSHA256: sha('m'), osimage.FieldSize: "600", osimage.FieldArchiveSize: "100", osimage.FieldFilename: "m.raw", osimage.FieldURI: uri}
-	mgmt := map[osimage.SHA256]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg}}
+	mgmt := map[osimage.SHA256]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg, Desc: mgmtImg.Descriptor()}}
 	var images []osimage.FleetNeed
 	// greedy needs 4 images of 100 bytes under keys that sort first; fair
 	// needs 2.
@@ -225,7 +225,7 @@ func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 	var total int64
 	for _, w := range needsOf(served) {
 		per[w.ForNamespaces[0]]++
-		total += w.Int64Field(osimage.FieldSize)
+		total += w.Desc.Size
 	}
 	if total > 300 {
 		t.Errorf("the needs take %d bytes of the 300 the management image leaves", total)

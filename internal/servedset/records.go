@@ -35,12 +35,12 @@ func (r *Records) Next(w Wanted) Wanted {
 	}
 	for _, rec := range w.Records {
 		if _, failed := r.failed[recordID(rec.Key, rec.Image)]; !failed {
-			w.Key, w.Image = rec.Key, rec.Image
+			w.Use(rec)
 			return w
 		}
 	}
 	r.failed = nil
-	w.Key, w.Image = w.Records[0].Key, w.Records[0].Image
+	w.Use(w.Records[0])
 	return w
 }
 
@@ -84,7 +84,7 @@ func (r *Records) Refusals(w Wanted, reason string) osimage.RefusedNeeds {
 		for _, ns := range rec.Namespaces {
 			if slices.Contains(w.ForNamespaces, ns) {
 				out = append(out, osimage.RefusedNeed{SHA256: w.SHA256, Namespace: ns, Reason: osimage.RefusedDownload,
-					Message: fmt.Sprintf("downloading it from this namespace's record %s (%s) failed: %s", rec.Key, rec.Image.Get(osimage.FieldURI), clip(why, 512))})
+					Message: fmt.Sprintf("downloading it from this namespace's record %s (%s) failed: %s", rec.Key, rec.Desc.URI, clip(why, 512))})
 			}
 		}
 	}

@@ -23,8 +23,10 @@ type Wanted struct {
 	SHA256 osimage.SHA256
 	// Key is the image's key in the management cluster's os_images; when
 	// several keys name the same file, the first in sort order.
-	Key   string
+	Key string
+	// Image is Key's record, republished as is; Desc is what is read of it.
 	Image osimage.Image
+	Desc  osimage.Descriptor
 	// SelectedBy names the selectors that matched it, for operators.
 	SelectedBy []string
 	// Filenames are every filename that a key of the management os_images
@@ -48,6 +50,7 @@ type Wanted struct {
 type Record struct {
 	Key   string
 	Image osimage.Image
+	Desc  osimage.Descriptor
 	// Namespaces are those whose catalog gives this record.
 	Namespaces []string
 }
@@ -55,39 +58,22 @@ type Record struct {
 // IsNeed says whether w is served only because workload clusters need it.
 func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 
-// DeclaresSize says whether w gives the size of its file (0 means
-// unknown).
-func (w Wanted) DeclaresSize() bool {
-	n, err := w.Image.Size(osimage.FieldSize)
-	return err == nil && n > 0
-}
+// Use makes rec the record w is downloaded from.
+func (w *Wanted) Use(rec Record) { w.Key, w.Image, w.Desc = rec.Key, rec.Image, rec.Desc }
 
-// Bounds reads w's sizes and returns the most bytes its file may have (its
-// declared size, or maxImageSize when it declares none) and what its
-// download reserves on disk (that bound plus archive-size). Malformed
-// sizes and a size above maxImageSize are refused.
+// Bounds returns the most bytes w's file may have and what its download
+// reserves on disk (osimage.Descriptor.DiskCost). Malformed sizes and a
+// size above maxImageSize are refused.
 func (w Wanted) Bounds(maxImageSize int64) (bound, need int64, err error) {
-	size, err := w.Image.Size(osimage.FieldSize)
-	if err != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
+	if w.Desc.SizeErr != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, w.Desc.SizeErr)
 	}
-	archive, err := w.Image.Size(osimage.FieldArchiveSize)
-	if err != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, err)
-	}
-	if size > maxImageSize {
+	if size := w.Desc.Size; size > maxImageSize {
 		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
 			w.Key, osimage.FormatBytes(size), size, osimage.FormatBytes(maxImageSize))
 	}
-	bound = size
-	if bound == 0 {
-		bound = maxImageSize
-	}
-	return bound, osimage.AddSizes(bound, archive), nil
+	return w.Desc.Bound(maxImageSize), w.Desc.DiskCost(maxImageSize), nil
 }
-
-// Filename is the filename of the image's record (that of Key).
-func (w Wanted) Filename() string { return w.Image.Get(osimage.FieldFilename) }
 
 // ServedAs returns the filenames the image is served under: Filenames, or
 // the record's own filename for an image known only from the store.
@@ -95,17 +81,10 @@ func (w Wanted) ServedAs() []string {
 	if len(w.Filenames) > 0 {
 		return w.Filenames
 	}
-	if name := w.Filename(); name != "" {
-		return []string{name}
+	if w.Desc.Filename != "" {
+		return []string{w.Desc.Filename}
 	}
 	return nil
-}
-
-// Int64Field reads a size field, 0 when absent or malformed; a download
-// refuses malformed sizes before it asks for them.
-func (w Wanted) Int64Field(field string) int64 {
-	n, _ := w.Image.Size(field)
-	return n
 }
 
 // AdditionalSelectorsKey names the map of extra selectors in the management
@@ -201,7 +180,7 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 			out[sha] = prev
 			continue
 		}
-		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: byKey[key]}
+		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, Desc: img.Descriptor(), SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
 		sha, ok := shas[key]

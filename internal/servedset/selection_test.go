@@ -169,11 +169,11 @@ func TestBoundsOfAWantedImage(t *testing.T) {
 		{size: "-1", refused: true},
 		{size: "100", archive: "9223372036854775807", bound: 100, need: 1<<63 - 1, declares: true},
 	} {
-		w := Wanted{Key: "k", Image: osimage.Image{osimage.FieldSize: tc.size, osimage.FieldArchiveSize: tc.archive}}
+		w := Wanted{Key: "k", Desc: osimage.Image{osimage.FieldSize: tc.size, osimage.FieldArchiveSize: tc.archive}.Descriptor()}
 		bound, need, err := w.Bounds(1000)
-		if (err != nil) != tc.refused || bound != tc.bound || need != tc.need || w.DeclaresSize() != tc.declares {
+		if (err != nil) != tc.refused || bound != tc.bound || need != tc.need || (w.Desc.Size > 0) != tc.declares {
 			t.Errorf("size %q archive %q: %d %d %v declares %v; want %d %d refused %v declares %v",
-				tc.size, tc.archive, bound, need, err, w.DeclaresSize(), tc.bound, tc.need, tc.refused, tc.declares)
+				tc.size, tc.archive, bound, need, err, w.Desc.Size > 0, tc.bound, tc.need, tc.refused, tc.declares)
 		}
 		if err != nil && !strings.Contains(err.Error(), "os_images.k.") {
 			t.Errorf("size %q: %v does not name the image", tc.size, err)

@@ -118,8 +118,11 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 
 // asNeed makes w a fleet need of namespaces, served from records.
 func asNeed(w servedset.Wanted, records []servedset.Record, namespaces ...string) servedset.Wanted {
+	for i := range records {
+		records[i].Desc = records[i].Image.Descriptor()
+	}
 	w.Records = records
-	w.Key, w.Image = records[0].Key, records[0].Image
+	w.Use(records[0])
 	w.ForNamespaces = namespaces
 	w.Filenames = nil
 	for _, r := range records {
@@ -191,8 +194,9 @@ func TestTheManagementSelectionComesBeforeTheFleetsNeeds(t *testing.T) {
 	src := newFakeSource()
 	mgmt := src.add("zzz-mgmt", []byte(strings.Repeat("m", 60)), false)
 	tenant := src.add("aaa-tenant", []byte(strings.Repeat("t", 60)), false)
-	for _, w := range []servedset.Wanted{mgmt, tenant} {
+	for _, w := range []*servedset.Wanted{&mgmt, &tenant} {
 		w.Image["archive-size"] = "1"
+		w.Desc = w.Image.Descriptor()
 	}
 	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
@@ -214,8 +218,9 @@ func TestANeedGivesWayToAManagementImageWaitingForSpace(t *testing.T) {
 	src := newFakeSource()
 	tenant := src.add("tenant", []byte(strings.Repeat("t", 60)), true)
 	mgmt := src.add("mgmt", []byte(strings.Repeat("m", 60)), false)
-	for _, w := range []servedset.Wanted{mgmt, tenant} {
+	for _, w := range []*servedset.Wanted{&mgmt, &tenant} {
 		w.Image["archive-size"] = "1"
+		w.Desc = w.Image.Descriptor()
 	}
 	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })

@@ -65,7 +65,7 @@ func (v servedImages) Lookup(sum osimage.SHA256) (imagehttp.Image, bool) {
 	// which a peer that holds the image verified it against.
 	md5 := img.entry.MD5
 	if md5 == "" {
-		md5 = img.Image.Get(osimage.FieldMD5)
+		md5 = img.Desc.MD5
 	}
 	out := imagehttp.Image{Served: s.servesLocked(sum, img), Stored: img.Stored, Phase: img.Phase, Filenames: img.ServedAs(), MD5: md5, VerifiedAt: img.entry.VerifiedAt}
 	out.Failure, out.Refused, out.RetryAt = failureOf(img)
@@ -98,7 +98,7 @@ func (v servedImages) Image(sum osimage.SHA256) (ocidist.Image, bool) {
 	oi := ocidist.Image{SHA256: sum, Ready: img.Stored && img.Phase == PhaseReady, Size: img.entry.Size}
 	oi.Failure, oi.Refused, oi.RetryAt = failureOf(img)
 	if !oi.Ready {
-		oi.Size = img.Int64Field(osimage.FieldSize)
+		oi.Size = img.Desc.Size
 	}
 	if names := img.ServedAs(); len(names) > 0 {
 		oi.Filename = names[0]
@@ -154,7 +154,7 @@ func (s *Server) declaredSize(sum osimage.SHA256) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if img, ok := s.images[sum]; ok {
-		return max(img.Int64Field(osimage.FieldSize), 0)
+		return img.Desc.Size
 	}
 	return 0
 }

@@ -243,7 +243,7 @@ func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
-		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}}
+		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}, Desc: osimage.Descriptor{Filename: fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
 	var r *serverio.RefusedError

@@ -89,6 +89,7 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	}
 	renamed.Image["filename"] = "other-name.raw"
 	renamed.Image["image-format"] = "raw"
+	renamed.Desc = renamed.Image.Descriptor()
 	h.want(renamed)
 	h.waitPhase(a.SHA256, PhaseReady)
 	if d, err := repo.Resolve(ctx, "ubuntu-renamed"); err != nil || d.Digest != wantDigest {

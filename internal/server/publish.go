@@ -32,7 +32,7 @@ func (s *Server) outputLocked() osimage.ServedOutput {
 		// would not have verified).
 		size := img.entry.Size
 		if !img.Stored {
-			size = img.Int64Field(osimage.FieldSize)
+			size = img.Desc.Size
 		}
 		if entry.Available && size > 0 {
 			_, manifest := osimage.OCIManifest(sum, size)

@@ -64,7 +64,7 @@ func (s *Server) next() (osimage.SHA256, bool) {
 	// Where this attempt fills from is chosen by fill; the source of an
 	// earlier one would tell peers it keeps no layer (replicas.go).
 	best.source, best.claiming = "", false
-	best.received, best.total = 0, best.Int64Field(osimage.FieldArchiveSize)
+	best.received, best.total = 0, best.Desc.ArchiveSize
 	// Another worker is kicked for the rest of the queue.
 	s.changeLocked(best.SHA256, best, imagelife.Claimed{})
 	return best.SHA256, true
@@ -84,7 +84,7 @@ func (s *Server) download(ctx context.Context, sum osimage.SHA256) {
 	}
 	s.mu.Unlock()
 	defer cancel(nil)
-	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "attempt", img.Attempts)
+	s.log.Info("download started", "sha256", sum, "key", w.Key, "uri", w.Desc.URI, "attempt", img.Attempts)
 	s.signal(s.changed)
 
 	bound, need, err := w.Bounds(s.cfg.MaxImageSize)
@@ -185,10 +185,10 @@ func (s *Server) pullInto(ctx context.Context, w servedset.Wanted, bound int64) 
 		}
 	}
 	md5, size := res.MD5, res.Size
-	if errors.Is(err, imagestore.ErrLimit) && !w.DeclaresSize() {
+	if errors.Is(err, imagestore.ErrLimit) && w.Desc.Size <= 0 {
 		err = fmt.Errorf("%w; the image declares no size, so it is bounded by --max-image-size or, when less, by the space that was free (%s): declare its size, grow the data volume, or raise --max-image-size if it really is larger", err, osimage.FormatBytes(bound))
 	}
-	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Filename(), Size: size, VerifiedAt: s.cfg.Now()}
+	entry := imagestore.Entry{SHA256: w.SHA256, MD5: md5, Filename: w.Desc.Filename, Size: size, VerifiedAt: s.cfg.Now()}
 	if err == nil {
 		s.mu.Lock()
 		s.changeLocked(w.SHA256, s.images[w.SHA256], imagelife.Verifying{})

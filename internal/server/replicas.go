@@ -54,7 +54,7 @@ func (s *Server) Offer(sum osimage.SHA256, name string) replica.Offer {
 	o := replica.Offer{
 		Known:  name == "" || slices.Contains(img.ServedAs(), name) || stored && img.entry.Filename == name,
 		Stored: stored,
-		Size:   img.Int64Field(osimage.FieldSize),
+		Size:   img.Desc.Size,
 	}
 	// A fill from a peer is offered as one from the registry: followers
 	// chain from it (replica.Tree), each verifying every byte itself, and

@@ -175,7 +175,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	if err != nil {
 		t.Fatal(err)
 	}
-	return servedset.Wanted{SHA256: sha, Key: key, Image: fields, SelectedBy: []string{"test"}}
+	return servedset.Wanted{SHA256: sha, Key: key, Image: fields, Desc: fields.Descriptor(), SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
@@ -283,6 +283,7 @@ func TestSizeRules(t *testing.T) {
 	} {
 		w := src.add(fmt.Sprintf("bad-%d", i), []byte(tc.value), false)
 		w.Image[tc.field] = tc.value
+		w.Desc = w.Image.Descriptor()
 		bad = append(bad, w)
 		t.Run(tc.value, func(t *testing.T) {
 			h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 30 })
@@ -308,6 +309,7 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	s := newHostileSetup(t)
 	bomb := s.publish(t, "a-bomb", devregistry.DiskImage{Gzip: true, Layer: devregistry.GzipBomb(512 << 20)})
 	delete(bomb.Image, osimage.FieldSize) // nothing declared: the bound is --max-image-size
+	bomb.Desc = bomb.Image.Descriptor()
 	good := s.publish(t, "b-good", devregistry.DiskImage{Content: devregistry.DiskContent(8<<20, 5), Gzip: true})
 	// The good image comes slowly, so that the bomb runs all along.
 	s.faults.Set("dib/b-good", devregistry.Blobs, devregistry.Trickle(64<<10, 20*time.Millisecond))
@@ -340,9 +342,11 @@ func TestReservationHoldsTheBound(t *testing.T) {
 	src := newFakeSource()
 	small := src.add("no-size", []byte("small, but nobody says so"), false)
 	delete(small.Image, osimage.FieldSize)
+	small.Desc = small.Image.Descriptor()
 	large := src.add("no-size-large", devregistry.DiskContent(4<<20, 3), false)
 	delete(large.Image, osimage.FieldSize)
 	delete(large.Image, osimage.FieldArchiveSize)
+	large.Desc = large.Image.Descriptor()
 	dir := t.TempDir()
 	h := start(t, dir, src, func(c *Config) {
 		c.MaxImageSize = 1 << 30
@@ -467,7 +471,7 @@ func TestTamperedImageIsDownloadedAgain(t *testing.T) {
 	h := start(t, dir, src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
-	path := filepath.Join(dir, "images", a.SHA256.String(), a.Filename())
+	path := filepath.Join(dir, "images", a.SHA256.String(), a.Desc.Filename)
 	other := filepath.Join(t.TempDir(), "other")
 	os.WriteFile(other, []byte("not the verified!!"), 0o644)
 	os.Remove(path)

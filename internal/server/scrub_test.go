@@ -62,7 +62,7 @@ func TestScrubReplacesAFlippedByte(t *testing.T) {
 	src.gates[a.SHA256] = make(chan struct{})
 	src.mu.Unlock()
 
-	path := filepath.Join(dir, "images", a.SHA256.String(), a.Filename())
+	path := filepath.Join(dir, "images", a.SHA256.String(), a.Desc.Filename)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -345,7 +345,7 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}},
+			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}, Desc: osimage.Descriptor{Filename: e.Filename}},
 			Life:   imagelife.Life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
 			entry:  e,
 			source: fill.FromStore,
@@ -378,7 +378,7 @@ func (s *Server) SetDesired(wanted map[osimage.SHA256]servedset.Wanted, selectEr
 		if !ok {
 			img = &image{Life: imagelife.Life{Phase: PhaseQueued}}
 			s.images[sum] = img
-			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Image[osimage.FieldURI], "selectedBy", w.SelectedBy)
+			s.log.Info("image selected", "sha256", sum, "key", w.Key, "uri", w.Desc.URI, "selectedBy", w.SelectedBy)
 		}
 		img.Wanted = w
 		img.keptBy = ""
@@ -440,12 +440,12 @@ func (s *Server) Statuses() ([]imagehttp.Status, error) {
 	out := make([]imagehttp.Status, 0, len(s.images))
 	for _, sum := range slices.Sorted(maps.Keys(s.images)) {
 		img := s.images[sum]
-		size := img.Int64Field(osimage.FieldSize)
+		size := img.Desc.Size
 		if img.Stored {
 			size = img.entry.Size
 		}
 		out = append(out, imagehttp.Status{
-			SHA256: sum, Key: img.Key, Filename: img.Filename(), Filenames: img.ServedAs(), URI: img.Image.Get(osimage.FieldURI),
+			SHA256: sum, Key: img.Key, Filename: img.Desc.Filename, Filenames: img.ServedAs(), URI: img.Desc.URI,
 			Phase: img.Phase, Selected: img.Selected, Received: img.received, Total: img.total, Size: size,
 			Reason: img.Reason, NextTry: img.NextTry, DeselectedAt: img.DeselectedAt,
 			KeptBy: s.keptByLocked(sum, img), ReferencesUnknown: s.referencesUnknownLocked(img),

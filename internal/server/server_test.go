@@ -55,10 +55,11 @@ func (f *fakeSource) add(key string, content []byte, gated bool) servedset.Wante
 	if gated {
 		f.gates[sum] = make(chan struct{})
 	}
-	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: osimage.Image{
+	img := osimage.Image{
 		"sha256": sum.String(), "md5": hex.EncodeToString(m[:]), "filename": key + ".raw",
 		"size": fmt.Sprint(len(content)), "archive-size": fmt.Sprint(len(content)), "uri": "oci://example/" + key + ":1",
-	}}
+	}
+	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: img, Desc: img.Descriptor()}
 }
 
 func (f *fakeSource) release(sum osimage.SHA256) { close(f.gates[sum]) }
@@ -67,7 +68,7 @@ func (f *fakeSource) pull(ctx context.Context, w servedset.Wanted, dst *imagesto
 	f.pulls.Add(1)
 	f.mu.Lock()
 	content, gate, failure := f.content[w.SHA256], f.gates[w.SHA256], f.fail[w.SHA256]
-	if err := f.failURI[w.Image.Get("uri")]; err != nil {
+	if err := f.failURI[w.Desc.URI]; err != nil {
 		failure = err
 	}
 	f.mu.Unlock()
@@ -236,7 +237,9 @@ func (h *harness) waitUnpublished(sum osimage.SHA256) {
 	h.waitOutput("dropped "+sum.String()[:12], func(s osimage.ServedSet) bool { _, ok := s[sum]; return !ok })
 }
 
-func imageURL(w servedset.Wanted) string { return "/images/" + w.SHA256.String() + "/" + w.Filename() }
+func imageURL(w servedset.Wanted) string {
+	return "/images/" + w.SHA256.String() + "/" + w.Desc.Filename
+}
 
 func TestServeLifecycle(t *testing.T) {
 	src := newFakeSource()
@@ -333,7 +336,7 @@ func TestTraversalIsNeverServed(t *testing.T) {
 	for _, p := range []string{
 		"/images/" + a.SHA256.String() + "/../../../../etc/passwd",
 		"/images/" + a.SHA256.String() + "/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
-		"/images/" + a.SHA256.String() + "/..%2f..%2f" + a.SHA256.String() + "%2f" + a.Filename(),
+		"/images/" + a.SHA256.String() + "/..%2f..%2f" + a.SHA256.String() + "%2f" + a.Desc.Filename,
 		"/images/..%2f..%2fetc/passwd",
 		"/images/" + a.SHA256.String() + "/link.raw",
 		"/images/" + a.SHA256.String() + "/" + secret,
@@ -341,9 +344,9 @@ func TestTraversalIsNeverServed(t *testing.T) {
 		"//etc/passwd",
 		"/images/" + a.SHA256.String(),
 		"/images/" + a.SHA256.String() + "/",
-		"/images/" + strings.ToUpper(a.SHA256.String()) + "/" + a.Filename(),
-		"/images/" + a.SHA256.String() + "/" + a.Filename() + "/",
-		"/images/" + a.SHA256.String() + "/" + a.Filename() + "%00",
+		"/images/" + strings.ToUpper(a.SHA256.String()) + "/" + a.Desc.Filename,
+		"/images/" + a.SHA256.String() + "/" + a.Desc.Filename + "/",
+		"/images/" + a.SHA256.String() + "/" + a.Desc.Filename + "%00",
 	} {
 		req, _ := http.NewRequest(http.MethodGet, h.http.URL, nil)
 		req.URL.Opaque = p // sent as written, unnormalised by the client
@@ -481,6 +484,7 @@ func TestStorageLimits(t *testing.T) {
 	small := src.add("small", []byte("small"), false)
 	huge := src.add("huge", []byte("huge"), false)
 	huge.Image["size"] = fmt.Sprint(int64(1) << 50)
+	huge.Desc = huge.Image.Descriptor()
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 60 })
 	h.want(small, huge)
 	h.waitPhase(huge.SHA256, PhaseFailed)

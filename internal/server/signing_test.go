@@ -92,7 +92,7 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (servedset.W
 	if err != nil {
 		t.Fatal(err)
 	}
-	return servedset.Wanted{SHA256: sha, Key: key, Image: img, SelectedBy: []string{"test"}}, p
+	return servedset.Wanted{SHA256: sha, Key: key, Image: img, Desc: img.Descriptor(), SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -148,6 +148,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	// under the sylva registry's url.
 	anonymous, anonymousP := s.publish(t, "anonymous", 5)
 	delete(anonymous.Image, osimage.FieldRegistryKey)
+	anonymous.Desc = anonymous.Image.Descriptor()
 
 	h := s.start(t, s.trust(t, ""))
 	h.want(valid, otherKey, otherDigest, unsigned, anonymous)
@@ -232,6 +233,7 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	for k, v := range moved.Fields {
 		fresh.Image[k] = v
 	}
+	fresh.Desc = fresh.Image.Descriptor()
 	sha, err := moved.Fields.SHA256()
 	if err != nil {
 		t.Fatal(err)

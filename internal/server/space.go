@@ -27,7 +27,7 @@ import (
 // bound reserved.
 func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, need int64) (int64, error) {
 	why := "archive-size + size"
-	if !w.DeclaresSize() {
+	if w.Desc.Size <= 0 {
 		why = fmt.Sprintf("archive-size + --max-image-size %s, as the image declares no size", osimage.FormatBytes(bound))
 	}
 	s.mu.Lock()
@@ -59,7 +59,7 @@ func (s *Server) reserveSpace(sum osimage.SHA256, w servedset.Wanted, bound, nee
 	// A partial download kept from an earlier attempt holds part of the
 	// space this one needs already.
 	free = osimage.AddSizes(free, s.partialBytes(sum))
-	if !w.DeclaresSize() {
+	if w.Desc.Size <= 0 {
 		archive := need - bound
 		room := free - s.cfg.FreeSpaceMargin
 		if s.cfg.MaxStorage > 0 {

@@ -20,6 +20,7 @@ func TestServerChecksOtherSpellingsOfAKeyedRegistry(t *testing.T) {
 	w, p := s.publish(t, "respelt", 1)
 	delete(w.Image, osimage.FieldRegistryKey) // hand-declared: no registry key
 	w.Image[osimage.FieldURI] = "oci://LocalHost:" + port + "/" + p.Repository + ":1.0"
+	w.Desc = w.Image.Descriptor()
 	h := s.start(t, s.trust(t, ""))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)
@@ -45,7 +46,7 @@ func TestServerRequireSignatures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := servedset.Wanted{SHA256: sha, Key: "elsewhere", Image: img, SelectedBy: []string{"test"}}
+	w := servedset.Wanted{SHA256: sha, Key: "elsewhere", Image: img, Desc: img.Descriptor(), SelectedBy: []string{"test"}}
 	h := s.start(t, s.trust(t, "security: {os_images: {require_signatures: true}}\n"))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)
