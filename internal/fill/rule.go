@@ -76,16 +76,11 @@ func named(setting string) string {
 // the rule cut wraps both the rule's error (*StallError or *SlowError,
 // errors.As) and what the fill returned.
 func (r Rule) Run(ctx context.Context, fill func(context.Context, pull.Progress) (pull.Result, error), progress pull.Progress) (pull.Result, error) {
-	clk := r.Clock
-	if clk == nil {
-		clk = clock.RealClock{}
-	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	w := &watch{rule: r, clock: clk, alive: clk.Now(), first: -1}
-	stop := w.start(ctx, cancel)
+	report, stop := r.Watch(ctx, cancel)
 	res, err := fill(ctx, func(received, total int64) {
-		w.report(received)
+		report(received)
 		progress(received, total)
 	})
 	stop()
@@ -95,6 +90,19 @@ func (r Rule) Run(ctx context.Context, fill func(context.Context, pull.Progress)
 		err = fmt.Errorf("%w; the attempt ended with: %w", cause, err)
 	}
 	return res, err
+}
+
+// Watch applies the rule to a transfer that is not a fill (a relay of a
+// peer's copy to a client): report each count of bytes received so far;
+// the rule ends ctx through cancel with its *StallError or *SlowError;
+// stop ends the watch, and returns once it has.
+func (r Rule) Watch(ctx context.Context, cancel context.CancelCauseFunc) (report func(received int64), stop func()) {
+	clk := r.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	w := &watch{rule: r, clock: clk, alive: clk.Now(), first: -1}
+	return w.report, w.start(ctx, cancel)
 }
 
 // watch measures one fill.

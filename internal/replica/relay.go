@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/httpsend"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -76,10 +77,10 @@ func (v *View) Holders(sum osimage.SHA256) []Peer {
 //     until its sha256 matches: a client never gets a complete image
 //     that is not the one it asked for;
 //   - a peer's answer must begin within Hold (the client's hold, shared
-//     by the peers tried in turn); once it streams, a peer that sends
-//     nothing for Stall, or fewer than MinRate bytes a second over
-//     RateWindow, is cut: a relay of a many-GiB image lasts as long as
-//     its bytes flow, and no longer;
+//     by the peers tried in turn); a peer is cut by Rule, the rule of a
+//     fill from a peer (no byte for --peer-timeout, or slower than
+//     --min-rate): a relay of a many-GiB image lasts as long as its bytes
+//     flow, and no longer;
 //   - as soon as this replica holds the image verified (Local), the
 //     relay goes on from that copy, at the offset reached, still hashed;
 //   - a peer that failed the image, a fill from it or a relay of it, is
@@ -87,23 +88,18 @@ func (v *View) Holders(sum osimage.SHA256) []Peer {
 type Relay struct {
 	View *View
 	// Client reaches the peers (Transport); it needs no overall timeout:
-	// Hold and Stall bound a relay, SendTimeout each write to the client.
+	// Hold and Rule bound a relay, SendTimeout each write to the client.
 	Client *http.Client
 	// SendTimeout bounds one write of the answer to the client.
 	SendTimeout time.Duration
 	// Hold bounds the wait for a peer's answer to begin, from the
 	// client's request (--client-hold); 0 leaves only the request's
-	// deadline and Stall.
+	// deadline and Rule.
 	Hold time.Duration
-	// Stall cuts a peer that sends no byte for that long, counted from the
-	// request (--peer-timeout); 0: no such bound.
-	Stall time.Duration
-	// MinRate cuts a peer that sends fewer than MinRate bytes a second
-	// over RateWindow (--min-rate, over --stall-timeout), as a fill from a
-	// peer is: a peer that trickles would keep the client for ever. 0: no
-	// such bound.
-	MinRate    int64
-	RateWindow time.Duration
+	// Rule cuts a peer that stalls or trickles, counted from the request,
+	// as a fill from a peer is cut (Contended nil: always). Its Stall is
+	// also how long a relay whose peer broke off waits for the copy here.
+	Rule fill.Rule
 	// Failures are the peers that failed each image (Filler.Failures):
 	// they are not relayed from, and a peer that fails a relay is added.
 	// Nil remembers nothing.
@@ -202,6 +198,8 @@ func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request
 	peerCtx, cut := context.WithCancelCause(ctx)
 	defer cut(nil)
 	wt := r.watch(peerCtx, cut, sum, holdEnd)
+	report, stopRule := r.Rule.Watch(peerCtx, cut)
+	defer stopRule()
 	defer func() {
 		if f := wt.stop(); f != nil {
 			f.Close() // found while the peer's answer was awaited: the caller serves it
@@ -238,7 +236,7 @@ func (r Relay) try(ctx context.Context, w http.ResponseWriter, req *http.Request
 	if req.Method == http.MethodHead {
 		return true, true
 	}
-	r.stream(ctx, peerCtx, &httpsend.Writer{ResponseWriter: w, Timeout: r.SendTimeout}, resp.Body, length, wt, sum, fail)
+	r.stream(ctx, peerCtx, &httpsend.Writer{ResponseWriter: w, Timeout: r.SendTimeout}, resp.Body, length, wt, report, sum, fail)
 	return true, true
 }
 
@@ -287,7 +285,7 @@ func relayError(peerCtx context.Context, err error) error {
 // of all matches sum. A stream that cannot be completed, or does not
 // match, cuts the client's connection, which the client sees as a failed
 // download.
-func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reader, length int64, wt *watcher, sum osimage.SHA256, fail func(string, ...any)) {
+func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reader, length int64, wt *watcher, report func(int64), sum osimage.SHA256, fail func(string, ...any)) {
 	log := r.log().With("sha256", sum)
 	h := sha256.New()
 	var read int64
@@ -297,9 +295,6 @@ func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reade
 	for read < length {
 		n, err := src.Read(buf[:min(int64(len(buf)), length-read)])
 		if n > 0 {
-			if fromPeer {
-				wt.progress(n)
-			}
 			h.Write(buf[:n])
 			out := buf[:n]
 			if read+int64(n) == length {
@@ -309,6 +304,9 @@ func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reade
 				panic(http.ErrAbortHandler) // the client left or stopped reading
 			}
 			read += int64(n)
+			if fromPeer {
+				report(read)
+			}
 		}
 		switch {
 		case read == length:
@@ -345,13 +343,13 @@ func (r Relay) stream(ctx, peerCtx context.Context, dst io.Writer, body io.Reade
 }
 
 // await waits for the copy verified here, while the client would wait
-// for a peer that sends nothing (Stall, or Hold when there is none), and
-// no longer than ctx.
+// for a peer that sends nothing (Rule.Stall, or Hold when there is none),
+// and no longer than ctx.
 func (r Relay) await(ctx context.Context, sum osimage.SHA256) *os.File {
 	if r.Local == nil {
 		return nil
 	}
-	if wait := cmp.Or(r.Stall, r.Hold); wait > 0 {
+	if wait := cmp.Or(r.Rule.Stall, r.Hold); wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
@@ -371,13 +369,10 @@ func (r Relay) await(ctx context.Context, sum osimage.SHA256) *os.File {
 }
 
 // watcher cuts a peer's part of a relay (its context) when the copy
-// here is verified (errVerifiedHere), the client's hold ends before the
-// peer answered (errHoldOver), or the peer stalled or trickles.
+// here is verified (errVerifiedHere), or the client's hold ends before the
+// peer answered (errHoldOver); Relay.Rule cuts a peer that stalls or
+// trickles.
 type watcher struct {
-	// alive is the time of the last byte, in nanoseconds.
-	alive atomic.Int64
-	// received counts the bytes from the peer, for MinRate.
-	received atomic.Int64
 	// answered says the peer's answer began: the hold no longer applies.
 	answered atomic.Bool
 	done     chan struct{}
@@ -389,12 +384,6 @@ type watcher struct {
 
 func (r Relay) watch(ctx context.Context, cut context.CancelCauseFunc, sum osimage.SHA256, holdEnd time.Time) *watcher {
 	wt := &watcher{done: make(chan struct{}), exited: make(chan struct{})}
-	wt.progress(0)
-	window := r.RateWindow
-	if window <= 0 {
-		window = r.Stall
-	}
-	windowStart, windowBytes := time.Now(), int64(0)
 	go func() {
 		defer close(wt.exited)
 		tick := time.NewTicker(relayPoll)
@@ -414,33 +403,13 @@ func (r Relay) watch(ctx context.Context, cut context.CancelCauseFunc, sum osima
 					return
 				}
 			}
-			if !wt.answered.Load() {
-				if !holdEnd.IsZero() && time.Now().After(holdEnd) {
-					cut(errHoldOver)
-					return
-				}
-				windowStart = time.Now()
-			}
-			if idle := time.Since(time.Unix(0, wt.alive.Load())); r.Stall > 0 && idle > r.Stall {
-				cut(fmt.Errorf("it sent no byte for %s", r.Stall))
+			if !wt.answered.Load() && !holdEnd.IsZero() && time.Now().After(holdEnd) {
+				cut(errHoldOver)
 				return
-			}
-			if r.MinRate > 0 && window > 0 && time.Since(windowStart) >= window {
-				got := wt.received.Load() - windowBytes
-				if want := int64(float64(r.MinRate) * window.Seconds()); got < want {
-					cut(fmt.Errorf("it sent %d bytes in %s, fewer than --min-rate %d bytes a second", got, window, r.MinRate))
-					return
-				}
-				windowStart, windowBytes = time.Now(), wt.received.Load()
 			}
 		}
 	}()
 	return wt
-}
-
-func (wt *watcher) progress(n int) {
-	wt.alive.Store(time.Now().UnixNano())
-	wt.received.Add(int64(n))
 }
 
 // stop ends the watch, and hands over the copy verified here it found,

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sylva-projects/osimages/internal/fill"
 	"github.com/sylva-projects/osimages/internal/imagelife"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
@@ -302,9 +303,9 @@ func TestRelayIsBoundedByTheHoldAndTheStall(t *testing.T) {
 	}{
 		{"does not answer, cut by the hold", silent, Relay{Hold: time.Second}, time.Second, true},
 		{"stalls after its headers, cut by the stall", sendThenStall(len(img.data), img.data[:1000], 0),
-			Relay{Hold: 100 * time.Millisecond, Stall: 500 * time.Millisecond}, 500*time.Millisecond + relayPoll, false},
+			Relay{Hold: 100 * time.Millisecond, Rule: fill.Rule{Stall: 500 * time.Millisecond}}, 500*time.Millisecond + relayPoll, false},
 		{"trickles, cut by the min rate", sendThenStall(len(img.data), img.data[:1000], 50*time.Millisecond),
-			Relay{Hold: 100 * time.Millisecond, Stall: time.Hour, MinRate: 1 << 10, RateWindow: time.Second}, time.Second + relayPoll, false},
+			Relay{Hold: 100 * time.Millisecond, Rule: fill.Rule{Stall: time.Hour, MinRate: 1 << 10, RateWindow: time.Second}}, time.Second + relayPoll, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			peer, asked := hostile(t, "origin", h, tc.peer)
@@ -366,7 +367,7 @@ func TestRelayOutlastsTheHoldWhileBytesFlow(t *testing.T) {
 		}
 	}
 	peer, _ := hostile(t, "origin", h, steady)
-	url := relayWith(t, Relay{View: viewOf(t, peer), Hold: hold, Stall: time.Minute, MinRate: 1 << 10, RateWindow: time.Second, Failures: &Failures{}}, img.w.SHA256)
+	url := relayWith(t, Relay{View: viewOf(t, peer), Hold: hold, Rule: fill.Rule{Stall: time.Minute, MinRate: 1 << 10, RateWindow: time.Second}, Failures: &Failures{}}, img.w.SHA256)
 	start := time.Now()
 	resp, body, err := get(t, http.MethodGet, url, "")
 	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, img.data) {

@@ -30,9 +30,8 @@ func (s *Server) endpoints() imagehttp.Endpoints {
 	if s.view != nil {
 		e.Peers = replica.Relay{
 			View: s.view, Client: s.relayClient, SendTimeout: s.cfg.SendTimeout, Log: s.log,
-			Hold: s.cfg.ClientHold, Stall: s.cfg.PeerTimeout, MinRate: s.cfg.MinRate, RateWindow: s.cfg.StallTimeout,
-			Failures: s.filler.Failures(),
-			Size:     s.declaredSize, Local: servedImages{s}.verified,
+			Hold: s.cfg.ClientHold, Rule: s.peerRule(), Failures: s.filler.Failures(),
+			Size: s.declaredSize, Local: servedImages{s}.verified,
 		}
 	}
 	reg := ocidist.Registry{Images: servedImages{s}, ServeBlob: e.ServeStored, RetryAfterSeconds: imagehttp.RetryAfterSeconds, Hold: e.HoldFor, Now: s.cfg.Now}
