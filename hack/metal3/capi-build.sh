@@ -106,15 +106,27 @@ kubectl_dir() {
     echo "$CACHE/kubectl-$k8s-$sum"
   fi
 }
-build_kubectl() {
-  local d tmp
-  d=$(kubectl_dir)
-  [ -x "$d/kubectl" ] && return 0
-  log "building kubectl from hack/tools/cluster into $d (a few minutes, once)"
-  tmp=$(mktemp -d "$CACHE/.kubectl.XXXXXX")
-  (cd "$ROOT/hack/tools/cluster" && nice -n 10 go build -trimpath -buildvcs=false -o "$tmp/kubectl" ./kubectl) || fail "building kubectl failed"
+
+# cached_build DIR BIN MODULE PACKAGE [GO BUILD FLAGS...]: DIR/BIN, the go
+# build of PACKAGE in the module folder MODULE (of this checkout), unless
+# DIR holds it already; built aside and moved in whole, so that a killed
+# build leaves no DIR.
+cached_build() {
+  local d=$1 bin=$2 module=$3 pkg=$4 tmp
+  shift 4
+  [ -x "$d/$bin" ] && return 0
+  tmp=$(mktemp -d "$CACHE/.$bin.XXXXXX")
+  (cd "$module" && nice -n 10 go build -trimpath -buildvcs=false "$@" -o "$tmp/$bin" "$pkg") ||
+    { rm -rf "$tmp"; fail "building $bin from $module failed"; }
   rm -rf "$d"
   mv "$tmp" "$d"
+}
+
+build_kubectl() {
+  local d
+  d=$(kubectl_dir)
+  [ -x "$d/kubectl" ] || log "building kubectl from hack/tools/cluster into $d (a few minutes, once)"
+  cached_build "$d" kubectl "$ROOT/hack/tools/cluster" ./kubectl
 }
 
 # build_apiserver: kube-apiserver of hack/tools/envtest (the tests' one),
@@ -127,29 +139,21 @@ apiserver_dir() {
   echo "$CACHE/capi-apiserver-$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$module/go.mod" | head -1 | cut -d' ' -f2)-$(key "$module/go.mod" "$module/go.sum")"
 }
 build_apiserver() {
-  local d tmp k8s ldflags
+  local d k8s ldflags
   d=$(apiserver_dir)
   [ -x "$d/kube-apiserver" ] && return 0
   k8s=$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$ROOT/hack/tools/envtest/go.mod" | head -1 | cut -d' ' -f2)
   log "building kube-apiserver $k8s with its version into $d (the tests' build, linked again)"
   ldflags="-X k8s.io/component-base/version.gitVersion=$k8s -X k8s.io/component-base/version.gitMajor=$(echo "$k8s" | cut -d. -f1 | tr -d v) -X k8s.io/component-base/version.gitMinor=$(echo "$k8s" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
-  tmp=$(mktemp -d "$CACHE/.apiserver.XXXXXX")
-  (cd "$ROOT/hack/tools/envtest" && nice -n 10 go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$tmp/kube-apiserver" ./kube-apiserver) ||
-    { rm -rf "$tmp"; fail "building kube-apiserver failed"; }
-  rm -rf "$d"
-  mv "$tmp" "$d"
+  cached_build "$d" kube-apiserver "$ROOT/hack/tools/envtest" ./kube-apiserver -ldflags "$ldflags"
 }
 
 m3manifests_dir() { echo "$CACHE/m3manifests-$(key "$ROOT"/hack/tools/m3manifests/{go.mod,go.sum,main.go})"; }
 build_m3manifests() {
-  local d tmp
+  local d
   d=$(m3manifests_dir)
-  [ -x "$d/m3manifests" ] && return 0
-  log "building hack/tools/m3manifests (kustomize as a library) into $d"
-  tmp=$(mktemp -d "$CACHE/.m3manifests.XXXXXX")
-  (cd "$ROOT/hack/tools/m3manifests" && nice -n 10 go build -trimpath -buildvcs=false -o "$tmp/m3manifests" .) || fail "building hack/tools/m3manifests failed"
-  rm -rf "$d"
-  mv "$tmp" "$d"
+  [ -x "$d/m3manifests" ] || log "building hack/tools/m3manifests (kustomize as a library) into $d"
+  cached_build "$d" m3manifests "$ROOT/hack/tools/m3manifests" .
 }
 
 build_manager "$CACHE/capi-core-$CAPI_VERSION" "sigs.k8s.io/cluster-api@$CAPI_VERSION"
