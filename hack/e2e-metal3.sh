@@ -37,6 +37,26 @@ now() { date +%s; }
 
 # --- preflight --------------------------------------------------------------
 
+# claim_box MODE: make this run the box's owner. A box still up is left
+# alone when its owner runs, or when it was started with `up` to stay up;
+# a box whose owner is gone was left by a killed run (a CI job cut, a
+# machine restarted under it) and is stopped first: otherwise every later
+# run, CI's included, would fail on it.
+claim_box() {
+  local owner='' mode=''
+  if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null; then
+    read -r owner mode <"$OWNER_FILE" 2>/dev/null || true
+    if alive "$owner" && tr '\0' ' ' <"/proc/$owner/cmdline" 2>/dev/null | grep e2e-metal3 >/dev/null; then
+      fail "a box is up and in use by hack/e2e-metal3.sh (PID $owner, $mode): wait for it to end, or stop it (kill $owner) and run make e2e-metal3-down"
+    fi
+    [ "$mode" != up ] || fail "a box started with 'hack/e2e-metal3.sh up' is still up: stop it with make e2e-metal3-down"
+    log "a box left by a killed run is still up (netns $NS or the route to $BOX_CIDR, no run owns it): stopping it first"
+    down
+    check_clean
+  fi
+  echo "$$ $1" >"$OWNER_FILE"
+}
+
 preflight() {
   [ "$(id -u)" = 0 ] || fail "needs root: the box is a network namespace with mounts, a bridge and a VM (run as root: sudo make e2e-metal3)"
   local probe=osimages-m3box-probe-$$ out
@@ -52,9 +72,7 @@ preflight() {
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
   fi
-  if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null; then
-    fail "a box of an earlier run is still up (netns $NS or the route to $BOX_CIDR): stop it with make e2e-metal3-down"
-  fi
+  claim_box "$1"
   if [ -n "$(ip route show to match 10.216.0.1 | grep -v '^default')" ]; then
     fail "this machine already routes 10.216.0.1 ($(ip route show to match 10.216.0.1 | grep -v '^default' | head -1)): the box's range would clash with it"
   fi
@@ -490,7 +508,7 @@ down() {
   for _ in $(seq 1 20); do [ -z "$(box_processes)" ] && break; sleep 0.5; done
   ip netns list | grep -w "$NS" >/dev/null && ip netns del "$NS"
   ip route show | grep "^blackhole $BOX_CIDR" >/dev/null && ip route del blackhole "$BOX_CIDR"
-  rm -f "$W/run/ready"
+  rm -f "$W/run/ready" "$OWNER_FILE"
   return 0
 }
 
@@ -530,7 +548,7 @@ main() {
   local mode=$1
   # Globals: the EXIT trap runs after main has returned.
   STATUS=0 T_START=$(now)
-  preflight
+  preflight "$mode"
   finish() {
     local rc=$?
     [ "$STATUS" = 0 ] && STATUS=$rc
@@ -567,7 +585,7 @@ bench)
   main bench
   ;;
 up)
-  preflight
+  preflight up
   trap 'rc=$?; [ "$rc" = 0 ] || { down; check_clean; }; exit "$rc"' EXIT
   up
   log "the box stays up: hack/e2e-metal3.sh scenarios, bench or down"

@@ -14,6 +14,9 @@ ROOT=$(cd "$M3_DIR/../.." && pwd)
 W=${E2E_METAL3_DIR:-/var/tmp/osimages-e2e-metal3}
 NS=${E2E_METAL3_NETNS:-osimages-m3box}
 NETNS_FILE=/run/netns/$NS
+# OWNER_FILE: "PID MODE" of the run that owns the box (outside $W, which
+# `up` empties).
+OWNER_FILE=/run/$NS.owner
 BOX_CIDR=10.216.0.0/16
 BR_IP=10.216.0.1
 BR_PREFIX=24
