@@ -45,7 +45,7 @@ now() { date +%s; }
 claim_box() {
   local owner='' mode=''
   if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null; then
-    read -r owner mode <"$OWNER_FILE" 2>/dev/null || true
+    [ ! -f "$OWNER_FILE" ] || read -r owner mode <"$OWNER_FILE" || true
     if alive "$owner" && tr '\0' ' ' <"/proc/$owner/cmdline" 2>/dev/null | grep e2e-metal3 >/dev/null; then
       fail "a box is up and in use by hack/e2e-metal3.sh (PID $owner, $mode): wait for it to end, or stop it (kill $owner) and run make e2e-metal3-down"
     fi
