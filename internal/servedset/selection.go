@@ -24,9 +24,8 @@ type Wanted struct {
 	// Key is the image's key in the management cluster's os_images; when
 	// several keys name the same file, the first in sort order.
 	Key string
-	// Image is Key's record, republished as is; Desc is what is read of it.
-	Image osimage.Image
-	Desc  osimage.Descriptor
+	// Desc is what is read of Key's record, parsed once when selected.
+	Desc osimage.Descriptor
 	// SelectedBy names the selectors that matched it, for operators.
 	SelectedBy []string
 	// Filenames are every filename that a key of the management os_images
@@ -48,9 +47,8 @@ type Wanted struct {
 // Record is one record of an image's bytes, from a needing namespace's
 // catalog.
 type Record struct {
-	Key   string
-	Image osimage.Image
-	Desc  osimage.Descriptor
+	Key  string
+	Desc osimage.Descriptor
 	// Namespaces are those whose catalog gives this record.
 	Namespaces []string
 }
@@ -59,7 +57,7 @@ type Record struct {
 func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 
 // Use makes rec the record w is downloaded from.
-func (w *Wanted) Use(rec Record) { w.Key, w.Image, w.Desc = rec.Key, rec.Image, rec.Desc }
+func (w *Wanted) Use(rec Record) { w.Key, w.Desc = rec.Key, rec.Desc }
 
 // Bounds returns the most bytes w's file may have and what its download
 // reserves on disk (osimage.Descriptor.DiskCost). Malformed sizes and a
@@ -180,7 +178,7 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 			out[sha] = prev
 			continue
 		}
-		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, Desc: img.Descriptor(), SelectedBy: byKey[key]}
+		out[sha] = Wanted{SHA256: sha, Key: key, Desc: img.Descriptor(), SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
 		sha, ok := shas[key]

@@ -175,7 +175,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	if err != nil {
 		t.Fatal(err)
 	}
-	return servedset.Wanted{SHA256: sha, Key: key, Image: fields, Desc: fields.Descriptor(), SelectedBy: []string{"test"}}
+	return servedset.Wanted{SHA256: sha, Key: key, Desc: fields.Descriptor(), SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
@@ -282,8 +282,7 @@ func TestSizeRules(t *testing.T) {
 		{"size", "17179869184", "os_images.bad-6.size is 16.0 GiB (17179869184 bytes), more than --max-image-size 1.0 GiB"},
 	} {
 		w := src.add(fmt.Sprintf("bad-%d", i), []byte(tc.value), false)
-		w.Image[tc.field] = tc.value
-		w.Desc = w.Image.Descriptor()
+		w.Desc = osimage.Image{osimage.FieldFilename: w.Desc.Filename, osimage.FieldURI: w.Desc.URI, osimage.FieldMD5: w.Desc.MD5, tc.field: tc.value}.Descriptor()
 		bad = append(bad, w)
 		t.Run(tc.value, func(t *testing.T) {
 			h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 30 })
@@ -308,8 +307,7 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	dir := testenv.SmallFS(t, 48<<20)
 	s := newHostileSetup(t)
 	bomb := s.publish(t, "a-bomb", devregistry.DiskImage{Gzip: true, Layer: devregistry.GzipBomb(512 << 20)})
-	delete(bomb.Image, osimage.FieldSize) // nothing declared: the bound is --max-image-size
-	bomb.Desc = bomb.Image.Descriptor()
+	bomb.Desc.Size = 0 // nothing declared: the bound is --max-image-size
 	good := s.publish(t, "b-good", devregistry.DiskImage{Content: devregistry.DiskContent(8<<20, 5), Gzip: true})
 	// The good image comes slowly, so that the bomb runs all along.
 	s.faults.Set("dib/b-good", devregistry.Blobs, devregistry.Trickle(64<<10, 20*time.Millisecond))
@@ -341,12 +339,9 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 func TestReservationHoldsTheBound(t *testing.T) {
 	src := newFakeSource()
 	small := src.add("no-size", []byte("small, but nobody says so"), false)
-	delete(small.Image, osimage.FieldSize)
-	small.Desc = small.Image.Descriptor()
+	small.Desc.Size = 0
 	large := src.add("no-size-large", devregistry.DiskContent(4<<20, 3), false)
-	delete(large.Image, osimage.FieldSize)
-	delete(large.Image, osimage.FieldArchiveSize)
-	large.Desc = large.Image.Descriptor()
+	large.Desc.Size, large.Desc.ArchiveSize = 0, 0
 	dir := t.TempDir()
 	h := start(t, dir, src, func(c *Config) {
 		c.MaxImageSize = 1 << 30

@@ -345,7 +345,7 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}, Desc: osimage.Descriptor{Filename: e.Filename}},
+			Wanted: servedset.Wanted{SHA256: e.SHA256, Desc: osimage.Descriptor{Filename: e.Filename}},
 			Life:   imagelife.Life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
 			entry:  e,
 			source: fill.FromStore,
