@@ -376,7 +376,7 @@ func admitSource(sha osimage.SHA256, img osimage.Image, src Record, regs []catal
 	if _, err := img.Filename(); err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s cannot be served: %v", src.Key, err)
 	}
-	if err := src.Desc.SizeErr; err != nil {
+	if err := src.Desc.Err; err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s: %v", src.Key, err)
 	}
 	uri := src.Desc.URI

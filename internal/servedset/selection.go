@@ -60,11 +60,12 @@ func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 func (w *Wanted) Use(rec Record) { w.Key, w.Desc = rec.Key, rec.Desc }
 
 // Bounds returns the most bytes w's file may have and what its download
-// reserves on disk (osimage.Descriptor.DiskCost). Malformed sizes and a
-// size above maxImageSize are refused.
+// reserves on disk (osimage.Descriptor.DiskCost). A malformed size or
+// manifest digest (osimage.Descriptor.Err) and a size above maxImageSize
+// are refused: the download, before any byte, not the selection.
 func (w Wanted) Bounds(maxImageSize int64) (bound, need int64, err error) {
-	if w.Desc.SizeErr != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, w.Desc.SizeErr)
+	if w.Desc.Err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, w.Desc.Err)
 	}
 	if size := w.Desc.Size; size > maxImageSize {
 		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",

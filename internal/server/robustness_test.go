@@ -266,10 +266,10 @@ func TestHostileSourcesNeverStarveTheQueue(t *testing.T) {
 	}
 }
 
-// TestSizeRules: size and archive-size are decimal integers of bytes; any
-// other value fails the image with an error naming it and the field,
-// before a byte is pulled.
-func TestSizeRules(t *testing.T) {
+// TestFieldRules: size and archive-size are decimal integers of bytes, and
+// oci-manifest-digest is an OCI digest; any other value fails the image
+// with an error naming it and the field, before a byte is pulled.
+func TestFieldRules(t *testing.T) {
 	src := newFakeSource()
 	var bad []servedset.Wanted
 	for i, tc := range []struct{ field, value, want string }{
@@ -280,6 +280,7 @@ func TestSizeRules(t *testing.T) {
 		{"size", "99999999999999999999", `os_images.bad-4.size "99999999999999999999" is larger than`},
 		{"archive-size", "99999999999999999999", `os_images.bad-5.archive-size "99999999999999999999" is larger than`},
 		{"size", "17179869184", "os_images.bad-6.size is 16.0 GiB (17179869184 bytes), more than --max-image-size 1.0 GiB"},
+		{"oci-manifest-digest", "sha256:not-hex", `os_images.bad-7.oci-manifest-digest "sha256:not-hex" is not an OCI digest`},
 	} {
 		w := src.add(fmt.Sprintf("bad-%d", i), []byte(tc.value), false)
 		w.Desc = osimage.Image{osimage.FieldFilename: w.Desc.Filename, osimage.FieldURI: w.Desc.URI, osimage.FieldMD5: w.Desc.MD5, tc.field: tc.value}.Descriptor()
@@ -293,7 +294,7 @@ func TestSizeRules(t *testing.T) {
 				t.Errorf("reason %q, want %q", st.Reason, tc.want)
 			}
 			if src.pulls.Load() != before {
-				t.Error("an image with a malformed size was pulled")
+				t.Error("an image with a malformed field was pulled")
 			}
 		})
 	}

@@ -228,7 +228,7 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 	// The record of the new catalog pins the new manifest: it is served.
 	fresh := w
 	fresh.Desc = moved.Fields.Descriptor()
-	fresh.Desc.URI, fresh.Desc.RegistryKey, fresh.Desc.ManifestDigest = w.Desc.URI, w.Desc.RegistryKey, moved.ManifestDigest.String()
+	fresh.Desc.URI, fresh.Desc.RegistryKey, fresh.Desc.ManifestDigest = w.Desc.URI, w.Desc.RegistryKey, moved.ManifestDigest
 	sha, err := moved.Fields.SHA256()
 	if err != nil {
 		t.Fatal(err)
