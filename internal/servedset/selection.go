@@ -100,7 +100,6 @@ const AdditionalSelectorsKey = "os_image_server_additional_selectors"
 // it is the same file.
 func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted, error) {
 	var errs []error
-	type match struct{ by string }
 	byKey := map[string][]string{}
 	add := func(key, by string) { byKey[key] = append(byKey[key], by) }
 
