@@ -46,7 +46,7 @@ func (i Image) Size(field string) (int64, error) {
 	}
 	n, err := ParseSize(v)
 	if err != nil {
-		return 0, fmt.Errorf("%s %q %w", field, truncateValue(v), err)
+		return 0, fmt.Errorf("%s %q %w", field, truncate(v), err)
 	}
 	return n, nil
 }
@@ -82,7 +82,7 @@ func (i Image) Descriptor() Descriptor {
 	if v := i.Get(FieldManifestDigest); v != "" {
 		if d.ManifestDigest, digestErr = digest.Parse(v); digestErr != nil {
 			d.ManifestDigest = ""
-			digestErr = fmt.Errorf("%s %q is not an OCI digest such as \"sha256:\" and 64 hex digits: %w", FieldManifestDigest, truncateValue(v), digestErr)
+			digestErr = fmt.Errorf("%s %q is not an OCI digest such as \"sha256:\" and 64 hex digits: %w", FieldManifestDigest, truncate(v), digestErr)
 		}
 	}
 	d.Err = cmp.Or(sizeErr, archiveErr, digestErr)
@@ -101,13 +101,6 @@ func (d Descriptor) Bound(maxImageSize int64) int64 {
 // a fleet need's. It never wraps around.
 func (d Descriptor) DiskCost(maxImageSize int64) int64 {
 	return AddSizes(d.Bound(maxImageSize), d.ArchiveSize)
-}
-
-func truncateValue(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }
 
 // FormatBytes writes n bytes in binary units for messages: "512 B",
