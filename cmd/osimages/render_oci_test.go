@@ -41,7 +41,8 @@ func TestRenderChecksTheServedOCIManifest(t *testing.T) {
 		for name, n := range map[string]int64{"plain": plainSize, "hardened": size} {
 			sha := osimage.SHA256(sum(name))
 			out.Set[sha] = osimage.ServedImage{Available: true, ImageKey: "mgmt-" + name}
-			out.OCI[sha] = osimage.OCIServed{Repository: osimage.OCIRepository(sha), Manifest: osimage.PinnedOCIReference(host, sha, n).Manifest}
+			_, manifest := osimage.OCIManifest(sha, n)
+			out.OCI[sha] = osimage.OCIServed{Repository: osimage.OCIRepository(sha), Manifest: manifest}
 		}
 		data, err := out.ConfigMapData("the served set")
 		if err != nil {

@@ -104,7 +104,8 @@ func TestRenderOCIDeliveryHoldsToTheServedOCI(t *testing.T) {
 		o := osimage.ServedOCI{}
 		for sum, img := range servedAll() {
 			if img.Available {
-				o[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: osimage.PinnedOCIReference("192.0.2.10", sum, size).Manifest}
+				_, manifest := osimage.OCIManifest(sum, size)
+				o[sum] = osimage.OCIServed{Repository: osimage.OCIRepository(sum), Manifest: manifest}
 			}
 		}
 		return o

@@ -3,10 +3,10 @@ package capm3
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/levels"
@@ -115,7 +115,7 @@ func (r *renderer) image(lv levels.Level) (map[string]any, string, error) {
 	picks := choice.IsSet()
 	switch {
 	case picks && len(manual) > 0:
-		return nil, "", fmt.Errorf("%s: %s given by hand, and .image_key or .os_image_selector set too: set only one way (a null, false or {} in a more specific level unsets what a more general one set)", path, strings.Join(sortedKeys(manual), ", "))
+		return nil, "", fmt.Errorf("%s: %s given by hand, and .image_key or .os_image_selector set too: set only one way (a null, false or {} in a more specific level unsets what a more general one set)", path, strings.Join(slices.Sorted(maps.Keys(manual)), ", "))
 	case len(manual) > 0:
 		img, err := r.manualImage(manual, path)
 		return img, "", err
@@ -149,7 +149,7 @@ func (r *renderer) servedImage(key string, v values.Values, path string) (map[st
 	case format == "":
 		errs = append(errs, fmt.Errorf("%s: os_images.%s has no image-format, so it cannot be served for capm3", path, key))
 	case !diskFormats[format]:
-		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q is not one Metal3 accepts (%s)", path, key, format, strings.Join(sortedKeys(diskFormats), ", ")))
+		errs = append(errs, fmt.Errorf("%s: os_images.%s: image-format %q is not one Metal3 accepts (%s)", path, key, format, strings.Join(slices.Sorted(maps.Keys(diskFormats)), ", ")))
 	}
 	delivery, err := levels.Delivery(v, path)
 	if err != nil {
@@ -319,7 +319,7 @@ func (r *renderer) manualImage(m map[string]string, path string) (map[string]any
 		errs = append(errs, fmt.Errorf("%s.machine_image_checksum_type: must be set when the checksum is a URL", path))
 	}
 	if format != "" && !diskFormats[format] {
-		errs = append(errs, fmt.Errorf("%s.machine_image_format: must be one of %s, got %q", path, strings.Join(sortedKeys(diskFormats), ", "), format))
+		errs = append(errs, fmt.Errorf("%s.machine_image_format: must be one of %s, got %q", path, strings.Join(slices.Sorted(maps.Keys(diskFormats)), ", "), format))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -350,7 +350,7 @@ func hostSelector(raw any, path string) (map[string]any, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: must be a map with matchLabels and/or matchExpressions", path)
 	}
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v := m[k]
 		switch k {
 		case "matchLabels":
@@ -358,7 +358,7 @@ func hostSelector(raw any, path string) (map[string]any, error) {
 			if !ok && v != nil {
 				return nil, fmt.Errorf("%s.matchLabels: must be a map of label to value", path)
 			}
-			for _, l := range sortedKeys(labels) {
+			for _, l := range slices.Sorted(maps.Keys(labels)) {
 				if _, ok := labels[l].(string); !ok {
 					return nil, fmt.Errorf("%s.matchLabels.%s: must be a string (quote it), got %v", path, l, labels[l])
 				}
@@ -388,10 +388,10 @@ func (r *renderer) dataTemplate(raw any, path string) (map[string]any, error) {
 		return nil, fmt.Errorf("%s: must be a map (a reference to a Metal3DataTemplate, such as {name: my-template})", path)
 	}
 	allowed := dataTemplateFields[r.apiVersion]
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v := m[k]
 		if !allowed[k] {
-			return nil, fmt.Errorf("%s: field %q is not part of a dataTemplate reference in %s (allowed: %s)", path, k, r.apiVersion, strings.Join(sortedKeys(allowed), ", "))
+			return nil, fmt.Errorf("%s: field %q is not part of a dataTemplate reference in %s (allowed: %s)", path, k, r.apiVersion, strings.Join(slices.Sorted(maps.Keys(allowed)), ", "))
 		}
 		if _, ok := v.(string); !ok {
 			return nil, fmt.Errorf("%s.%s: must be a string", path, k)
@@ -408,13 +408,4 @@ func isHex(s string) bool {
 		}
 	}
 	return s != ""
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

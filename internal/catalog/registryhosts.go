@@ -83,9 +83,6 @@ func NewRegistryAllowlist(hosts ...string) *RegistryAllowlist {
 	return a
 }
 
-// Hosts are the registries allowed, sorted.
-func (a *RegistryAllowlist) Hosts() []string { return slices.Clone(a.hosts) }
-
 // Check refuses a plan that would reach a registry the allowlist does not
 // hold, naming every such image and its registry, before any connection.
 func (a *RegistryAllowlist) Admit(p Plan) error {

@@ -22,7 +22,7 @@ os_images_oci_registries:
 		t.Fatal(err)
 	}
 	a := NewRegistryAllowlist(append(hosts, "10.0.0.1:5000", "oci://mirror.example.org/any/path")...)
-	if got := strings.Join(a.Hosts(), ","); got != "10.0.0.1:5000,mirror.example.org,registry.example.org" {
+	if got := strings.Join(a.hosts, ","); got != "10.0.0.1:5000,mirror.example.org,registry.example.org" {
 		t.Errorf("hosts: %s", got)
 	}
 	ok := Plan{Sources: []Source{

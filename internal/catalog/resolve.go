@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/errdef"
@@ -105,7 +106,7 @@ func Resolve(ctx context.Context, plan Plan, fetcher ManifestFetcher, opts Resol
 
 func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs SignatureVerifier, timeout time.Duration) (osimage.Image, error) {
 	img := osimage.Image{}
-	var manifestDigest string
+	var manifestDigest digest.Digest
 	if src.IsOCI() {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
@@ -113,11 +114,11 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		if err != nil {
 			return nil, err
 		}
-		manifestDigest = m.Descriptor.Digest.String()
+		manifestDigest = m.Descriptor.Digest
 		if err := checkShape(m); err != nil {
 			return nil, err
 		}
-		if pin := src.Declared.Get(osimage.FieldManifestDigest); pin != "" && pin != manifestDigest {
+		if pin := digest.Digest(src.Declared.Get(osimage.FieldManifestDigest)); pin != "" && pin != manifestDigest {
 			return nil, fmt.Errorf("manifest digest mismatch: os_images.%s.%s pins %s, but the tag now resolves to %s; update the pin or the tag",
 				src.Key, osimage.FieldManifestDigest, pin, manifestDigest)
 		}
@@ -143,7 +144,7 @@ func resolveOne(ctx context.Context, src Source, fetcher ManifestFetcher, sigs S
 		img[k] = v
 	}
 	if manifestDigest != "" {
-		img[osimage.FieldManifestDigest] = manifestDigest
+		img[osimage.FieldManifestDigest] = manifestDigest.String()
 	}
 	// The server refuses a malformed size (osimage.ParseSize); so does the
 	// catalog, rather than publish an image that can never be served.

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -79,8 +77,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	options := controller.Options{MaxConcurrentReconciles: o.Workers, SkipNameValidation: ptr.To(true)}
 	if o.Propagate != nil {
 		p := *o.Propagate
-		// The manager's own readiness check covers every informer.
-		p.Registerer, p.HealthAddr = o.Registerer, "0"
+		p.Registerer = o.Registerer
 		if err := propagate.AddToManager(mgr, p); err != nil {
 			return nil, err
 		}
@@ -99,11 +96,6 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 			if err := r.SetupWithManager(mgr, options); err != nil {
 				return nil, err
 			}
-		}
-	}
-	if o.HealthEnabled() {
-		if err := addHealthChecks(mgr); err != nil {
-			return nil, err
 		}
 	}
 	return mgr, nil
@@ -197,21 +189,6 @@ func toNamespace(_ context.Context, obj client.Object) []reconcile.Request {
 		ns = obj.GetName() // the namespace itself
 	}
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns}}}
-}
-
-// addHealthChecks serves /healthz, and /readyz once every informer synced.
-func addHealthChecks(mgr manager.Manager) error {
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	return mgr.AddReadyzCheck("caches", func(*http.Request) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		if !mgr.GetCache().WaitForCacheSync(ctx) {
-			return errors.New("informers not synced yet")
-		}
-		return nil
-	})
 }
 
 // Run builds the manager and runs it until ctx ends.

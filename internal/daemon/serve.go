@@ -257,9 +257,6 @@ func (d *Daemon) inputsFromCluster(client kube.Client, cfg *server.Config) {
 // Server is the image server the daemon runs.
 func (d *Daemon) Server() *server.Server { return d.srv }
 
-// Addr is the address the daemon serves on.
-func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
-
 func (d *Daemon) close() {
 	if d.store != nil {
 		d.store.Close()

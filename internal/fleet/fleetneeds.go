@@ -1,13 +1,14 @@
 package fleet
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/sylva-projects/osimages/internal/clip"
 	"github.com/sylva-projects/osimages/internal/osimage"
 )
 
@@ -92,7 +93,7 @@ func contribute(n NamespaceNeeds) contribution {
 			doc, _ := yaml.Marshal(rec)
 			if len(doc) > osimage.MaxNeedRecordBytes {
 				c.refused = append(c.refused, osimage.RefusedNeed{SHA256: img.SHA256, Namespace: c.ns, Reason: osimage.RefusedInvalid,
-					Message: fmt.Sprintf("its record os_images.%s takes %d bytes once cut down to the fields the image server reads, over the bound of %d: shorten its uri", truncate(key), len(doc), osimage.MaxNeedRecordBytes)})
+					Message: fmt.Sprintf("its record os_images.%s takes %d bytes once cut down to the fields the image server reads, over the bound of %d: shorten its uri", clip.String(key, 128), len(doc), osimage.MaxNeedRecordBytes)})
 			} else {
 				need.key, need.doc, need.record, need.ok = key, string(doc), rec, true
 				c.bytes += len(key) + len(doc) + len(c.ns) + 32
@@ -111,12 +112,7 @@ func contribute(n NamespaceNeeds) contribution {
 // is left; from the first that takes more, every one left takes more than
 // that same share, and is refused.
 func share(contribs []contribution, budget int) ([]contribution, osimage.RefusedNeeds) {
-	slices.SortFunc(contribs, func(a, b contribution) int {
-		if a.bytes != b.bytes {
-			return a.bytes - b.bytes
-		}
-		return strings.Compare(a.ns, b.ns)
-	})
+	slices.SortFunc(contribs, func(a, b contribution) int { return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.ns, b.ns)) })
 	var admitted []contribution
 	var refused osimage.RefusedNeeds
 	left := budget
@@ -181,12 +177,7 @@ func assemble(admitted []contribution, refused osimage.RefusedNeeds) osimage.Fle
 	for _, sha := range slices.Sorted(maps.Keys(bySHA)) {
 		need := bySHA[sha]
 		fn := osimage.FleetNeed{SHA256: sha, Namespaces: slices.Sorted(slices.Values(need.ns)), Filenames: need.filenames}
-		slices.SortFunc(need.sources, func(a, b *source) int {
-			if c := strings.Compare(a.key, b.key); c != 0 {
-				return c
-			}
-			return strings.Compare(a.doc, b.doc)
-		})
+		slices.SortFunc(need.sources, func(a, b *source) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.doc, b.doc)) })
 		for _, s := range need.sources {
 			fn.Sources = append(fn.Sources, osimage.NeedSource{Key: s.key, Image: s.image, Namespaces: slices.Sorted(slices.Values(s.ns))})
 		}
@@ -212,11 +203,4 @@ func recordOf(cat osimage.Catalog, img osimage.ImageStatus) (string, osimage.Ima
 		}
 	}
 	return key, rec, true
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

@@ -10,6 +10,7 @@
 package fleet
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -168,14 +169,6 @@ func group(needs []Need) []osimage.ImageStatus {
 		slices.Sort(st.Manifests)
 		out = append(out, *st)
 	}
-	slices.SortFunc(out, func(a, b osimage.ImageStatus) int {
-		if a.SHA256 < b.SHA256 {
-			return -1
-		}
-		if a.SHA256 > b.SHA256 {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b osimage.ImageStatus) int { return cmp.Compare(a.SHA256, b.SHA256) })
 	return out
 }

@@ -44,8 +44,6 @@ const (
 	// MetadataName is the file of an entry's metadata, beside the image. It
 	// is the one base name an image file cannot have.
 	MetadataName = ".osimages.json"
-	// maxFilename is NAME_MAX of Linux file systems.
-	maxFilename = 255
 	// maxMetadataBytes bounds what is read of a metadata file.
 	maxMetadataBytes = 64 << 10
 )
@@ -409,13 +407,6 @@ func (s *Store) commit(staging string, e Entry) error {
 	}
 	s.entries[e.SHA256] = e
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
 }
 
 func syncDir(dir string) error {

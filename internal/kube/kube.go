@@ -100,16 +100,6 @@ func GetConfigMap(ctx context.Context, c Client, key ObjectKey) (*corev1.ConfigM
 	return cm, nil
 }
 
-// ConfigMapValues returns the values.yaml document of a ConfigMap that must
-// exist.
-func ConfigMapValues(ctx context.Context, c Client, key ObjectKey, dataKey string) ([]byte, error) {
-	docs, err := ConfigMapDocuments(ctx, c, key, dataKey)
-	if err != nil {
-		return nil, err
-	}
-	return docs[dataKey], nil
-}
-
 // ConfigMapDocuments reads, in one read of a ConfigMap that must exist, its
 // dataKey document, which must be there, and those of the optional keys it
 // holds (absent from the map when it does not).
@@ -203,11 +193,8 @@ func NewTarget(kubeconfig string) (*Target, error) {
 
 // ConfigMapData reads the dataKey document of ConfigMap NS/NAME.
 func (t *Target) ConfigMapData(ctx context.Context, nsName, dataKey string) ([]byte, error) {
-	key, err := ParseObjectKey(nsName)
-	if err != nil {
-		return nil, err
-	}
-	return ConfigMapValues(ctx, t.Client, key, dataKey)
+	docs, err := t.ConfigMapDocuments(ctx, nsName, dataKey)
+	return docs[dataKey], err
 }
 
 // ConfigMapDocuments is ConfigMapDocuments of ConfigMap NS/NAME.

@@ -78,7 +78,7 @@ func TestConfigMaps(t *testing.T) {
 	if cm, err := GetConfigMap(ctx, k.Client, key); cm != nil || err != nil {
 		t.Fatalf("missing ConfigMap: %v %v", cm, err)
 	}
-	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+" not found" {
+	if _, err := ConfigMapDocuments(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+" not found" {
 		t.Errorf("missing ConfigMap values: %v", err)
 	}
 	// Another writer owns the data first: apply forces osimages in.
@@ -86,7 +86,7 @@ func TestConfigMaps(t *testing.T) {
 	if _, err := k.Client.CoreV1().ConfigMaps(key.Namespace).Create(ctx, other, metav1.CreateOptions{FieldManager: "someone-else"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+` has no data key "values.yaml"` {
+	if _, err := ConfigMapDocuments(ctx, k.Client, key, "values.yaml"); err == nil || err.Error() != "ConfigMap "+key.String()+` has no data key "values.yaml"` {
 		t.Errorf("missing data key: %v", err)
 	}
 	out, err := ApplyConfigMap(ctx, k.Client, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{"l": "v"}},
@@ -106,7 +106,7 @@ func TestConfigMaps(t *testing.T) {
 	if !owner[FieldManager] || owner["someone-else"] {
 		t.Errorf("data.other owned by %v, want %s alone", owner, FieldManager)
 	}
-	if v, err := ConfigMapValues(ctx, k.Client, key, "values.yaml"); err != nil || string(v) != "a: 1\n" {
+	if v, err := ConfigMapDocuments(ctx, k.Client, key, "values.yaml"); err != nil || string(v["values.yaml"]) != "a: 1\n" {
 		t.Errorf("values: %q %v", v, err)
 	}
 }

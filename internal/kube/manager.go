@@ -1,12 +1,16 @@
 package kube
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
@@ -35,6 +39,8 @@ func (o ManagerOptions) HealthEnabled() bool { return o.HealthAddr != "" && o.He
 // NewManager builds a manager with these options and the given cache
 // options. defaultID names the Lease when LeaderElectionID is empty. A
 // stopping replica releases the Lease, so that another takes over at once.
+// When HealthEnabled, /healthz answers while the process runs, and /readyz
+// once every informer of the cache synced.
 func (o ManagerOptions) NewManager(cfg *rest.Config, c cache.Options, defaultID string) (manager.Manager, error) {
 	id := o.LeaderElectionID
 	if id == "" {
@@ -68,6 +74,19 @@ func (o ManagerOptions) NewManager(cfg *rest.Config, c cache.Options, defaultID 
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the controller manager: %w", err)
+	}
+	if o.HealthEnabled() {
+		synced := func(*http.Request) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if !mgr.GetCache().WaitForCacheSync(ctx) {
+				return errors.New("informers not synced yet")
+			}
+			return nil
+		}
+		if err := errors.Join(mgr.AddHealthzCheck("ping", healthz.Ping), mgr.AddReadyzCheck("informers", synced)); err != nil {
+			return nil, err
+		}
 	}
 	return mgr, nil
 }

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/sylva-projects/osimages/internal/testenv"
 )
@@ -176,9 +175,6 @@ func TestManagerLeaseAndHealth(t *testing.T) {
 	}
 	mgr, err := o.NewManager(k.Config, cache.Options{}, "osimages-test")
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		t.Fatal(err)
 	}
 	stop := testenv.StartManager(t, mgr)

@@ -130,14 +130,6 @@ func NewClients(opts Options) (Clients, error) {
 	return Clients{Secure: secure, Insecure: insecure}, nil
 }
 
-// For returns the client of oci_registry_insecure: insecure.
-func (c Clients) For(insecure bool) *Client {
-	if insecure {
-		return c.Insecure
-	}
-	return c.Secure
-}
-
 // ParseReference parses an image reference, with or without the oci://
 // scheme, that must name a tag or a digest.
 func ParseReference(uri string) (registry.Reference, error) {

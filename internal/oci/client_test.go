@@ -14,7 +14,7 @@ func TestNewClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Secure.insecure || !c.Insecure.insecure || c.For(false) != c.Secure || c.For(true) != c.Insecure {
+	if c.Secure.insecure || !c.Insecure.insecure {
 		t.Errorf("clients: secure %v, insecure %v", c.Secure.insecure, c.Insecure.insecure)
 	}
 	if _, err := NewClients(Options{CAFile: filepath.Join(t.TempDir(), "missing.pem")}); err == nil || !strings.Contains(err.Error(), "reading CA file") {

@@ -48,12 +48,12 @@ func TestClientsAgainstRegistry(t *testing.T) {
 		ref     string
 		reaches bool
 	}{
-		{"secure, unknown CA", noCA.For(false), tlsRef, false},
-		{"insecure, unknown CA", noCA.For(true), tlsRef, true},
-		{"secure, --ca-file", withCA.For(false), tlsRef, true},
-		{"insecure, --ca-file", withCA.For(true), tlsRef, true},
-		{"secure, plain HTTP", noCA.For(false), plainRef, false},
-		{"insecure, plain HTTP", noCA.For(true), plainRef, true},
+		{"secure, unknown CA", noCA.Secure, tlsRef, false},
+		{"insecure, unknown CA", noCA.Insecure, tlsRef, true},
+		{"secure, --ca-file", withCA.Secure, tlsRef, true},
+		{"insecure, --ca-file", withCA.Insecure, tlsRef, true},
+		{"secure, plain HTTP", noCA.Secure, plainRef, false},
+		{"insecure, plain HTTP", noCA.Insecure, plainRef, true},
 	} {
 		err := fetch(tc.client, tc.ref)
 		if tc.reaches && err != nil {

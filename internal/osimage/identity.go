@@ -269,19 +269,6 @@ func (i Image) Filename() (string, error) {
 	return s, nil
 }
 
-// Path returns the path the image is served at.
-func (i Image) Path() (string, error) {
-	sha, err := i.SHA256()
-	if err != nil {
-		return "", err
-	}
-	name, err := i.Filename()
-	if err != nil {
-		return "", err
-	}
-	return ImagePath(sha, name), nil
-}
-
 // ServedAt is the served-image rule: what an image of (A) must hold for
 // the management cluster to serve it to capm3, at /images/<sha256>/<filename>.
 // Render, the fleet check (the picks of a cluster's values) and the

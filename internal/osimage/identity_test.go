@@ -52,12 +52,12 @@ func TestValidateFilename(t *testing.T) {
 func TestImageIdentity(t *testing.T) {
 	sha := strings.Repeat("ab", 32)
 	img := Image{FieldSHA256: sha, FieldFilename: "a b.raw"}
-	if p, err := img.Path(); err != nil || p != "/images/"+sha+"/a%20b.raw" {
-		t.Errorf("Path = %q, %v", p, err)
+	if s, name, err := img.ServedAt("img"); err != nil || ImagePath(s, name) != "/images/"+sha+"/a%20b.raw" {
+		t.Errorf("ServedAt = %s %q, %v", s, name, err)
 	}
 	for _, bad := range []Image{{FieldFilename: "a.raw"}, {FieldSHA256: 12.0, FieldFilename: "a.raw"}, {FieldSHA256: sha, FieldFilename: "a\n"}, {FieldSHA256: sha}} {
-		if p, err := bad.Path(); err == nil {
-			t.Errorf("%v: path %q", bad, p)
+		if s, name, err := bad.ServedAt("bad"); err == nil {
+			t.Errorf("%v: served at %s %q", bad, s, name)
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/sylva-projects/osimages/internal/values"
 )
 
 // Field names of an image record. The catalog publishes each as a string.
@@ -81,28 +83,7 @@ func (i Image) Clone() Image {
 	if i == nil {
 		return nil
 	}
-	return cloneValue(map[string]any(i)).(map[string]any)
-}
-
-func cloneValue(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[k] = cloneValue(e)
-		}
-		return out
-	case Image:
-		return Image(cloneValue(map[string]any(t)).(map[string]any))
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = cloneValue(e)
-		}
-		return out
-	default:
-		return v
-	}
+	return values.DeepCopy(map[string]any(i)).(map[string]any)
 }
 
 // Describe names the kind of a YAML value in messages, with the value

@@ -83,12 +83,3 @@ func OCILayerDigest(sum SHA256) digest.Digest {
 
 // OCILayerTitle is the file name the layer of the image of sum carries.
 func OCILayerTitle(sum SHA256) string { return string(sum) + ".img" }
-
-// PinnedOCIReference is the oci:// URL pinned to the manifest of the
-// image of sum, of size bytes, on the server at host (host[:port]):
-// oci://host/images/<sha256>@sha256:<manifest digest>, the form render
-// wrote before it wrote the disk type's tag.
-func PinnedOCIReference(host string, sum SHA256, size int64) OCIReference {
-	_, d := OCIManifest(sum, size)
-	return OCIReference{Host: host, SHA256: sum, Manifest: d}
-}

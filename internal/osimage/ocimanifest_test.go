@@ -32,7 +32,8 @@ func TestManifestDependsOnSHA256AndSizeOnly(t *testing.T) {
 		m.Layers[0].Annotations[ocispec.AnnotationTitle] != string(sumA)+".img" || len(m.Annotations) != 0 {
 		t.Errorf("manifest: %s", body)
 	}
-	ref := PinnedOCIReference("10.0.0.1:8443", sumA, 42)
+	// The form render wrote before it wrote the disk type's tag.
+	ref := OCIReference{Host: "10.0.0.1:8443", SHA256: sumA, Manifest: d}
 	if got := ref.String(); got != "oci://10.0.0.1:8443/images/"+string(sumA)+"@"+d.String() {
 		t.Errorf("reference %s", got)
 	}

@@ -1,9 +1,9 @@
 package osimage
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/yaml"
 )
@@ -64,10 +64,7 @@ type refusedNeedsDocument struct {
 // Sort puts the refusals in their document order.
 func (r RefusedNeeds) Sort() {
 	slices.SortFunc(r, func(a, b RefusedNeed) int {
-		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-			return c
-		}
-		return strings.Compare(string(a.SHA256), string(b.SHA256))
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.SHA256, b.SHA256))
 	})
 }
 

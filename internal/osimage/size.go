@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // ParseSize reads the value of a size field (size, archive-size): a number
@@ -44,7 +46,7 @@ func (i Image) Size(field string) (int64, error) {
 	}
 	n, err := ParseSize(v)
 	if err != nil {
-		return 0, fmt.Errorf("%s %q %w", field, truncateValue(v), err)
+		return 0, fmt.Errorf("%s %q %w", field, truncate(v), err)
 	}
 	return n, nil
 }
@@ -56,26 +58,34 @@ func (i Image) Size(field string) (int64, error) {
 // record itself stays for what the output republishes.
 type Descriptor struct {
 	Filename, URI, MD5, Compression, RegistryKey string
-	// ManifestDigest is kept as written: the pull parses it, and refuses a
-	// malformed one naming the image before it downloads anything.
-	ManifestDigest string
+	// ManifestDigest pins the OCI manifest (oci-manifest-digest); "" when
+	// the record pins none or a malformed one.
+	ManifestDigest digest.Digest
 	// Size and ArchiveSize are 0 when the record declares none or a
-	// malformed one. SizeErr says why one is malformed: it refuses the
-	// download, not the selection, so that the image's other filenames and
-	// records stay served and its status tells the operator the fault.
+	// malformed one.
 	Size, ArchiveSize int64
-	SizeErr           error
+	// Err says why a size or the manifest digest is malformed, naming the
+	// field and the value. It refuses the download, not the selection, so
+	// that the image's other filenames and records stay served and its
+	// status tells the operator the fault.
+	Err error
 }
 
 // Descriptor parses what osimages acts on in i. A field that is not a
 // string reads as absent (Get): the catalog and selection refuse those.
 func (i Image) Descriptor() Descriptor {
 	d := Descriptor{Filename: i.Get(FieldFilename), URI: i.Get(FieldURI), MD5: i.Get(FieldMD5),
-		Compression: i.Get(FieldCompression), RegistryKey: i.Get(FieldRegistryKey), ManifestDigest: i.Get(FieldManifestDigest)}
-	var sizeErr, archiveErr error
+		Compression: i.Get(FieldCompression), RegistryKey: i.Get(FieldRegistryKey)}
+	var sizeErr, archiveErr, digestErr error
 	d.Size, sizeErr = i.Size(FieldSize)
 	d.ArchiveSize, archiveErr = i.Size(FieldArchiveSize)
-	d.SizeErr = cmp.Or(sizeErr, archiveErr)
+	if v := i.Get(FieldManifestDigest); v != "" {
+		if d.ManifestDigest, digestErr = digest.Parse(v); digestErr != nil {
+			d.ManifestDigest = ""
+			digestErr = fmt.Errorf("%s %q is not an OCI digest such as \"sha256:\" and 64 hex digits: %w", FieldManifestDigest, truncate(v), digestErr)
+		}
+	}
+	d.Err = cmp.Or(sizeErr, archiveErr, digestErr)
 	return d
 }
 
@@ -91,13 +101,6 @@ func (d Descriptor) Bound(maxImageSize int64) int64 {
 // a fleet need's. It never wraps around.
 func (d Descriptor) DiskCost(maxImageSize int64) int64 {
 	return AddSizes(d.Bound(maxImageSize), d.ArchiveSize)
-}
-
-func truncateValue(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }
 
 // FormatBytes writes n bytes in binary units for messages: "512 B",

@@ -46,10 +46,26 @@ func TestImageSizeNamesTheField(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), `size "lots" is not a decimal integer`) {
 		t.Errorf("error = %v, want one naming the field and the value", err)
 	}
-	if d := img.Descriptor(); d.SizeErr == nil || !strings.Contains(d.SizeErr.Error(), "size") || d.Size != 0 || d.ArchiveSize != 12 {
+	if d := img.Descriptor(); d.Err == nil || !strings.Contains(d.Err.Error(), "size") || d.Size != 0 || d.ArchiveSize != 12 {
 		t.Errorf("Descriptor = %+v", d)
 	}
-	if err := (Image{FieldArchiveSize: "-1"}).Descriptor().SizeErr; err == nil || !strings.HasPrefix(err.Error(), `archive-size "-1" is negative`) {
-		t.Errorf("SizeErr = %v", err)
+	if err := (Image{FieldArchiveSize: "-1"}).Descriptor().Err; err == nil || !strings.HasPrefix(err.Error(), `archive-size "-1" is negative`) {
+		t.Errorf("Err = %v", err)
+	}
+}
+
+// TestDescriptorParsesTheManifestDigest: the manifest digest is parsed once,
+// into a digest.Digest; a malformed one is absent and Err names the field
+// and the value.
+func TestDescriptorParsesTheManifestDigest(t *testing.T) {
+	good := "sha256:" + strings.Repeat("ab", 32)
+	if d := (Image{FieldManifestDigest: good}).Descriptor(); d.Err != nil || d.ManifestDigest.String() != good {
+		t.Errorf("Descriptor = %+v, want the digest %s", d, good)
+	}
+	for _, bad := range []string{"sha256:zz", "latest", "sha256:abc", "md5:" + strings.Repeat("ab", 16)} {
+		d := (Image{FieldManifestDigest: bad}).Descriptor()
+		if d.ManifestDigest != "" || d.Err == nil || !strings.HasPrefix(d.Err.Error(), FieldManifestDigest+` "`+bad+`" is not an OCI digest`) {
+			t.Errorf("%s: Descriptor = %+v, want no digest and an error naming %s and the value", bad, d, FieldManifestDigest)
+		}
 	}
 }

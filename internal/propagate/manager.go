@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -17,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -94,20 +92,16 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.HealthEnabled() {
-		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
-	}
 	if err := AddToManager(mgr, o); err != nil {
 		return nil, err
 	}
 	return mgr, nil
 }
 
-// AddToManager adds the propagation controller, its metrics and its
-// readiness check to mgr, whose ConfigMap cache must keep whole the
-// ConfigMaps that Relevant names (see SlimConfigMaps).
+// AddToManager adds the propagation controller and its metrics to mgr,
+// whose ConfigMap cache must keep whole the ConfigMaps that Relevant names
+// (see SlimConfigMaps); kube.ManagerOptions.NewManager adds the health
+// checks.
 func AddToManager(mgr manager.Manager, o Options) error {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -160,17 +154,6 @@ func AddToManager(mgr manager.Manager, o Options) error {
 	m.reader, m.observer, m.ready, m.adopt = mgr.GetCache(), c.observer, synced, o.Adopt
 	if err := o.Registerer.Register(m); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
-	}
-
-	if o.HealthEnabled() {
-		if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
-			if !synced() {
-				return errors.New("informers not synced yet")
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
 	}
 	return nil
 }

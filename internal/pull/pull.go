@@ -41,7 +41,9 @@ type Source struct {
 	// ManifestDigest, for an OCI source, pins the manifest: when the tag
 	// resolves to another one (it was moved after the catalog read it), the
 	// pull stops with a *VerifyError before any byte of the layer is asked.
-	ManifestDigest string
+	// It is parsed where the record is read (osimage.Image.Descriptor),
+	// which refuses a malformed one: a digest that is not one matches none.
+	ManifestDigest digest.Digest
 	// BlobDigest, for an http(s) source, is the digest the download must
 	// have (the layer a peer keeps, say); empty means not checked. OCI
 	// sources take it from the manifest.
@@ -357,11 +359,6 @@ func normalize(src *Source) error {
 			return fmt.Errorf("pulling %s: blob digest %q: %w", display(src.URI), src.BlobDigest, err)
 		}
 	}
-	if src.ManifestDigest != "" {
-		if _, err := digest.Parse(src.ManifestDigest); err != nil {
-			return fmt.Errorf("pulling %s: manifest digest %q: %w", display(src.URI), src.ManifestDigest, err)
-		}
-	}
 	return nil
 }
 
@@ -410,8 +407,8 @@ func (p *Puller) resolveOCI(ctx context.Context, src Source) (object, error) {
 		}
 		return object{}, fmt.Errorf("fetching the manifest: %w", err)
 	}
-	if src.ManifestDigest != "" && m.Descriptor.Digest.String() != src.ManifestDigest {
-		return object{}, &VerifyError{What: WhatManifest, Expected: src.ManifestDigest, Actual: m.Descriptor.Digest.String()}
+	if src.ManifestDigest != "" && m.Descriptor.Digest != src.ManifestDigest {
+		return object{}, &VerifyError{What: WhatManifest, Expected: src.ManifestDigest.String(), Actual: m.Descriptor.Digest.String()}
 	}
 	if src.CheckManifest != nil {
 		if err := src.CheckManifest(ctx, p.OCI, m.Descriptor.Digest); err != nil {

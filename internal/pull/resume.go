@@ -253,7 +253,6 @@ type checkpointer struct {
 	lastAt time.Time
 	quit   chan struct{}
 	done   chan struct{}
-	err    atomic.Pointer[error]
 
 	// recorded is last, for the writers that hold; advanced is closed,
 	// and replaced, each time it moves.

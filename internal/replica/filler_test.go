@@ -35,7 +35,7 @@ func TestFillerSkipsAPeerThatFailedUntilForget(t *testing.T) {
 		Registry: fill.Func{Label: fill.FromRegistry, F: func(_ context.Context, _ servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
 			n, err := dst.Write(img.data)
 			progress(int64(n), int64(n))
-			return pull.Result{Size: int64(n), MD5: img.w.Image.Get(osimage.FieldMD5), SHA256: string(img.w.SHA256)}, err
+			return pull.Result{Size: int64(n), MD5: img.w.Desc.MD5, SHA256: string(img.w.SHA256)}, err
 		}},
 		RegistryRule: func(osimage.SHA256) fill.Rule { return fill.Rule{} },
 		Started:      func(_ osimage.SHA256, source string) { sources = append(sources, source) },
@@ -96,7 +96,7 @@ func TestFillerFollowsAPeerStartedAgainAfterItFailed(t *testing.T) {
 			}
 			n, err := dst.Write(img.data)
 			progress(int64(n), int64(n))
-			return pull.Result{Size: int64(n), MD5: img.w.Image.Get(osimage.FieldMD5), SHA256: string(img.w.SHA256)}, err
+			return pull.Result{Size: int64(n), MD5: img.w.Desc.MD5, SHA256: string(img.w.SHA256)}, err
 		}},
 		RegistryRule: func(osimage.SHA256) fill.Rule { return fill.Rule{} },
 		PeerRule:     fill.Rule{Stall: 10 * time.Second},

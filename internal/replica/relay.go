@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -46,11 +47,7 @@ func (v *View) Holders(sum osimage.SHA256) []Peer {
 			byID[p.ID] = p
 		}
 	}
-	ids := make([]string, 0, len(byID))
-	for id := range byID {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	ids := slices.Sorted(maps.Keys(byID))
 	out := make([]Peer, 0, len(ids))
 	for _, id := range Rendezvous(string(sum)+"/"+v.replicas.Self(), ids) {
 		out = append(out, byID[id])

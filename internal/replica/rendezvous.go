@@ -1,10 +1,10 @@
 package replica
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"slices"
-	"strings"
 )
 
 // Rendezvous orders replicas for key by highest random weight: the weight
@@ -25,15 +25,8 @@ func Rendezvous(key string, ids []string) []string {
 		h.Write([]byte(id))
 		all = append(all, scored{id, binary.BigEndian.Uint64(h.Sum(nil))})
 	}
-	slices.SortFunc(all, func(a, b scored) int {
-		switch {
-		case a.score > b.score:
-			return -1
-		case a.score < b.score:
-			return 1
-		}
-		return strings.Compare(a.id, b.id)
-	})
+	// Highest score first; the same score, by ID.
+	slices.SortFunc(all, func(a, b scored) int { return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.id, b.id)) })
 	out := make([]string, 0, len(all))
 	for i, s := range all {
 		if i > 0 && s.id == all[i-1].id {

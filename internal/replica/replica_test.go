@@ -47,11 +47,8 @@ func newImage(t *testing.T, n int, seed uint64) testImage {
 		t.Fatal(err)
 	}
 	m := md5.Sum(data)
-	img := osimage.Image{
-		osimage.FieldFilename: "disk.raw", osimage.FieldMD5: hex.EncodeToString(m[:]),
-		osimage.FieldSize: strconv.Itoa(n),
-	}
-	return testImage{data: data, w: servedset.Wanted{SHA256: sha, Key: "k", Image: img, Desc: img.Descriptor()}}
+	return testImage{data: data, w: servedset.Wanted{SHA256: sha, Key: "k", Desc: osimage.Descriptor{
+		Filename: "disk.raw", MD5: hex.EncodeToString(m[:]), Size: int64(n)}}}
 }
 
 func openStore(t *testing.T) *imagestore.Store {
@@ -103,7 +100,7 @@ func (h *holder) storeVerified(t *testing.T) {
 	if _, err := w.Write(h.img.data); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Commit(imagestore.Entry{SHA256: h.img.w.SHA256, MD5: h.img.w.Image.Get(osimage.FieldMD5), Filename: "disk.raw", Size: int64(len(h.img.data)), VerifiedAt: time.Now()}); err != nil {
+	if err := w.Commit(imagestore.Entry{SHA256: h.img.w.SHA256, MD5: h.img.w.Desc.MD5, Filename: "disk.raw", Size: int64(len(h.img.data)), VerifiedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
@@ -356,7 +353,7 @@ func TestAPeerThatLiesIsRefusedAndSkipped(t *testing.T) {
 	registry := fill.Func{Label: fill.FromRegistry, F: func(_ context.Context, _ servedset.Wanted, dst *imagestore.Writer, progress pull.Progress) (pull.Result, error) {
 		n, err := dst.Write(img.data)
 		progress(int64(n), int64(n))
-		return pull.Result{Size: int64(n), MD5: img.w.Image.Get(osimage.FieldMD5), SHA256: string(img.w.SHA256)}, err
+		return pull.Result{Size: int64(n), MD5: img.w.Desc.MD5, SHA256: string(img.w.SHA256)}, err
 	}}
 	chain := fill.Chain{
 		Choose: func(servedset.Wanted) fill.Source {

@@ -3,11 +3,11 @@ package replica
 import (
 	"github.com/sylva-projects/osimages/internal/kube"
 
+	"cmp"
 	"context"
 	"net"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -35,9 +35,6 @@ type Peer struct {
 type Tracker struct {
 	self     string
 	informer cache.SharedIndexInformer
-
-	mu      sync.Mutex
-	changed []func()
 }
 
 // NewTracker follows the Service service of namespace; self is this
@@ -45,28 +42,7 @@ type Tracker struct {
 func NewTracker(client kube.Client, namespace, service, self string) *Tracker {
 	informer := kube.NewInformer(client, client.DiscoveryV1().EndpointSlices(namespace), &discoveryv1.EndpointSlice{}, 10*time.Minute,
 		func(o *metav1.ListOptions) { o.LabelSelector = discoveryv1.LabelServiceName + "=" + service })
-	t := &Tracker{self: self, informer: informer}
-	notify := func() {
-		t.mu.Lock()
-		fs := slices.Clone(t.changed)
-		t.mu.Unlock()
-		for _, f := range fs {
-			f()
-		}
-	}
-	_, _ = t.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(any, any) { notify() },
-		DeleteFunc: func(any) { notify() },
-	})
-	return t
-}
-
-// OnChange calls f (which must not block) whenever the endpoints change.
-func (t *Tracker) OnChange(f func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.changed = append(t.changed, f)
+	return &Tracker{self: self, informer: informer}
 }
 
 // Run follows the EndpointSlices until ctx ends.
@@ -155,14 +131,6 @@ func ReadyEndpoints(all []*discoveryv1.EndpointSlice, self string) (peers []Peer
 			peers = append(peers, Peer{ID: id, URL: "http://" + net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(port)))})
 		}
 	}
-	slices.SortFunc(peers, func(a, b Peer) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		if a.ID > b.ID {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(peers, func(a, b Peer) int { return cmp.Compare(a.ID, b.ID) })
 	return peers, selfReady
 }

@@ -2,7 +2,8 @@ package selector
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/sylva-projects/osimages/internal/osimage"
@@ -42,11 +43,7 @@ func K8sFlavor(bootstrapProvider string) (string, error) {
 	if f, ok := k8sFlavors[bootstrapProvider]; ok {
 		return f, nil
 	}
-	known := make([]string, 0, len(k8sFlavors))
-	for p := range k8sFlavors {
-		known = append(known, p)
-	}
-	sort.Strings(known)
+	known := slices.Sorted(maps.Keys(k8sFlavors))
 	return "", fmt.Errorf("bootstrap provider %q has no known k8s-flavor (known: %s); set k8s-flavor in the OS image selector", bootstrapProvider, strings.Join(known, ", "))
 }
 

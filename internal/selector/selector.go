@@ -6,6 +6,7 @@ package selector
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -77,13 +78,8 @@ func Parse(raw any, path string) (Selector, error) {
 	if err != nil {
 		return Selector{}, err
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var s Selector
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v := m[k]
 		if k == KeyUseExtraKeys {
 			continue

@@ -182,8 +182,8 @@ func admitRecords(need osimage.FleetNeed, regs []catalog.DeclaredRegistry, prefi
 	var first [2]string
 	ownReason := map[string][2]string{}
 	for _, src := range need.Sources {
-		rec := Record{Key: src.Key, Image: src.Image, Desc: src.Image.Descriptor(), Namespaces: src.Namespaces}
-		reason, msg := admitSource(need.SHA256, rec, regs, prefixes)
+		rec := Record{Key: src.Key, Desc: src.Image.Descriptor(), Namespaces: src.Namespaces}
+		reason, msg := admitSource(need.SHA256, src.Image, rec, regs, prefixes)
 		if reason != "" {
 			if first[0] == "" {
 				first = [2]string{reason, msg}
@@ -369,15 +369,14 @@ func (a *admission) decide(c *candidate, ns string) {
 }
 
 // admitSource says why the policy refuses src, "" when it admits it.
-func admitSource(sha osimage.SHA256, src Record, regs []catalog.DeclaredRegistry, prefixes []string) (string, string) {
-	img := src.Image
+func admitSource(sha osimage.SHA256, img osimage.Image, src Record, regs []catalog.DeclaredRegistry, prefixes []string) (string, string) {
 	if got, err := img.SHA256(); err != nil || got != sha {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s does not pin sha256 %s", src.Key, sha)
 	}
 	if _, err := img.Filename(); err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s cannot be served: %v", src.Key, err)
 	}
-	if err := src.Desc.SizeErr; err != nil {
+	if err := src.Desc.Err; err != nil {
 		return osimage.RefusedInvalid, fmt.Sprintf("the record %s: %v", src.Key, err)
 	}
 	uri := src.Desc.URI

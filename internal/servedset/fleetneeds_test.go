@@ -164,10 +164,10 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 	// The management cluster selects the image: its record and key stay,
 	// the needing namespaces only add the names their URLs ask for.
 	mgmt := map[osimage.SHA256]Wanted{sha('a'): {SHA256: sha('a'), Key: "mgmt-ubuntu", Filenames: []string{"mgmt.raw"},
-		Image: osimage.Image{osimage.FieldSHA256: sha('a'), osimage.FieldFilename: "mgmt.raw", osimage.FieldURI: "oci://registry.example.org/sylva/ubuntu:1"}}}
+		Desc: osimage.Descriptor{Filename: "mgmt.raw", URI: "oci://registry.example.org/sylva/ubuntu:1"}}}
 	served, _ = FleetNeeds(fleetMgmtValues, needs, mgmt, nil, FleetPolicy{})
 	w = served[sha('a')]
-	if w.Key != "mgmt-ubuntu" || w.IsNeed() || len(w.Records) != 0 || w.Image.Get(osimage.FieldFilename) != "mgmt.raw" {
+	if w.Key != "mgmt-ubuntu" || w.IsNeed() || len(w.Records) != 0 || w.Desc.Filename != "mgmt.raw" {
 		t.Errorf("a need changed the management selection: %+v", w)
 	}
 	if strings.Join(w.ServedAs(), ",") != "evil.raw,good.raw,mgmt.raw,older.raw" {
@@ -203,7 +203,7 @@ func TestFleetNeedsOneTenantCannotChangeAnothersImage(t *testing.T) {
 func TestFleetNeedsLeaveTheManagementSelectionItsRoom(t *testing.T) {
 	uri := "oci://registry.example.org/sylva/x:1"
 	mgmtImg := osimage.Image{osimage.FieldSHA256: sha('m'), osimage.FieldSize: "600", osimage.FieldArchiveSize: "100", osimage.FieldFilename: "m.raw", osimage.FieldURI: uri}
-	mgmt := map[osimage.SHA256]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Image: mgmtImg, Desc: mgmtImg.Descriptor()}}
+	mgmt := map[osimage.SHA256]Wanted{sha('m'): {SHA256: sha('m'), Key: "zzz-mgmt", Desc: mgmtImg.Descriptor()}}
 	var images []osimage.FleetNeed
 	// greedy needs 4 images of 100 bytes under keys that sort first; fair
 	// needs 2.

@@ -1,7 +1,6 @@
 package servedset
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 
@@ -21,9 +20,8 @@ type Records struct {
 
 // recordID names one record of a need: its key and every field the
 // download reads, for two namespaces may give one key other records.
-func recordID(key string, img osimage.Image) string {
-	doc, _ := json.Marshal(img)
-	return key + "\x00" + string(doc)
+func recordID(key string, d osimage.Descriptor) string {
+	return fmt.Sprintf("%s\x00%+v", key, d)
 }
 
 // Next is what the next download of w uses: w, with the first of its
@@ -34,7 +32,7 @@ func (r *Records) Next(w Wanted) Wanted {
 		return w
 	}
 	for _, rec := range w.Records {
-		if _, failed := r.failed[recordID(rec.Key, rec.Image)]; !failed {
+		if _, failed := r.failed[recordID(rec.Key, rec.Desc)]; !failed {
 			w.Use(rec)
 			return w
 		}
@@ -55,9 +53,9 @@ func (r *Records) Failed(w, attempt Wanted, err error) (next Record, ok bool) {
 	if r.failed == nil {
 		r.failed = map[string]string{}
 	}
-	r.failed[recordID(attempt.Key, attempt.Image)] = err.Error()
+	r.failed[recordID(attempt.Key, attempt.Desc)] = err.Error()
 	for _, rec := range w.Records {
-		if _, failed := r.failed[recordID(rec.Key, rec.Image)]; !failed {
+		if _, failed := r.failed[recordID(rec.Key, rec.Desc)]; !failed {
 			return rec, true
 		}
 	}
@@ -74,7 +72,7 @@ func (r *Records) Reset() { r.failed = nil }
 func (r *Records) Refusals(w Wanted, reason string) osimage.RefusedNeeds {
 	var out osimage.RefusedNeeds
 	for _, rec := range w.Records {
-		why, failed := r.failed[recordID(rec.Key, rec.Image)]
+		why, failed := r.failed[recordID(rec.Key, rec.Desc)]
 		if !failed && len(w.Records) == 1 {
 			why, failed = reason, reason != ""
 		}

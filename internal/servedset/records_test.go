@@ -9,9 +9,9 @@ import (
 )
 
 func TestRecordsTryEachRecordOncePerRound(t *testing.T) {
-	bad := Record{Key: "bad", Image: osimage.Image{osimage.FieldURI: "oci://r/x:wrong"}, Desc: osimage.Descriptor{URI: "oci://r/x:wrong"}, Namespaces: []string{"tenant-a"}}
-	good := Record{Key: "good", Image: osimage.Image{osimage.FieldURI: "oci://r/x:1"}, Desc: osimage.Descriptor{URI: "oci://r/x:1"}, Namespaces: []string{"tenant-b", "not-needing"}}
-	w := Wanted{SHA256: osimage.SHA256(strings.Repeat("a", 64)), Key: bad.Key, Image: bad.Image, Records: []Record{bad, good}, ForNamespaces: []string{"tenant-a", "tenant-b"}}
+	bad := Record{Key: "bad", Desc: osimage.Descriptor{URI: "oci://r/x:wrong"}, Namespaces: []string{"tenant-a"}}
+	good := Record{Key: "good", Desc: osimage.Descriptor{URI: "oci://r/x:1"}, Namespaces: []string{"tenant-b", "not-needing"}}
+	w := Wanted{SHA256: osimage.SHA256(strings.Repeat("a", 64)), Key: bad.Key, Desc: bad.Desc, Records: []Record{bad, good}, ForNamespaces: []string{"tenant-a", "tenant-b"}}
 	var r Records
 	first := r.Next(w)
 	if first.Key != "bad" {

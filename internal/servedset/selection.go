@@ -24,9 +24,8 @@ type Wanted struct {
 	// Key is the image's key in the management cluster's os_images; when
 	// several keys name the same file, the first in sort order.
 	Key string
-	// Image is Key's record, republished as is; Desc is what is read of it.
-	Image osimage.Image
-	Desc  osimage.Descriptor
+	// Desc is what is read of Key's record, parsed once when selected.
+	Desc osimage.Descriptor
 	// SelectedBy names the selectors that matched it, for operators.
 	SelectedBy []string
 	// Filenames are every filename that a key of the management os_images
@@ -48,9 +47,8 @@ type Wanted struct {
 // Record is one record of an image's bytes, from a needing namespace's
 // catalog.
 type Record struct {
-	Key   string
-	Image osimage.Image
-	Desc  osimage.Descriptor
+	Key  string
+	Desc osimage.Descriptor
 	// Namespaces are those whose catalog gives this record.
 	Namespaces []string
 }
@@ -59,14 +57,15 @@ type Record struct {
 func (w Wanted) IsNeed() bool { return len(w.ForNamespaces) > 0 }
 
 // Use makes rec the record w is downloaded from.
-func (w *Wanted) Use(rec Record) { w.Key, w.Image, w.Desc = rec.Key, rec.Image, rec.Desc }
+func (w *Wanted) Use(rec Record) { w.Key, w.Desc = rec.Key, rec.Desc }
 
 // Bounds returns the most bytes w's file may have and what its download
-// reserves on disk (osimage.Descriptor.DiskCost). Malformed sizes and a
-// size above maxImageSize are refused.
+// reserves on disk (osimage.Descriptor.DiskCost). A malformed size or
+// manifest digest (osimage.Descriptor.Err) and a size above maxImageSize
+// are refused: the download, before any byte, not the selection.
 func (w Wanted) Bounds(maxImageSize int64) (bound, need int64, err error) {
-	if w.Desc.SizeErr != nil {
-		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, w.Desc.SizeErr)
+	if w.Desc.Err != nil {
+		return 0, 0, fmt.Errorf("os_images.%s.%w", w.Key, w.Desc.Err)
 	}
 	if size := w.Desc.Size; size > maxImageSize {
 		return 0, 0, fmt.Errorf("os_images.%s.size is %s (%d bytes), more than --max-image-size %s; raise --max-image-size if the image really is that large",
@@ -101,7 +100,6 @@ const AdditionalSelectorsKey = "os_image_server_additional_selectors"
 // it is the same file.
 func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted, error) {
 	var errs []error
-	type match struct{ by string }
 	byKey := map[string][]string{}
 	add := func(key, by string) { byKey[key] = append(byKey[key], by) }
 
@@ -180,7 +178,7 @@ func Select(mgmt values.Values, cat osimage.Catalog) (map[osimage.SHA256]Wanted,
 			out[sha] = prev
 			continue
 		}
-		out[sha] = Wanted{SHA256: sha, Key: key, Image: img, Desc: img.Descriptor(), SelectedBy: byKey[key]}
+		out[sha] = Wanted{SHA256: sha, Key: key, Desc: img.Descriptor(), SelectedBy: byKey[key]}
 	}
 	for _, key := range cat.Keys() {
 		sha, ok := shas[key]

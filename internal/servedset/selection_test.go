@@ -94,7 +94,7 @@ machine_deployments: {md0: {capm3: {}}}`, []string{"ubuntu-plain-132"}, "nothing
 				t.Errorf("selected %v, want %v", k, tc.want)
 			}
 			for sum, w := range got {
-				if w.SHA256 != sum || w.Image.Get("sha256") != string(sum) || len(w.SelectedBy) == 0 {
+				if w.SHA256 != sum || w.Desc.Filename != w.Key+".raw" || len(w.SelectedBy) == 0 {
 					t.Errorf("entry %s: %+v", sum, w)
 				}
 			}

@@ -118,15 +118,12 @@ func TestFleetNeedsAreAWatchedInput(t *testing.T) {
 
 // asNeed makes w a fleet need of namespaces, served from records.
 func asNeed(w servedset.Wanted, records []servedset.Record, namespaces ...string) servedset.Wanted {
-	for i := range records {
-		records[i].Desc = records[i].Image.Descriptor()
-	}
 	w.Records = records
 	w.Use(records[0])
 	w.ForNamespaces = namespaces
 	w.Filenames = nil
 	for _, r := range records {
-		w.Filenames = append(w.Filenames, r.Image.Get("filename"))
+		w.Filenames = append(w.Filenames, r.Desc.Filename)
 	}
 	slices.Sort(w.Filenames)
 	return w
@@ -140,12 +137,12 @@ func asNeed(w servedset.Wanted, records []servedset.Record, namespaces ...string
 func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	src := newFakeSource()
 	good := src.add("ubuntu", []byte(strings.Repeat("u", 64)), false)
-	bad := good.Image.Clone()
-	bad["uri"], bad["filename"] = "oci://example/ubuntu:does-not-exist", "evil.raw"
+	bad := good.Desc
+	bad.URI, bad.Filename = "oci://example/ubuntu:does-not-exist", "evil.raw"
 	src.failURI["oci://example/ubuntu:does-not-exist"] = errors.New("manifest unknown: tag does-not-exist")
 	need := asNeed(good, []servedset.Record{
-		{Key: "aaa", Image: bad, Namespaces: []string{"evil"}},
-		{Key: "ubuntu", Image: good.Image, Namespaces: []string{"victim"}},
+		{Key: "aaa", Desc: bad, Namespaces: []string{"evil"}},
+		{Key: "ubuntu", Desc: good.Desc, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
 	// A day of backoff: only trying the next record at once serves it.
 	h := start(t, t.TempDir(), src, func(c *Config) { c.RetryBase, c.RetryMax = 24*time.Hour, 24*time.Hour })
@@ -165,13 +162,13 @@ func TestAFleetNeedTriesEveryRecord(t *testing.T) {
 	// gets its own record's reason.
 	src2 := newFakeSource()
 	img := src2.add("img", []byte(strings.Repeat("i", 64)), false)
-	other := img.Image.Clone()
-	other["uri"] = "oci://example/other:1"
-	src2.failURI[img.Image.Get("uri")] = errors.New("unauthorized: the victim's registry wants credentials")
+	other := img.Desc
+	other.URI = "oci://example/other:1"
+	src2.failURI[img.Desc.URI] = errors.New("unauthorized: the victim's registry wants credentials")
 	src2.failURI["oci://example/other:1"] = errors.New("manifest unknown: tag 1")
 	need = asNeed(img, []servedset.Record{
-		{Key: "aaa", Image: other, Namespaces: []string{"evil"}},
-		{Key: "img", Image: img.Image, Namespaces: []string{"victim"}},
+		{Key: "aaa", Desc: other, Namespaces: []string{"evil"}},
+		{Key: "img", Desc: img.Desc, Namespaces: []string{"victim"}},
 	}, "evil", "victim")
 	h2 := start(t, t.TempDir(), src2, func(c *Config) { c.RetryBase, c.RetryMax = 24*time.Hour, 24*time.Hour })
 	h2.want(need)
@@ -195,10 +192,9 @@ func TestTheManagementSelectionComesBeforeTheFleetsNeeds(t *testing.T) {
 	mgmt := src.add("zzz-mgmt", []byte(strings.Repeat("m", 60)), false)
 	tenant := src.add("aaa-tenant", []byte(strings.Repeat("t", 60)), false)
 	for _, w := range []*servedset.Wanted{&mgmt, &tenant} {
-		w.Image["archive-size"] = "1"
-		w.Desc = w.Image.Descriptor()
+		w.Desc.ArchiveSize = 1
 	}
-	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Desc: tenant.Desc, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need, mgmt)
 	h.waitPhase(mgmt.SHA256, PhaseReady)
@@ -219,10 +215,9 @@ func TestANeedGivesWayToAManagementImageWaitingForSpace(t *testing.T) {
 	tenant := src.add("tenant", []byte(strings.Repeat("t", 60)), true)
 	mgmt := src.add("mgmt", []byte(strings.Repeat("m", 60)), false)
 	for _, w := range []*servedset.Wanted{&mgmt, &tenant} {
-		w.Image["archive-size"] = "1"
-		w.Desc = w.Image.Descriptor()
+		w.Desc.ArchiveSize = 1
 	}
-	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Image: tenant.Image, Namespaces: []string{"wc1"}}}, "wc1")
+	need := asNeed(tenant, []servedset.Record{{Key: tenant.Key, Desc: tenant.Desc, Namespaces: []string{"wc1"}}}, "wc1")
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxStorage = 100; c.RetryBase, c.RetryMax = time.Hour, time.Hour })
 	h.want(need)
 	h.waitPhase(need.SHA256, PhaseDownloading)
@@ -272,7 +267,7 @@ func TestRefusalsNeverKeepTheServedSetFromItsConfigMap(t *testing.T) {
 	for i := range 2200 {
 		sha := osimage.SHA256(fmt.Sprintf("%064x", 10000+i))
 		name := fmt.Sprintf("%05d-%s.raw", i, strings.Repeat("x", 240))
-		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Image: osimage.Image{"sha256": sha.String(), "filename": name}}
+		wanted[sha] = servedset.Wanted{SHA256: sha, Key: "k", Filenames: []string{name}, Desc: osimage.Descriptor{Filename: name}}
 	}
 	s.SetDesired(wanted, nil)
 	s.mu.Lock()

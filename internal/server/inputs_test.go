@@ -43,7 +43,7 @@ func TestServesEveryFilenameOfAnImage(t *testing.T) {
 			t.Errorf("GET %s.sha256sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
 		resp, body = h.get("/images/" + a.SHA256.String() + "/" + name + ".md5sum")
-		if want := a.Image.Get("md5") + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
+		if want := a.Desc.MD5 + "  " + name + "\n"; resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("GET %s.md5sum: %d %q, want %q", name, resp.StatusCode, body, want)
 		}
 	}
@@ -89,9 +89,9 @@ func catalogDoc(t *testing.T, ws ...servedset.Wanted) string {
 	t.Helper()
 	cat := osimage.Catalog{}
 	for _, w := range ws {
-		img := w.Image.Clone()
-		img["os"] = "ubuntu"
-		cat[w.Key] = img
+		d := w.Desc
+		cat[w.Key] = osimage.Image{"sha256": w.SHA256.String(), "filename": d.Filename, "md5": d.MD5, "uri": d.URI, "os": "ubuntu",
+			"size": fmt.Sprint(d.Size), "archive-size": fmt.Sprint(d.ArchiveSize)}
 	}
 	doc, err := osimage.MarshalInfo(cat)
 	if err != nil {
@@ -243,7 +243,7 @@ func TestAdmitRefusesASetTooLargeForAConfigMap(t *testing.T) {
 	wanted := map[osimage.SHA256]servedset.Wanted{}
 	for i := range 6000 {
 		sum := hexSum(fmt.Sprint(i))
-		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Image: osimage.Image{"filename": fmt.Sprintf("image-%05d.raw", i)}, Desc: osimage.Descriptor{Filename: fmt.Sprintf("image-%05d.raw", i)}}
+		wanted[sum] = servedset.Wanted{SHA256: sum, Key: fmt.Sprintf("image-%05d", i), Desc: osimage.Descriptor{Filename: fmt.Sprintf("image-%05d.raw", i)}}
 	}
 	err := srv.Admit(context.Background(), wanted)
 	var r *serverio.RefusedError

@@ -34,7 +34,6 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	src := newFakeSource()
 	content1 := bytes.Repeat([]byte("osimages oci "), 40000)
 	a := src.add("ubuntu-a", content1, false)
-	a.Image["image-format"] = "qcow2"
 	h := start(t, t.TempDir(), src, nil)
 	h.want(a)
 	h.waitPhase(a.SHA256, PhaseReady)
@@ -83,13 +82,7 @@ func TestOCIClientsGetTheVerifiedImage(t *testing.T) {
 	// manifest: it is of the bytes alone.
 	renamed := a
 	renamed.Key = "ubuntu-renamed"
-	renamed.Image = osimage.Image{}
-	for k, v := range a.Image {
-		renamed.Image[k] = v
-	}
-	renamed.Image["filename"] = "other-name.raw"
-	renamed.Image["image-format"] = "raw"
-	renamed.Desc = renamed.Image.Descriptor()
+	renamed.Desc.Filename = "other-name.raw"
 	h.want(renamed)
 	h.waitPhase(a.SHA256, PhaseReady)
 	if d, err := repo.Resolve(ctx, "ubuntu-renamed"); err != nil || d.Digest != wantDigest {

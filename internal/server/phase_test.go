@@ -79,8 +79,7 @@ func TestStatusPageLinksEscapeFilenames(t *testing.T) {
 	var ws []servedset.Wanted
 	for i, name := range []string{"a#1.raw", "b?x=1.raw", "c%41.raw", "d e+(1).raw"} {
 		w := src.add("img"+strconv.Itoa(i), []byte("bytes of "+name), false)
-		w.Image["filename"] = name
-		w.Desc = w.Image.Descriptor()
+		w.Desc.Filename = name
 		ws = append(ws, w)
 	}
 	h := start(t, t.TempDir(), src, nil)

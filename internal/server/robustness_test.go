@@ -175,7 +175,7 @@ func (s hostileSetup) publish(t *testing.T, key string, img devregistry.DiskImag
 	if err != nil {
 		t.Fatal(err)
 	}
-	return servedset.Wanted{SHA256: sha, Key: key, Image: fields, Desc: fields.Descriptor(), SelectedBy: []string{"test"}}
+	return servedset.Wanted{SHA256: sha, Key: key, Desc: fields.Descriptor(), SelectedBy: []string{"test"}}
 }
 
 func (s hostileSetup) start(t *testing.T, dir string, tweak func(*Config)) *harness {
@@ -266,10 +266,10 @@ func TestHostileSourcesNeverStarveTheQueue(t *testing.T) {
 	}
 }
 
-// TestSizeRules: size and archive-size are decimal integers of bytes; any
-// other value fails the image with an error naming it and the field,
-// before a byte is pulled.
-func TestSizeRules(t *testing.T) {
+// TestFieldRules: size and archive-size are decimal integers of bytes, and
+// oci-manifest-digest is an OCI digest; any other value fails the image
+// with an error naming it and the field, before a byte is pulled.
+func TestFieldRules(t *testing.T) {
 	src := newFakeSource()
 	var bad []servedset.Wanted
 	for i, tc := range []struct{ field, value, want string }{
@@ -280,10 +280,10 @@ func TestSizeRules(t *testing.T) {
 		{"size", "99999999999999999999", `os_images.bad-4.size "99999999999999999999" is larger than`},
 		{"archive-size", "99999999999999999999", `os_images.bad-5.archive-size "99999999999999999999" is larger than`},
 		{"size", "17179869184", "os_images.bad-6.size is 16.0 GiB (17179869184 bytes), more than --max-image-size 1.0 GiB"},
+		{"oci-manifest-digest", "sha256:not-hex", `os_images.bad-7.oci-manifest-digest "sha256:not-hex" is not an OCI digest`},
 	} {
 		w := src.add(fmt.Sprintf("bad-%d", i), []byte(tc.value), false)
-		w.Image[tc.field] = tc.value
-		w.Desc = w.Image.Descriptor()
+		w.Desc = osimage.Image{osimage.FieldFilename: w.Desc.Filename, osimage.FieldURI: w.Desc.URI, osimage.FieldMD5: w.Desc.MD5, tc.field: tc.value}.Descriptor()
 		bad = append(bad, w)
 		t.Run(tc.value, func(t *testing.T) {
 			h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 30 })
@@ -294,7 +294,7 @@ func TestSizeRules(t *testing.T) {
 				t.Errorf("reason %q, want %q", st.Reason, tc.want)
 			}
 			if src.pulls.Load() != before {
-				t.Error("an image with a malformed size was pulled")
+				t.Error("an image with a malformed field was pulled")
 			}
 		})
 	}
@@ -308,8 +308,7 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 	dir := testenv.SmallFS(t, 48<<20)
 	s := newHostileSetup(t)
 	bomb := s.publish(t, "a-bomb", devregistry.DiskImage{Gzip: true, Layer: devregistry.GzipBomb(512 << 20)})
-	delete(bomb.Image, osimage.FieldSize) // nothing declared: the bound is --max-image-size
-	bomb.Desc = bomb.Image.Descriptor()
+	bomb.Desc.Size = 0 // nothing declared: the bound is --max-image-size
 	good := s.publish(t, "b-good", devregistry.DiskImage{Content: devregistry.DiskContent(8<<20, 5), Gzip: true})
 	// The good image comes slowly, so that the bomb runs all along.
 	s.faults.Set("dib/b-good", devregistry.Blobs, devregistry.Trickle(64<<10, 20*time.Millisecond))
@@ -341,12 +340,9 @@ func TestGzipBombNeverStarvesAnotherDownload(t *testing.T) {
 func TestReservationHoldsTheBound(t *testing.T) {
 	src := newFakeSource()
 	small := src.add("no-size", []byte("small, but nobody says so"), false)
-	delete(small.Image, osimage.FieldSize)
-	small.Desc = small.Image.Descriptor()
+	small.Desc.Size = 0
 	large := src.add("no-size-large", devregistry.DiskContent(4<<20, 3), false)
-	delete(large.Image, osimage.FieldSize)
-	delete(large.Image, osimage.FieldArchiveSize)
-	large.Desc = large.Image.Descriptor()
+	large.Desc.Size, large.Desc.ArchiveSize = 0, 0
 	dir := t.TempDir()
 	h := start(t, dir, src, func(c *Config) {
 		c.MaxImageSize = 1 << 30

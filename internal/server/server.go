@@ -8,6 +8,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"maps"
@@ -116,8 +117,8 @@ type Config struct {
 	// the next pass (DefaultGCGrace is what serve uses).
 	GCGrace time.Duration
 	// FreeSpaceMargin is kept free on the data filesystem besides what a
-	// download reserves; 0 keeps no margin (DefaultFreeSpaceMargin is what
-	// serve uses).
+	// download reserves; 0 keeps no margin (serve's --free-space-margin
+	// keeps 1 GiB by default).
 	FreeSpaceMargin int64
 	// AllowEmpty lets inputs that select no image replace a served set
 	// that is not empty (Admit refuses them otherwise).
@@ -187,15 +188,14 @@ type Config struct {
 
 // Defaults of Config, and of serve's flags.
 const (
-	DefaultConcurrency     = 2
-	DefaultGCGrace         = time.Hour
-	DefaultFreeSpaceMargin = 1 << 30
-	DefaultMaxImageSize    = servedset.DefaultMaxImageSize
-	DefaultStallTimeout    = 60 * time.Second
-	DefaultMinRate         = 64 << 10
-	DefaultSendTimeout     = 2 * time.Minute
-	DefaultScrubInterval   = 7 * 24 * time.Hour
-	DefaultScrubRate       = 50 << 20
+	DefaultConcurrency   = 2
+	DefaultGCGrace       = time.Hour
+	DefaultMaxImageSize  = servedset.DefaultMaxImageSize
+	DefaultStallTimeout  = 60 * time.Second
+	DefaultMinRate       = 64 << 10
+	DefaultSendTimeout   = 2 * time.Minute
+	DefaultScrubInterval = 7 * 24 * time.Hour
+	DefaultScrubRate     = 50 << 20
 )
 
 // MinScrubInterval is the shortest ScrubInterval but 0 (off). The scrub
@@ -345,7 +345,7 @@ func New(cfg Config) *Server {
 		// Stored but not (yet) selected: kept for the grace period, so that
 		// a restart never deletes what the next desired set still needs.
 		s.images[e.SHA256] = &image{
-			Wanted: servedset.Wanted{SHA256: e.SHA256, Image: osimage.Image{osimage.FieldFilename: e.Filename}, Desc: osimage.Descriptor{Filename: e.Filename}},
+			Wanted: servedset.Wanted{SHA256: e.SHA256, Desc: osimage.Descriptor{Filename: e.Filename}},
 			Life:   imagelife.Life{Phase: PhaseReady, Stored: true, DeselectedAt: now},
 			entry:  e,
 			source: fill.FromStore,
@@ -452,18 +452,14 @@ func (s *Server) Statuses() ([]imagehttp.Status, error) {
 			CheckedAt: img.entry.CheckedAt(),
 		})
 	}
+	// The selected first, then by key.
 	slices.SortStableFunc(out, func(a, b imagehttp.Status) int {
-		switch {
-		case a.Selected != b.Selected && a.Selected:
+		if a.Selected != b.Selected && a.Selected {
 			return -1
-		case a.Selected != b.Selected:
-			return 1
-		case a.Key < b.Key:
-			return -1
-		case a.Key > b.Key:
+		} else if a.Selected != b.Selected {
 			return 1
 		}
-		return 0
+		return cmp.Compare(a.Key, b.Key)
 	})
 	return out, s.selectErr
 }

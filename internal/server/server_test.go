@@ -59,7 +59,7 @@ func (f *fakeSource) add(key string, content []byte, gated bool) servedset.Wante
 		"sha256": sum.String(), "md5": hex.EncodeToString(m[:]), "filename": key + ".raw",
 		"size": fmt.Sprint(len(content)), "archive-size": fmt.Sprint(len(content)), "uri": "oci://example/" + key + ":1",
 	}
-	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Image: img, Desc: img.Descriptor()}
+	return servedset.Wanted{SHA256: sum, Key: key, SelectedBy: []string{"test"}, Desc: img.Descriptor()}
 }
 
 func (f *fakeSource) release(sum osimage.SHA256) { close(f.gates[sum]) }
@@ -91,7 +91,7 @@ func (f *fakeSource) pull(ctx context.Context, w servedset.Wanted, dst *imagesto
 		return pull.Result{}, err
 	}
 	progress(int64(len(content)), int64(len(content)))
-	return pull.Result{SHA256: w.SHA256.String(), MD5: w.Image.Get("md5"), Size: int64(len(content))}, nil
+	return pull.Result{SHA256: w.SHA256.String(), MD5: w.Desc.MD5, Size: int64(len(content))}, nil
 }
 
 type clock struct {
@@ -293,7 +293,7 @@ func TestServeLifecycle(t *testing.T) {
 	if _, body := h.get(imageURL(a) + ".sha256sum"); string(body) != a.SHA256.String()+"  ubuntu-a.raw\n" {
 		t.Errorf(".sha256sum: %q", body)
 	}
-	if _, body := h.get(imageURL(a) + ".md5sum"); string(body) != a.Image.Get("md5")+"  ubuntu-a.raw\n" {
+	if _, body := h.get(imageURL(a) + ".md5sum"); string(body) != a.Desc.MD5+"  ubuntu-a.raw\n" {
 		t.Errorf(".md5sum: %q", body)
 	}
 	if resp, _ := h.get("/images/" + a.SHA256.String() + "/other-name.raw"); resp.StatusCode != 404 {
@@ -483,8 +483,7 @@ func TestStorageLimits(t *testing.T) {
 	src := newFakeSource()
 	small := src.add("small", []byte("small"), false)
 	huge := src.add("huge", []byte("huge"), false)
-	huge.Image["size"] = fmt.Sprint(int64(1) << 50)
-	huge.Desc = huge.Image.Descriptor()
+	huge.Desc.Size = 1 << 50
 	h := start(t, t.TempDir(), src, func(c *Config) { c.MaxImageSize = 1 << 60 })
 	h.want(small, huge)
 	h.waitPhase(huge.SHA256, PhaseFailed)

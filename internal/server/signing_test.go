@@ -92,7 +92,7 @@ func (s signedSetup) publish(t *testing.T, key string, seed uint64) (servedset.W
 	if err != nil {
 		t.Fatal(err)
 	}
-	return servedset.Wanted{SHA256: sha, Key: key, Image: img, Desc: img.Descriptor(), SelectedBy: []string{"test"}}, p
+	return servedset.Wanted{SHA256: sha, Key: key, Desc: img.Descriptor(), SelectedBy: []string{"test"}}, p
 }
 
 // trust reads the management values' signature policy: the sylva registry
@@ -147,8 +147,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	// A record that lost its registry key is still checked: its URI is
 	// under the sylva registry's url.
 	anonymous, anonymousP := s.publish(t, "anonymous", 5)
-	delete(anonymous.Image, osimage.FieldRegistryKey)
-	anonymous.Desc = anonymous.Image.Descriptor()
+	anonymous.Desc.RegistryKey = ""
 
 	h := s.start(t, s.trust(t, ""))
 	h.want(valid, otherKey, otherDigest, unsigned, anonymous)
@@ -169,7 +168,7 @@ func TestServerVerifiesSignaturesBeforeDownloading(t *testing.T) {
 	} {
 		h.waitPhase(tc.w.SHA256, PhaseFailed)
 		reason := reasonOf(h, tc.w.SHA256)
-		for _, want := range []string{"Invalid signature for " + tc.w.Image.Get(osimage.FieldURI) + ": " + tc.want, "os_images_oci_registries.sylva.cosign_publickey", "nothing was downloaded"} {
+		for _, want := range []string{"Invalid signature for " + tc.w.Desc.URI + ": " + tc.want, "os_images_oci_registries.sylva.cosign_publickey", "nothing was downloaded"} {
 			if !strings.Contains(reason, want) {
 				t.Errorf("%s: reason lacks %q: %s", tc.w.Key, want, reason)
 			}
@@ -228,12 +227,8 @@ func TestServerRefusesAMovedTag(t *testing.T) {
 
 	// The record of the new catalog pins the new manifest: it is served.
 	fresh := w
-	fresh.Image = w.Image.Clone()
-	fresh.Image[osimage.FieldManifestDigest] = moved.ManifestDigest.String()
-	for k, v := range moved.Fields {
-		fresh.Image[k] = v
-	}
-	fresh.Desc = fresh.Image.Descriptor()
+	fresh.Desc = moved.Fields.Descriptor()
+	fresh.Desc.URI, fresh.Desc.RegistryKey, fresh.Desc.ManifestDigest = w.Desc.URI, w.Desc.RegistryKey, moved.ManifestDigest
 	sha, err := moved.Fields.SHA256()
 	if err != nil {
 		t.Fatal(err)

@@ -18,9 +18,8 @@ func TestServerChecksOtherSpellingsOfAKeyedRegistry(t *testing.T) {
 	s := newSignedSetup(t)
 	port := s.reg.Host[strings.LastIndexByte(s.reg.Host, ':')+1:]
 	w, p := s.publish(t, "respelt", 1)
-	delete(w.Image, osimage.FieldRegistryKey) // hand-declared: no registry key
-	w.Image[osimage.FieldURI] = "oci://LocalHost:" + port + "/" + p.Repository + ":1.0"
-	w.Desc = w.Image.Descriptor()
+	w.Desc.RegistryKey = "" // hand-declared: no registry key
+	w.Desc.URI = "oci://LocalHost:" + port + "/" + p.Repository + ":1.0"
 	h := s.start(t, s.trust(t, ""))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)
@@ -46,12 +45,12 @@ func TestServerRequireSignatures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := servedset.Wanted{SHA256: sha, Key: "elsewhere", Image: img, Desc: img.Descriptor(), SelectedBy: []string{"test"}}
+	w := servedset.Wanted{SHA256: sha, Key: "elsewhere", Desc: img.Descriptor(), SelectedBy: []string{"test"}}
 	h := s.start(t, s.trust(t, "security: {os_images: {require_signatures: true}}\n"))
 	h.want(w)
 	h.waitPhase(w.SHA256, PhaseFailed)
 	reason := reasonOf(h, w.SHA256)
-	for _, want := range []string{"Invalid signature for " + w.Image.Get(osimage.FieldURI), "security.os_images.require_signatures is true", "nothing was downloaded"} {
+	for _, want := range []string{"Invalid signature for " + w.Desc.URI, "security.os_images.require_signatures is true", "nothing was downloaded"} {
 		if !strings.Contains(reason, want) {
 			t.Errorf("reason lacks %q: %s", want, reason)
 		}

@@ -171,20 +171,9 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 	}
 	key := *in.OSImagesConfigMap
 	source := "ConfigMap " + key.String()
-	var cm *corev1.ConfigMap
-	if in.configMaps != nil {
-		obj, exists, err := in.configMaps.GetByKey(key.String())
-		if err != nil {
-			return nil, source, err
-		}
-		if exists {
-			cm, _ = obj.(*corev1.ConfigMap)
-		}
-	} else {
-		var err error
-		if cm, err = kube.GetConfigMap(ctx, in.Client, key); err != nil {
-			return nil, source, err
-		}
+	cm, err := in.configMap(ctx, in.configMaps, key)
+	if err != nil {
+		return nil, source, err
 	}
 	if cm == nil {
 		return nil, source, fmt.Errorf("%w: %s does not exist yet (the catalog Job, the controller or Sylva's os-images-info unit writes it)", ErrNoCatalogYet, source)
@@ -194,6 +183,21 @@ func (in Inputs) readOSImages(ctx context.Context) ([]byte, string, error) {
 		return nil, source, fmt.Errorf("%w: %s has no %s yet (the catalog Job, the controller or Sylva's os-images-info unit fills it)", ErrNoCatalogYet, source, osimage.ValuesKey)
 	}
 	return []byte(doc), source, nil
+}
+
+// configMap returns the ConfigMap of key, nil when it does not exist: from
+// store, the informer's, once the inputs are watched, else from the
+// apiserver.
+func (in Inputs) configMap(ctx context.Context, store cache.Store, key kube.ObjectKey) (*corev1.ConfigMap, error) {
+	if store == nil {
+		return kube.GetConfigMap(ctx, in.Client, key)
+	}
+	obj, exists, err := store.GetByKey(key.String())
+	if err != nil || !exists {
+		return nil, err
+	}
+	cm, _ := obj.(*corev1.ConfigMap)
+	return cm, nil
 }
 
 // Watch calls apply with the inputs now and whenever they change: a file
@@ -348,20 +352,9 @@ func (in Inputs) readFleetNeeds(ctx context.Context) (*osimage.FleetNeeds, []err
 		return nil, nil, nil
 	}
 	key := *in.FleetNeedsConfigMap
-	var cm *corev1.ConfigMap
-	if in.fleetNeeds != nil {
-		obj, exists, err := in.fleetNeeds.GetByKey(key.String())
-		if err != nil {
-			return nil, nil, err
-		}
-		if exists {
-			cm, _ = obj.(*corev1.ConfigMap)
-		}
-	} else {
-		var err error
-		if cm, err = kube.GetConfigMap(ctx, in.Client, key); err != nil {
-			return nil, nil, err
-		}
+	cm, err := in.configMap(ctx, in.fleetNeeds, key)
+	if err != nil {
+		return nil, nil, err
 	}
 	needs := &osimage.FleetNeeds{}
 	if cm == nil || cm.Data[osimage.FleetNeedsKey] == "" {

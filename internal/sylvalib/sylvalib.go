@@ -50,9 +50,6 @@ func Load(tgz string) (*Library, error) {
 	return &Library{lib: lib}, nil
 }
 
-// Version is the library chart's version.
-func (l *Library) Version() string { return l.lib.Metadata.Version }
-
 // Failure is a template's fail: the library refused the input, with its
 // own message.
 type Failure struct{ Message string }
@@ -134,21 +131,6 @@ func (l *Library) LevelImageKey(cluster map[string]any, md, context string) (str
 		key = ""
 	}
 	return key, nil
-}
-
-// FindClusterImageSelectors runs find-cluster-image-selectors on cluster
-// values: the finalized selector (or image key) of every level, as
-// sylva-units computes what the image server of a cluster serves.
-func (l *Library) FindClusterImageSelectors(cluster map[string]any) ([]any, error) {
-	out, err := l.run(`{{ tuple .Values.cluster | include "find-cluster-image-selectors" }}`, map[string]any{"cluster": cluster})
-	if err != nil {
-		return nil, err
-	}
-	var sels []any
-	if err := json.Unmarshal([]byte(out), &sels); err != nil {
-		return nil, fmt.Errorf("find-cluster-image-selectors gave %q: %w", out, err)
-	}
-	return sels, nil
 }
 
 const caseTemplate = "templates/case.txt"

@@ -54,12 +54,6 @@ func NewRenderer(ctx context.Context, v Values) *Renderer {
 	return &Renderer{ctx: ctx, values: v}
 }
 
-// Render resolves the {{ .Values.x }} references in s against v with a
-// renderer of its own and no deadline: the bounds alone hold it.
-func Render(s string, v Values, path string) (string, error) {
-	return NewRenderer(context.Background(), v).Render(s, path)
-}
-
 // Render resolves the references in s, the value at path (named in every
 // error). A refusal wraps ErrTemplateBound; a cancellation wraps the
 // context's error.

@@ -1,6 +1,7 @@
 package values
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,18 +38,21 @@ func TestLoadFilesMergesInOrder(t *testing.T) {
 }
 
 func TestRender(t *testing.T) {
+	render := func(s string, v Values, path string) (string, error) {
+		return NewRenderer(context.Background(), v).Render(s, path)
+	}
 	v := Values{"base": "oci://r/{{ .Values.project }}", "project": "sylva", "nested": map[string]any{"tag": "0.7.6"}}
-	got, err := Render("{{ .Values.base }}/dib:{{ .Values.nested.tag }}", v, "p")
+	got, err := render("{{ .Values.base }}/dib:{{ .Values.nested.tag }}", v, "p")
 	if err != nil || got != "oci://r/sylva/dib:0.7.6" {
 		t.Errorf("got %q, %v", got, err)
 	}
-	if _, err := Render("{{ .Values.nope }}", v, "os_images_oci_registries.x.url"); err == nil || !strings.Contains(err.Error(), "os_images_oci_registries.x.url: cannot resolve") {
+	if _, err := render("{{ .Values.nope }}", v, "os_images_oci_registries.x.url"); err == nil || !strings.Contains(err.Error(), "os_images_oci_registries.x.url: cannot resolve") {
 		t.Errorf("missing value: %v", err)
 	}
-	if _, err := Render("{{ .Values.a }}", Values{"a": "{{ .Values.a }}"}, "p"); err == nil || !strings.Contains(err.Error(), "refers to itself") {
+	if _, err := render("{{ .Values.a }}", Values{"a": "{{ .Values.a }}"}, "p"); err == nil || !strings.Contains(err.Error(), "refers to itself") {
 		t.Errorf("self reference: %v", err)
 	}
-	if s, err := Render("plain", nil, "p"); err != nil || s != "plain" {
+	if s, err := render("plain", nil, "p"); err != nil || s != "plain" {
 		t.Errorf("no template: %q %v", s, err)
 	}
 }
