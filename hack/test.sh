@@ -16,8 +16,11 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 # CAPM3 v1.13.2's own webhook validation on the templates render writes: a
-# module of its own, so that CAPM3 stays out of osimages' go.mod.
+# module of its own, so that CAPM3 stays out of osimages' go.mod. Then the
+# same test on the api module with upstream's oci:// commit (the Image
+# validation of v1.14.0-rc.0, which the Go module proxy does not serve).
 (cd hack/tools/capm3webhook && go test -count=1 ./...)
+hack/tools/capm3webhook/oci-commit.sh
 # go test's own output, then every skipped test and why (hack/testreport):
 # a skip is a test that did not run. pipefail keeps go test's exit status;
 # the report fails too on any failed test or build, or a cut run, and, with
