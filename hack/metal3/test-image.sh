@@ -6,8 +6,11 @@
 #
 #   OSIMAGES-BOOT-MARKER <sha256 of those bytes>
 #
-# on the serial line, then powers off: the line proves that the disk the host
-# booted from holds exactly the image. Before it, the line
+# on the serial line, then stays up, as a booted node does: the line proves
+# that the disk the host booted from holds exactly the image. (A host that
+# powered itself off raced Ironic at the next undeploy: Ironic read it on,
+# and sushy-tools answered its power off with 500, "domain is not running",
+# failing the tear down.) Before it, the line
 #
 #   OSIMAGES-DISK-BUT-PARTITION-TABLE <sha256 of those bytes but 440-511>
 #
@@ -26,7 +29,7 @@ cd "$D"
 rm -rf ir osimages-test.raw
 mkdir -p ir/bin ir/proc ir/sys ir/dev ir/modules
 cp /bin/busybox ir/bin/busybox # Debian's busybox-static
-for a in sh mount echo poweroff sleep cat head dd sha256sum cut insmod ls; do ln -s busybox "ir/bin/$a"; done
+for a in sh mount echo sleep cat head dd sha256sum cut insmod ls; do ln -s busybox "ir/bin/$a"; done
 cp modules/* ir/modules/
 cat >ir/init <<EOI
 #!/bin/sh
@@ -39,8 +42,7 @@ rest=\$({ head -c 440 /dev/vda; dd if=/dev/vda bs=512 skip=1 count=$((SIZE_MIB *
 echo "OSIMAGES-DISK-BUT-PARTITION-TABLE \$rest" >/dev/ttyS0
 sum=\$(head -c $((SIZE_MIB * 1024 * 1024)) /dev/vda | sha256sum | cut -d' ' -f1)
 echo "OSIMAGES-BOOT-MARKER \$sum" >/dev/ttyS0
-sleep 1
-poweroff -f
+while :; do sleep 3600; done
 EOI
 chmod +x ir/init
 (cd ir && find . | cpio -o -H newc --quiet | gzip -9) >initrd.gz
@@ -63,9 +65,18 @@ syslinux --offset $((2048 * 512)) --install "$img"
 mcopy -i "$img@@1M" vmlinuz initrd.gz syslinux.cfg ::/
 dd if=/usr/lib/syslinux/mbr/mbr.bin of="$img" conv=notrunc bs=440 count=1 status=none
 sum=$(sha256sum "$img" | cut -d' ' -f1)
-# It must boot before it is published: qemu (TCG) on the file itself.
-timeout 300 qemu-system-x86_64 -accel tcg -m 256 -nographic -no-reboot \
-  -drive file="$img",format=raw,if=virtio -net none >boot.log 2>&1 || true
+# It must boot before it is published: qemu (TCG) on the file itself,
+# stopped once the marker is out (the image stays up), or after 300 s.
+qemu-system-x86_64 -accel tcg -m 256 -nographic -no-reboot \
+  -drive file="$img",format=raw,if=virtio -net none >boot.log 2>&1 </dev/null &
+qemu=$!
+i=0
+while [ $i -lt 600 ] && kill -0 $qemu 2>/dev/null && ! grep -q "OSIMAGES-BOOT-MARKER $sum" boot.log; do
+  sleep 0.5
+  i=$((i + 1))
+done
+kill $qemu 2>/dev/null || true
+wait $qemu 2>/dev/null || true
 if ! grep -q "OSIMAGES-BOOT-MARKER $sum" boot.log; then
   echo "test-image: the image does not boot to OSIMAGES-BOOT-MARKER $sum under qemu; its console:" >&2
   tail -30 boot.log >&2
