@@ -20,8 +20,12 @@
 # Cluster API v1.13.4 and baremetal-operator's apis v0.13.2, so BMO v0.13.2.
 # CAPM3 v1.14.x, the first release that accepts an oci:// image without a
 # checksum, is not on the Go module proxy (403 for v1.14.0-rc.0, rc.1,
-# v1.14.0, v1.14.1): it cannot be built here, and the chain runs the image
-# URL delivery only (docs/development.md).
+# v1.14.0, v1.14.1, and for the baremetal-operator and ip-address-manager
+# api modules v1.14.0-rc.0 requires). What makes v1.14.0-rc.0 accept it is
+# one upstream commit (PR #3522): applied to v1.13.2 as
+# patches/capm3-v1.13.2-oci-without-checksum.patch, it gives a second
+# CAPM3, capm3-v1.13.2-oci-KEY/ (its manager and its patched config/), with
+# which the chain runs the oci:// delivery (docs/development.md).
 #
 # Prints the folders as shell assignments (CAPI_BIN=... and the module
 # folders holding config/default).
@@ -60,12 +64,14 @@ moddir() {
   echo "$dir"
 }
 
-# build_manager OUT MODULE@VERSION [NESTED=MODULE@VERSION | MODULE=>VERSION ...]:
-# go build of the module's main package (its root), in a copy of the module
-# where each NESTED folder holds the named module, as the tag's own tree
-# does, and each MODULE required is replaced by its VERSION.
+# build_manager OUT MODULE@VERSION [NESTED=MODULE@VERSION | MODULE=>VERSION |
+# patch:FILE ...]: go build of the module's main package (its root), in a
+# copy of the module where each NESTED folder holds the named module, as
+# the tag's own tree does, each MODULE required is replaced by its VERSION,
+# and each FILE is applied (patch -p1). A patched build keeps its config/
+# beside the manager: its CRDs and webhooks are the patched ones.
 build_manager() {
-  local out=$1 mod=$2 src tmp nested
+  local out=$1 mod=$2 src tmp nested plog
   shift 2
   [ -x "$out/manager" ] && return 0
   log "building $mod's manager from the Go module proxy's source into $out (several minutes on 2 cores, once)"
@@ -73,7 +79,12 @@ build_manager() {
   tmp=$(mktemp -d "$CACHE/.manager.XXXXXX")
   cp -r "$src" "$tmp/src"
   chmod -R u+w "$tmp/src"
+  local patches=()
   for nested in "$@"; do
+    if [[ $nested == patch:* ]]; then
+      patches+=("${nested#patch:}")
+      continue
+    fi
     if [[ $nested == *"=>"* ]]; then
       (cd "$tmp/src" && go mod edit -replace "${nested%%=>*}=${nested%%=>*}@${nested#*=>}")
       continue
@@ -82,12 +93,19 @@ build_manager() {
     cp -r "$(moddir "${nested#*=}")" "$tmp/src/${nested%%=*}"
     chmod -R u+w "$tmp/src/${nested%%=*}"
   done
+  for nested in ${patches[@]+"${patches[@]}"}; do
+    if ! plog=$(cd "$tmp/src" && patch -p1 --forward --quiet <"$nested" 2>&1); then
+      rm -rf "$tmp"
+      fail "applying $nested to $mod failed (does it still apply to that version?): $plog"
+    fi
+  done
   # -mod=mod: go.sum of the release may lack lines for the nested folders'
   # own requirements; the proxy's checksum database still checks them.
   (cd "$tmp/src" && GOFLAGS=-mod=mod nice -n 10 go build -trimpath -o "$tmp/manager" .) ||
     { rm -rf "$tmp"; fail "building $mod failed"; }
   mkdir -p "$tmp/out"
   mv "$tmp/manager" "$tmp/out/manager"
+  [ ${#patches[@]} -eq 0 ] || cp -r "$tmp/src/config" "$tmp/out/config"
   echo "$mod $*" >"$tmp/out/SOURCE"
   rm -rf "$tmp/src" "$out"
   mv "$tmp/out" "$out"
@@ -163,6 +181,10 @@ build_manager "$CACHE/bmo-$BMO_VERSION" "github.com/metal3-io/baremetal-operator
   "apis=github.com/metal3-io/baremetal-operator/apis@$BMO_APIS_VERSION" \
   "pkg/hardwareutils=github.com/metal3-io/baremetal-operator/pkg/hardwareutils@$BMO_HWUTILS_VERSION" \
   "github.com/metal3-io/ironic-standalone-operator/api=>$BMO_IRSO_API_VERSION"
+CAPM3_OCI_PATCH=$M3_DIR/patches/capm3-$CAPM3_VERSION-oci-without-checksum.patch
+CAPM3_OCI_DIR=$CACHE/capm3-$CAPM3_VERSION-oci-$(key "$CAPM3_OCI_PATCH")
+build_manager "$CAPM3_OCI_DIR" "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION" \
+  "api=github.com/metal3-io/cluster-api-provider-metal3/api@$CAPM3_VERSION" "patch:$CAPM3_OCI_PATCH"
 build_kubectl
 build_m3manifests
 build_apiserver
@@ -170,4 +192,5 @@ build_apiserver
 echo "CAPI_MANAGER=$CACHE/capi-core-$CAPI_VERSION/manager CAPM3_MANAGER=$CACHE/capm3-$CAPM3_VERSION/manager BMO_MANAGER=$CACHE/bmo-$BMO_VERSION/manager" \
   "KUBECTL=$(kubectl_dir)/kubectl M3MANIFESTS=$(m3manifests_dir)/m3manifests KUBE_APISERVER=$(apiserver_dir)/kube-apiserver" \
   "CAPI_SRC=$(moddir "sigs.k8s.io/cluster-api@$CAPI_VERSION") CAPM3_SRC=$(moddir "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION") BMO_SRC=$(moddir "github.com/metal3-io/baremetal-operator@$BMO_VERSION")" \
+  "CAPM3_OCI_MANAGER=$CAPM3_OCI_DIR/manager CAPM3_OCI_SRC=$CAPM3_OCI_DIR" \
   "CAPI_VERSION=$CAPI_VERSION CAPM3_VERSION=$CAPM3_VERSION BMO_VERSION=$BMO_VERSION"

@@ -42,7 +42,7 @@ capi_build() {
   local out
   out=$("$M3_DIR/capi-build.sh") || fail "building the Cluster API chain failed"
   eval "$out"
-  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER KUBECTL M3MANIFESTS KUBE_APISERVER CAPI_SRC CAPM3_SRC BMO_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
+  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER KUBECTL M3MANIFESTS KUBE_APISERVER CAPI_SRC CAPM3_SRC BMO_SRC CAPM3_OCI_MANAGER CAPM3_OCI_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
   local tools
   tools=$("$ROOT/hack/tools.sh" env) || fail "hack/tools.sh failed: the chain runs the envtest etcd"
   KUBEBUILDER_ASSETS=$(printf '%s\n' "$tools" | sed -n "s/^export KUBEBUILDER_ASSETS='\(.*\)'$/\1/p")
@@ -175,9 +175,7 @@ capi_up() {
   start capi "$CAPI_MANAGER" --kubeconfig "$KCFG" --leader-elect=false \
     --webhook-port "$WEBHOOK_PORT_CAPI" --webhook-cert-dir "$CAPI_DIR/webhook-certs" \
     --health-addr 127.0.0.1:9440 --diagnostics-address 127.0.0.1:9450 --insecure-diagnostics
-  start capm3 "$CAPM3_MANAGER" --kubeconfig "$KCFG" --leader-elect=false \
-    --webhook-port "$WEBHOOK_PORT_CAPM3" --webhook-cert-dir "$CAPI_DIR/webhook-certs" \
-    --health-addr 127.0.0.1:9441 --diagnostics-address 127.0.0.1:9451 --insecure-diagnostics
+  start_capm3 "$CAPM3_MANAGER"
   # BMO as Metal3 runs it beside its Ironic: the endpoint, no
   # authentication (the box's Ironic runs noauth: no credentials folder),
   # IPA's kernel and ramdisk from the box's nginx.
@@ -194,6 +192,12 @@ capi_up() {
     wait_for "$name's manager ready (see $W/logs/$name.log)" 180 capi_ready "$name" "$port"
   done
   log "Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION and baremetal-operator $BMO_VERSION up in $(($(now) - t0)) s (kube-apiserver $("$KUBE_APISERVER" --version | cut -d' ' -f2), webhooks over TLS)"
+}
+
+start_capm3() {
+  start capm3 "$1" --kubeconfig "$KCFG" --leader-elect=false \
+    --webhook-port "$WEBHOOK_PORT_CAPM3" --webhook-cert-dir "$CAPI_DIR/webhook-certs" \
+    --health-addr 127.0.0.1:9441 --diagnostics-address 127.0.0.1:9451 --insecure-diagnostics
 }
 
 capi_ready() {
@@ -289,10 +293,11 @@ capm3:
 EOV
 }
 
-# workload_values IMAGE_KEY: the cluster's values, where Sylva keeps them
-# (a ConfigMap the check controller and plan read), and as a file.
+# workload_values IMAGE_KEY [DELIVERY]: the cluster's values, where Sylva
+# keeps them (a ConfigMap the check controller and plan read), and as a
+# file.
 workload_values() {
-  cluster_values "$1" http >"$CAPI_DIR/cluster-values.yaml"
+  cluster_values "$1" "${2:-http}" >"$CAPI_DIR/cluster-values.yaml"
   kc -n "$CAPI_NS" create configmap cluster-values --from-file=values.yaml="$CAPI_DIR/cluster-values.yaml" \
     --dry-run=client -o yaml | kc label -f - --local -o yaml osimages.sylva-project.org/cluster-values= |
     kc apply -f - >/dev/null
@@ -313,10 +318,14 @@ render_apply() {
 # machine N: a Machine and its Metal3Machine (named after the template
 # they are made from), the bootstrap data given directly as a Secret (no
 # bootstrap provider runs): what a MachineSet makes from a
-# MachineDeployment.
+# MachineDeployment. Cloned through v1beta2, the version of CAPM3's
+# contract label, as Cluster API clones: through v1beta1, an oci:// image
+# comes back with checksumType "" (CAPM3's v1beta2-to-v1beta1 conversion
+# always sets the pointer, v1.14.0-rc.0 too), which v1beta1's own enum
+# then refuses on create.
 machine() {
   local m3m=$CAPI_CLUSTER-$1
-  kc -n "$CAPI_NS" get metal3machinetemplates.v1beta1.infrastructure.cluster.x-k8s.io "$TEMPLATE" -o json |
+  kc -n "$CAPI_NS" get metal3machinetemplates.v1beta2.infrastructure.cluster.x-k8s.io "$TEMPLATE" -o json |
     jq --arg name "$m3m" --arg ns "$CAPI_NS" --arg cluster "$CAPI_CLUSTER" --arg tpl "$TEMPLATE" '{
       apiVersion, kind: "Metal3Machine",
       metadata: {name: $name, namespace: $ns, labels: {"cluster.x-k8s.io/cluster-name": $cluster},
@@ -392,7 +401,6 @@ capi_scenarios() {
   fi
   [[ $out == *"requires spec.template.spec.image.checksum"* ]] || fail "render of oci:// failed, but not with CAPM3's refusal: $out"
   echo "oci:// with CAPM3 $CAPM3_VERSION: render refused: $(printf '%s\n' "$out" | grep -m1 'requires spec.template')"
-  log "oci:// with CAPM3 >= v1.14.0: not run: CAPM3 v1.14.x is not on the Go module proxy (403), so it cannot be built here"
 
   # The cluster: Metal3Cluster (its endpoint given: no control plane runs
   # here), Cluster, the bootstrap data as a Secret.
@@ -436,6 +444,7 @@ EOF
 
   capi_management_change
   capi_image_upgrade
+  capi_oci
 }
 
 # booted SHA DIR: the host booted the image of SHA (built in DIR): its
@@ -524,10 +533,7 @@ capi_image_upgrade() {
   # What a MachineDeployment's rollout does with one host: the old Machine
   # goes (CAPM3 deprovisions its host), a new one comes from the new
   # template.
-  kc -n "$CAPI_NS" delete machine "$MACHINE" --wait=false >/dev/null
-  wait_for "Machine $MACHINE deleted and $NODE deprovisioned (see $W/logs/capm3.log, $W/logs/bmo.log)" 600 machine_gone "$MACHINE"
-  wait_for "BareMetalHost $CAPI_NS/$NODE available again" 600 bmh_state available
-  log "Machine $MACHINE deleted, $NODE deprovisioned in $(($(now) - t0)) s"
+  replace_machine
   MARKERS_BEFORE=$(markers)
   DEPLOY_T0=$(now)
   machine 2
@@ -540,3 +546,59 @@ capi_image_upgrade() {
 }
 
 machine_gone() { ! kc -n "$CAPI_NS" get machine "$1" >/dev/null 2>&1; }
+
+# replace_machine: the Machine MACHINE deleted and its host deprovisioned,
+# as a MachineDeployment's rollout does with one host.
+replace_machine() {
+  local t0
+  t0=$(now)
+  kc -n "$CAPI_NS" delete machine "$MACHINE" --wait=false >/dev/null
+  wait_for "Machine $MACHINE deleted and $NODE deprovisioned (see $W/logs/capm3.log, $W/logs/bmo.log)" 600 machine_gone "$MACHINE"
+  wait_for "BareMetalHost $CAPI_NS/$NODE available again" 600 bmh_state available
+  log "Machine $MACHINE deleted, $NODE deprovisioned in $(($(now) - t0)) s"
+}
+
+# The oci:// delivery through CAPM3. The Go module proxy serves no CAPM3
+# that accepts it (v1.14.x: 403); v1.13.2 with the one upstream commit
+# that makes v1.14.0-rc.0 accept it (patches/, capi-build.sh) does. The
+# workload cluster asks for oci://: plan says first that the installed
+# CAPM3 refuses it; CAPM3 is then upgraded in place (its CRDs and webhooks
+# applied, its manager replaced), plan says the nodes roll, render writes
+# the oci:// template, and the host is provisioned from it with the
+# cluster's first image.
+capi_oci() {
+  local t0 url
+  workload_values m3box-test oci
+  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-oci-refused.txt" 2>&1 || true
+  grep -q "requires spec.template.spec.image.checksum" "$CAPI_DIR/plan-oci-refused.txt" ||
+    fail "osimages plan does not say that CAPM3 $CAPM3_VERSION refuses $CAPI_NS's oci:// delivery: $(cat "$CAPI_DIR/plan-oci-refused.txt")"
+  echo "osimages plan (oci:// with CAPM3 $CAPM3_VERSION): $(grep -m1 'requires spec.template.spec.image.checksum' "$CAPI_DIR/plan-oci-refused.txt")"
+
+  t0=$(now)
+  stop_pid capm3
+  capi_manifests capm3-oci "$CAPM3_OCI_SRC" "$WEBHOOK_PORT_CAPM3"
+  kc apply --server-side --force-conflicts -f "$CAPI_DIR/capm3-oci.yaml" >"$W/logs/apply-capm3-oci.log" 2>&1 ||
+    fail "applying the CRDs and webhooks of CAPM3 $CAPM3_VERSION with the oci:// commit failed: $(tail -3 "$W/logs/apply-capm3-oci.log")"
+  wait_for "the CRDs established" 60 kc wait --for=condition=Established --timeout=5s crd --all
+  start_capm3 "$CAPM3_OCI_MANAGER"
+  wait_for "capm3's manager ready (see $W/logs/capm3.log)" 180 capi_ready capm3 9441
+  log "CAPM3 upgraded in place to $CAPM3_VERSION with upstream's oci:// commit (PR #3522, in v1.14.0-rc.0) in $(($(now) - t0)) s"
+
+  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-oci.txt" 2>&1 ||
+    fail "osimages plan failed with CAPM3 accepting oci://: $(cat "$CAPI_DIR/plan-oci.txt")"
+  grep -q "rolls nodes" "$CAPI_DIR/plan-oci.txt" || fail "osimages plan does not say that $CAPI_NS's nodes roll to oci:// delivery: $(cat "$CAPI_DIR/plan-oci.txt")"
+  echo "osimages plan (oci:// with CAPM3 $CAPM3_VERSION + PR #3522): $(grep -m1 'rolls nodes' "$CAPI_DIR/plan-oci.txt")"
+  render_apply || fail "osimages render --apply (oci://) failed"
+  url=$(kc -n "$CAPI_NS" get metal3machinetemplate "$TEMPLATE" -o jsonpath='{.spec.template.spec.image.url}')
+  [[ $url == oci://*"$SHA"* ]] || fail "render --apply wrote $TEMPLATE with the image url $url, not the oci:// reference of $SHA"
+
+  t0=$(now)
+  replace_machine
+  MARKERS_BEFORE=$(markers)
+  DEPLOY_T0=$(now)
+  machine 3
+  wait_provisioned "$SHA" 900
+  wait_marker
+  echo "oci:// with CAPM3 $CAPM3_VERSION + PR #3522: $NODE reprovisioned from $url (Metal3MachineTemplate $TEMPLATE, $(($(now) - t0)) s)"
+  booted "$SHA" "$W/image"
+}
