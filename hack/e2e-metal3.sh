@@ -598,6 +598,8 @@ deploy_with_pod_deleted() {
   fi
   change PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": {\"image_source\": \"$url\", \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\", \"image_disk_format\": \"raw\"}}]" >/dev/null
   MARKERS_BEFORE=$(markers)
+  local console_before
+  console_before=$(wc -l <"$W/logs/node0-console.log" 2>/dev/null || echo 0)
   pod=$(chart_pod)
   uid=$(ckc -n "$CHART_NS" get pod "$pod" -o jsonpath='{.metadata.uid}')
   # Connections an earlier deploy's IPA left established (its host was
@@ -636,6 +638,11 @@ deploy_with_pod_deleted() {
   log "the chart's server is back ($CHART_NS/$pod, a new pod on its volume $(($(now) - t0)) s into the deploy): it serves $SHA (checksum file matches)"
   if wait_state active 900; then DEPLOY_RESULT=active; else DEPLOY_RESULT=failed; fi
   DEPLOY_SECS=$(($(now) - t0))
+  # What IPA said of its download (its clock is the machine's: the line's
+  # time against the deletion's above tells whether the old pod's
+  # shutdown grace let the response finish).
+  log "IPA: $(tail -n +"$((console_before + 1))" "$W/logs/node0-console.log" | tr -d '\r' |
+    grep -a -m1 -E 'written to device|Download of image|ImageDownloadError|IncompleteRead|RemoteDisconnected' | cut -c1-240)"
   if [ "$DEPLOY_RESULT" = active ]; then
     wait_marker
     [ "$MARKER" = "OSIMAGES-BOOT-MARKER $SHA" ] || fail "server pod deleted: $NODE went active but booted a disk that is not the image: $MARKER"
