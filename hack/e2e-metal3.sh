@@ -3,17 +3,21 @@
 # with a Redfish BMC (sushy-tools, libvirt) is provisioned by Ironic 29 and
 # ironic-python-agent from the test image osimages serves, the way a Sylva
 # management cluster provisions its hosts: the image is published to an OCI
-# registry, resolved by `osimages catalog`, selected, pulled and verified by
-# `osimages serve`, and its URL comes from `osimages render`. Everything runs
-# in the network namespace $NS (10.216.0.0/16, blackholed on the machine
-# while it runs); see docs/development.md, "Metal3 in a box".
+# registry, resolved by the chart's catalog Job, selected, pulled, verified
+# and served by the chart's server in the e2e cluster (hack/e2e-cluster.sh,
+# joined to the box by a veth pair), and its URL comes from `osimages
+# render`. The box runs in the network namespace $NS (10.216.0.0/16,
+# blackholed on the machine while it runs); see docs/development.md, "Metal3
+# in a box".
 #
 #   hack/e2e-metal3.sh [run]      build what is missing, start the box, run
 #                                 the scenarios, stop it, check it is gone
-#   hack/e2e-metal3.sh bench      the same box: deploy from osimages, then
-#                                 from nginx serving the same file; the ratio
-#   hack/e2e-metal3.sh up         only start the box, and leave it up (to
-#                                 debug: then `scenarios`, `bench`, `down`)
+#   hack/e2e-metal3.sh bench      the box without the cluster: deploy from
+#                                 `osimages serve` in the box, then from
+#                                 nginx serving the same file; the ratio
+#   hack/e2e-metal3.sh up         only start the box and the cluster, and
+#                                 leave them up (to debug: then `scenarios`,
+#                                 `bench-on-box`, `capi`, `down`)
 #   hack/e2e-metal3.sh scenarios  the scenarios, on a box that is up
 #   hack/e2e-metal3.sh capi       the Cluster API chain (hack/metal3/capi.sh),
 #                                 on a box that is up: run does it after
@@ -29,6 +33,11 @@ set -euo pipefail
 . "$M3_DIR/capi.sh"
 cd "$ROOT"
 WITH_CAPI=${E2E_METAL3_CAPI:-1}
+# What serves the image: the chart's server in the e2e cluster (the
+# scenarios), `osimages serve` as a process of the box (the bench, and the
+# Cluster API chain, which starts its own on that server's data directory).
+# main sets them by mode.
+USE_CHART=1 BOX_SERVE=1
 
 R=$W/ironic/root
 SERVE_URL=https://$BR_IP:$SERVE_PORT
@@ -44,15 +53,20 @@ now() { date +%s; }
 # run, CI's included, would fail on it.
 claim_box() {
   local owner='' mode=''
-  if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null; then
+  if ip netns list | grep -w "$NS" >/dev/null || ip route show | grep "^blackhole $BOX_CIDR" >/dev/null || [ -f "$CLUSTER_FILE" ]; then
     [ ! -f "$OWNER_FILE" ] || read -r owner mode <"$OWNER_FILE" || true
     if alive "$owner" && tr '\0' ' ' <"/proc/$owner/cmdline" 2>/dev/null | grep e2e-metal3 >/dev/null; then
       fail "a box is up and in use by hack/e2e-metal3.sh (PID $owner, $mode): wait for it to end, or stop it (kill $owner) and run make e2e-metal3-down"
     fi
     [ "$mode" != up ] || fail "a box started with 'hack/e2e-metal3.sh up' is still up: stop it with make e2e-metal3-down"
-    log "a box left by a killed run is still up (netns $NS or the route to $BOX_CIDR, no run owns it): stopping it first"
+    log "a box left by a killed run is still up (netns $NS, the route to $BOX_CIDR or the e2e cluster it started, no run owns it): stopping it first"
     down
     check_clean
+  fi
+  # An e2e cluster the box did not start (make e2e-up, or a make e2e run)
+  # holds the namespace and the ranges the box's own would use.
+  if [ "$USE_CHART" = 1 ] && ip netns list | grep -w "$CLUSTER_NS" >/dev/null; then
+    fail "an e2e cluster is up (network namespace $CLUSTER_NS), started by make e2e or make e2e-up: the box starts its own in the same namespace and ranges; stop that one first (make e2e-down)"
   fi
   echo "$$ $1" >"$OWNER_FILE"
 }
@@ -88,6 +102,17 @@ build() {
   nice -n 5 go build -o "$W/bin/osimages" ./cmd/osimages
   CGO_ENABLED=0 nice -n 5 go build -o "$W/bin/registry" ./test/e2e/images/registry
   nice -n 5 go build -o "$W/bin/publish" ./test/metal3/publish
+  if [ "$USE_CHART" = 1 ]; then
+    # The cluster's binaries and images as make e2e builds them (the
+    # image of this checkout among them), and the helm install of the
+    # chart.
+    local env_out
+    env_out=$(nice -n 5 "$ROOT/hack/e2e.sh" -build-only | tail -1) || fail "building the e2e cluster's binaries and images failed (hack/e2e.sh -build-only)"
+    [[ $env_out == E2E_BIN=*" E2E_IMAGES="* ]] || fail "hack/e2e.sh -build-only printed no E2E_BIN/E2E_IMAGES line: $env_out"
+    # Two assignments (the paths hold no space).
+    export $env_out
+    nice -n 5 go build -o "$W/bin/chart" ./test/metal3/chart
+  fi
   if [ "$WITH_CAPI" = 1 ]; then
     capi_build
     capi_debs
@@ -122,7 +147,9 @@ make_tls() {
     openssl req -x509 -new -key ca.key -out ca.crt -days 2 -subj "/CN=osimages-m3box-ca" 2>/dev/null
     openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out server.key 2>/dev/null
     openssl req -new -key server.key -out server.csr -subj "/CN=$BR_IP" 2>/dev/null
-    printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth\n' "$BR_IP" >server.ext
+    # One certificate for both servers: osimages serve in the box
+    # ($BR_IP) and the chart's, reached on the e2e cluster's node.
+    printf 'subjectAltName=IP:%s,IP:%s\nextendedKeyUsage=serverAuth\n' "$BR_IP" "$CLUSTER_NODE_IP" >server.ext
     openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile server.ext 2>/dev/null
   )
 }
@@ -168,6 +195,7 @@ up() {
   log "box up in $(($(now) - t0)) s: Ironic $(api GET / | jq -r .default_version.version), sushy-tools, libvirt, dnsmasq, nginx"
 
   serve_image
+  [ "$USE_CHART" = 0 ] || chart_up
   define_vm
   enroll
 }
@@ -183,13 +211,16 @@ serve_image() {
   echo "$SHA" >"$W/run/sha256"
   log "test image built and booted under qemu in $(($(now) - t0)) s: sha256 $SHA"
 
-  start registry "$W/bin/registry" -listen 127.0.0.1:5000 -root "$W/registry"
-  for _ in $(seq 1 60); do in_ns curl -sf -o /dev/null http://127.0.0.1:5000/v2/ && break; sleep 0.5; done
-  out=$(in_ns "$W/bin/publish" -registry 127.0.0.1:5000 -image "$W/image/osimages-test.raw" \
+  # On every address of the box: 127.0.0.1 for its own clients, the
+  # link's $LINK_BOX_IP for the chart's pods.
+  start registry "$W/bin/registry" -listen ":$REGISTRY_PORT" -root "$W/registry"
+  for _ in $(seq 1 60); do in_ns curl -sf -o /dev/null "http://127.0.0.1:$REGISTRY_PORT/v2/" && break; sleep 0.5; done
+  out=$(in_ns "$W/bin/publish" -registry "127.0.0.1:$REGISTRY_PORT" -image "$W/image/osimages-test.raw" \
     -catalog-values "$W/serve/catalog-values.yaml" -server-values "$W/serve/mgmt-values.yaml") || fail "publishing the test image failed"
   log "$out"
   in_ns "$W/bin/osimages" catalog -f "$W/serve/catalog-values.yaml" >"$W/serve/os-images-info.yaml" 2>"$W/logs/catalog.log" ||
     fail "osimages catalog failed: $(cat "$W/logs/catalog.log")"
+  [ "$BOX_SERVE" = 1 ] || return 0
   start_serve
   wait_served
   log "osimages serve selected, pulled, verified and serves the image $(($(now) - t0)) s after its build started"
@@ -213,31 +244,158 @@ wait_served() {
   fail "osimages serve does not serve $SHA after 120 s: see $W/logs/serve.log"
 }
 
+# --- the chart's server in the e2e cluster ----------------------------------
+
+cluster_sh() { E2E_DIR=$CLUSTER_DIR "$ROOT/hack/e2e-cluster.sh" "$@"; }
+in_cluster() { nsenter --net="/run/netns/$CLUSTER_NS" "$@"; }
+
+# chart_up: the e2e cluster, joined to the box, and the chart installed in
+# it as an operator installs it: its catalog Job resolves the test image
+# from the box's registry, its server selects, pulls, verifies and serves
+# it over HTTPS on a NodePort of the node, which the host reaches through
+# the box's bridge and the link.
+chart_up() {
+  local t0 out
+  t0=$(now)
+  echo "$CLUSTER_DIR" >"$CLUSTER_FILE"
+  cluster_sh up >>"$W/logs/cluster-up.log" 2>&1 || fail "the e2e cluster did not start: $(tail -3 "$W/logs/cluster-up.log") (see $CLUSTER_DIR/logs)"
+  link_up
+  log "e2e cluster up in $(($(now) - t0)) s (logs in $CLUSTER_DIR/logs), joined to the box by $LINK_BOX_IP <-> $LINK_CLUSTER_IP"
+
+  # The same image, published again under a name whose registry address
+  # the pods reach (the link's end in the box) and a repository of its
+  # own: its signature names that address, and the box's first signature
+  # stays the one `osimages serve` and the Cluster API chain check.
+  mkdir -p "$W/chart"
+  out=$(in_ns "$W/bin/publish" -registry "$LINK_BOX_IP:$REGISTRY_PORT" -image "$W/image/osimages-test.raw" \
+    -repo-base m3box-chart/diskimage-builder \
+    -catalog-values "$W/chart/catalog-values.yaml" -server-values "$W/chart/mgmt-values.yaml") || fail "publishing the test image for the chart failed"
+  log "$out"
+  # The chart's values, as an operator of the e2e scenarios sets them: the
+  # image make image built (imported into the node's containerd), the
+  # catalog Job on the sylva-units values publish wrote, the server with
+  # the management values (the registries with the cosign key, the
+  # additional selector of the test image), HTTPS with the run's
+  # certificate, on a fixed NodePort. The controller is off: nothing here
+  # needs the fleet's catalogs, and the machine has two cores.
+  {
+    cat <<EOV
+image: {repository: osimages, tag: dev}
+oci_registry_insecure: true
+os_image_server_additional_selectors: {m3box: {flavor: m3box}}
+osImagePersistenceDefaults: {size: 2Gi}
+server:
+  replicas: 1
+  # The local volumes are small: no margin of a GiB on them.
+  freeSpaceMargin: 64Mi
+  tlsSecret: osimages-m3box-tls
+service: {type: NodePort, port: 443, nodePort: $CHART_NODEPORT}
+networkPolicy: {egressPorts: [443, $REGISTRY_PORT, 6443]}
+controller: {enabled: false}
+catalogJob:
+  enabled: true
+  values:
+EOV
+    sed 's/^/    /' "$W/chart/catalog-values.yaml"
+    echo "cluster:"
+    sed 's/^/  /' "$W/chart/mgmt-values.yaml"
+  } >"$W/chart/values.yaml"
+  out=$(cluster_sh exec "$W/bin/chart" -chart "$ROOT/charts/osimages" -namespace "$CHART_NS" \
+    -tls-secret osimages-m3box-tls -tls-cert "$W/tls/server.crt" -tls-key "$W/tls/server.key" \
+    -f "$W/chart/values.yaml" 2>&1) || fail "installing the chart failed: $out"
+  log "$out"
+  wait_chart_served
+  log "the chart's server (pod $(chart_pod)) selected, pulled, verified and serves the image at https://$CLUSTER_NODE_IP:$CHART_NODEPORT, $(($(now) - t0)) s after the cluster started"
+}
+
+# link_up: the veth pair between the box and the cluster's namespace,
+# made in the box with its peer moved at once into the cluster's (it
+# never exists in the machine's namespace, and goes with either), and the
+# routes both ways. The box forwards between its bridge (the host) and the
+# link; the cluster's namespace forwards already (hack/e2e-cluster.sh).
+link_up() {
+  local r
+  ip -n "$NS" link add m3-e2e type veth peer name m3-box netns "$CLUSTER_NS"
+  ip -n "$NS" addr add "$LINK_BOX_IP/30" dev m3-e2e
+  ip -n "$CLUSTER_NS" addr add "$LINK_CLUSTER_IP/30" dev m3-box
+  ip -n "$NS" link set m3-e2e up
+  ip -n "$CLUSTER_NS" link set m3-box up
+  for r in $CLUSTER_ROUTES; do ip -n "$NS" route add "$r" via "$LINK_CLUSTER_IP"; done
+  ip -n "$CLUSTER_NS" route add "$BOX_CIDR" via "$LINK_BOX_IP"
+  in_ns sysctl -qw net.ipv4.ip_forward=1
+}
+
+ckc() { cluster_sh kubectl "$@"; }
+chart_pod() { ckc -n "$CHART_NS" --request-timeout=10s get pods -l app.kubernetes.io/component=server -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+
+# wait_chart_served: until the chart's server serves the image's checksum
+# file at the URL the host downloads from (from the box, through the link
+# and the NodePort: the path the host's packets take), and its served-set
+# ConfigMap lists the image; then the catalog and that set, for render.
+wait_chart_served() {
+  local sum t0
+  t0=$(now)
+  while :; do
+    sum=$(in_ns curl -sf --max-time 10 --cacert "$W/tls/ca.crt" "https://$CLUSTER_NODE_IP:$CHART_NODEPORT/images/$SHA/osimages-test.raw.sha256sum" 2>/dev/null | cut -d' ' -f1) || true
+    if [ "$sum" = "$SHA" ]; then
+      ckc -n "$CHART_NS" get configmap capm3-os-image-server-os-images -o jsonpath='{.data.values\.yaml}' >"$W/chart/served.yaml" 2>/dev/null || true
+      grep "$SHA" "$W/chart/served.yaml" >/dev/null && break
+    fi
+    [ $(($(now) - t0)) -lt 300 ] || fail "the chart's server does not serve $SHA at https://$CLUSTER_NODE_IP:$CHART_NODEPORT after 300 s: $(ckc -n "$CHART_NS" get pods -o wide 2>&1 | tail -3); its log: $(ckc -n "$CHART_NS" logs "$(chart_pod)" --tail 5 2>&1)"
+    sleep 1
+  done
+  ckc -n "$CHART_NS" get configmap os-images-info -o jsonpath='{.data.values\.yaml}' >"$W/chart/os-images.yaml" ||
+    fail "the chart's catalog Job wrote no $CHART_NS/os-images-info"
+}
+
+# cluster_down: the e2e cluster the box started (the veth pair goes with
+# its namespace), its server's log kept first (the kubelet deletes a pod's
+# logs with the pod).
+cluster_down() {
+  [ -f "$CLUSTER_FILE" ] || return 0
+  local dir pod
+  dir=$(cat "$CLUSTER_FILE")
+  if [ -f "$W/chart/values.yaml" ] && pod=$(chart_pod) && [ -n "$pod" ]; then
+    ckc -n "$CHART_NS" --request-timeout=10s logs "$pod" >"$W/logs/chart-server.log" 2>&1 || true
+  fi
+  E2E_DIR=$dir "$ROOT/hack/e2e-cluster.sh" down >>"$W/logs/cluster-down.log" 2>&1 || { log "the e2e cluster did not stop: see $W/logs/cluster-down.log"; return 1; }
+  rm -f "$CLUSTER_FILE"
+}
+
 # values_of FILE: the values.yaml of a ConfigMap file (its block scalar).
 values_of() {
   awk '/^  values.yaml: \|/ {on = 1; next} on && /^  [^ ]/ {on = 0} on {sub(/^    /, ""); print}' "$1"
 }
 
-# render DELIVERY: the image URL and checksum of the Metal3MachineTemplate
-# `osimages render` writes for a cluster whose level selects the test
-# image, from the catalog and the served set the server published.
+# render DELIVERY [chart|box]: the image URL and checksum of the
+# Metal3MachineTemplate `osimages render` writes for a cluster whose level
+# selects the test image, from the catalog and the served set the server
+# published: the chart's (its ConfigMaps in the e2e cluster, its Service's
+# NodePort on the node; the default) or the box's `osimages serve` (its
+# files, $BR_IP:$SERVE_PORT).
 render() {
-  local d=$W/render
+  local d=$W/render host os_images served
   mkdir -p "$d"
+  if [ "${2:-chart}" = chart ]; then
+    host=$CLUSTER_NODE_IP:$CHART_NODEPORT os_images=$W/chart/os-images.yaml served=$W/chart/served.yaml
+  else
+    host=$BR_IP:$SERVE_PORT os_images=$d/os-images.yaml served=$W/serve/served.yaml
+    values_of "$W/serve/os-images-info.yaml" >"$os_images"
+  fi
   cat >"$d/cluster.yaml" <<EOV
 name: m3box
 k8s_version: v1.32.5+rke2r1
 capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
 capm3:
   os_image_selector: {flavor: m3box}
-  image_provisioning_host: $BR_IP:$SERVE_PORT
+  image_provisioning_host: $host
   image_provisioning_scheme: https
   image_delivery: $1
 EOV
-  values_of "$W/serve/os-images-info.yaml" >"$d/os-images.yaml"
-  # served.yaml, the server's --output-file, is the served-images values
-  # document itself (capm3_os_image_server_images).
-  "$W/bin/osimages" render -f "$d/cluster.yaml" -f "$d/os-images.yaml" -f "$W/serve/served.yaml" >"$d/$1.yaml" 2>"$d/$1.err" ||
+  # The served set is the served-images values document itself
+  # (capm3_os_image_server_images): the box's server writes it with
+  # --output-file, the chart's into its ConfigMap.
+  "$W/bin/osimages" render -f "$d/cluster.yaml" -f "$os_images" -f "$served" >"$d/$1.yaml" 2>"$d/$1.err" ||
     fail "osimages render ($1) failed: $(cat "$d/$1.err")"
   RENDER_URL=$(awk '$1 == "url:" {print $2; exit}' "$d/$1.yaml")
   RENDER_CHECKSUM=$(awk '$1 == "checksum:" {print $2; exit}' "$d/$1.yaml")
@@ -415,67 +573,90 @@ scenarios() {
   [[ $err == *"verify against checksum"* || $err == *"checksum"* ]] || fail "tampered: the deploy failed, but not with a checksum error: $err"
   echo "tampered $RENDER_URL (checksum $wrong) refused in $DEPLOY_SECS s: ${err:0:300}"
 
-  # 4. The server killed while IPA downloads, then started again on the
-  # same data directory: the deploy completes, or fails naming the
-  # download; the server serves the verified image again, and a host that
-  # went active booted the image itself.
-  deploy_with_server_killed "$RENDER_URL" "$RENDER_CHECKSUM"
+  # 4. The server's pod deleted while IPA downloads (as a node drain or
+  # a rollout does): the StatefulSet starts it again on its volume, and
+  # the deploy completes, or fails naming the download; the server serves
+  # the verified image again, and a host that went active booted the
+  # image itself.
+  deploy_with_pod_deleted "$RENDER_URL" "$RENDER_CHECKSUM"
 }
 
-deploy_with_server_killed() {
-  local url=$1 checksum=$2 killed= t0 peer
+# host_downloads: the host's connections to the chart's NodePort, as the
+# cluster's namespace tracks them (kube-proxy's DNAT: the pod sees the
+# node's bridge address instead): "src:sport" of each, from the DHCP range
+# (Ironic's own checks come from the link, $LINK_BOX_IP).
+host_downloads() {
+  in_cluster conntrack -L -p tcp --dport "$CHART_NODEPORT" --state ESTABLISHED 2>/dev/null |
+    awk '{for (i = 1; i <= NF; i++) {if ($i ~ /^src=/ && !s) s = substr($i, 5); if ($i ~ /^sport=/ && !p) p = substr($i, 7)} if (s ~ /^10\.216\.0\./) print s ":" p; s = p = ""}'
+}
+
+deploy_with_pod_deleted() {
+  local url=$1 checksum=$2 deleted= t0 peer pod uid stale
   if [ "$(node_field provision_state)" != available ]; then
     provision deleted
     wait_state available 300 || fail "$NODE did not come back to available: $(node_field last_error)"
   fi
   change PATCH "/nodes/$NODE" "[{\"op\": \"add\", \"path\": \"/instance_info\", \"value\": {\"image_source\": \"$url\", \"image_checksum\": \"$checksum\", \"image_os_hash_algo\": \"sha256\", \"image_os_hash_value\": \"$checksum\", \"image_disk_format\": \"raw\"}}]" >/dev/null
   MARKERS_BEFORE=$(markers)
+  local console_before
+  console_before=$(wc -l <"$W/logs/node0-console.log" 2>/dev/null || echo 0)
+  pod=$(chart_pod)
+  uid=$(ckc -n "$CHART_NS" get pod "$pod" -o jsonpath='{.metadata.uid}')
   # Connections an earlier deploy's IPA left established (its host was
   # powered off under it) are not this download.
-  local stale
-  stale=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | paste -sd'|' -)
+  stale=$(host_downloads | paste -sd'|' -)
   t0=$(now)
   DEPLOY_T0=$t0
   provision active
-  # The host's download is the only connection to the server from the DHCP
-  # range (Ironic's own checks come from $BR_IP): kill the server as soon
-  # as it is there.
   local i=0
   while [ $(($(now) - t0)) -lt 600 ]; do
-    peer=$(in_ns ss -Htn state established "( sport = :$SERVE_PORT )" | awk '{print $4}' | grep -v "^$BR_IP:" | grep -vxE "${stale:-^$}" | head -1) || true
+    peer=$(host_downloads | grep -vxE "${stale:-^$}" | head -1) || true
     if [ -n "$peer" ]; then
-      kill -KILL "$(pid_of serve)"
-      killed=$(($(now) - t0))
+      ckc -n "$CHART_NS" delete pod "$pod" --wait=false >/dev/null || fail "server pod deleted: kubectl delete pod $CHART_NS/$pod failed"
+      deleted=$(($(now) - t0))
       break
     fi
-    # The node's state every 3 s: the download lasts about 2 s.
+    # The node's state every 3 s: the download lasts seconds.
     if [ $((++i % 30)) = 0 ]; then
       case "$(node_field provision_state)" in active | *fail*) break ;; esac
     fi
     sleep 0.1
   done
-  [ -n "$killed" ] || fail "server killed: the host never connected to the server within the deploy"
-  log "osimages serve killed (SIGKILL) $killed s into the deploy, while $peer downloaded"
-  rm -f "$W/run/serve.pid"
-  start_serve
-  wait_served
-  log "osimages serve started again on its data directory: it serves $SHA (checksum file matches)"
+  [ -n "$deleted" ] || fail "server pod deleted: the host never connected to the chart's server within the deploy"
+  log "the chart server's pod $CHART_NS/$pod deleted $deleted s into the deploy, while $peer downloaded"
+  # The StatefulSet's new pod (the same name, another uid) on the same
+  # volume: it serves the verified image again. Until the old one is gone
+  # (up to its grace period), the name is still its.
+  local now_uid=
+  for _ in $(seq 1 120); do
+    now_uid=$(ckc -n "$CHART_NS" get pod "$pod" -o jsonpath='{.metadata.uid}' 2>/dev/null) || true
+    [ -n "$now_uid" ] && [ "$now_uid" != "$uid" ] && break
+    sleep 0.5
+  done
+  [ -n "$now_uid" ] && [ "$now_uid" != "$uid" ] || fail "server pod deleted: the StatefulSet did not start $CHART_NS/$pod again within 60 s"
+  wait_chart_served
+  log "the chart's server is back ($CHART_NS/$pod, a new pod on its volume $(($(now) - t0)) s into the deploy): it serves $SHA (checksum file matches)"
   if wait_state active 900; then DEPLOY_RESULT=active; else DEPLOY_RESULT=failed; fi
   DEPLOY_SECS=$(($(now) - t0))
+  # What IPA said of its download (its clock is the machine's: the line's
+  # time against the deletion's above tells whether the old pod's
+  # shutdown grace let the response finish).
+  log "IPA: $(tail -n +"$((console_before + 1))" "$W/logs/node0-console.log" | tr -d '\r' |
+    grep -a -m1 -E 'written to device|Download of image|ImageDownloadError|IncompleteRead|RemoteDisconnected' | cut -c1-240)"
   if [ "$DEPLOY_RESULT" = active ]; then
     wait_marker
-    [ "$MARKER" = "OSIMAGES-BOOT-MARKER $SHA" ] || fail "server killed: $NODE went active but booted a disk that is not the image: $MARKER"
-    echo "server killed mid-deploy: provisioned $NODE from $url in $DEPLOY_SECS s"
+    [ "$MARKER" = "OSIMAGES-BOOT-MARKER $SHA" ] || fail "server pod deleted: $NODE went active but booted a disk that is not the image: $MARKER"
+    echo "server pod deleted mid-deploy: provisioned $NODE from $url in $DEPLOY_SECS s"
     echo "$MARKER"
   else
     local err
     err=$(node_field last_error)
     # Ironic says "Download of image ..." (IPA's ImageDownloadError), or,
-    # killed before its answer began, names the step that downloads and
-    # the connection that broke: "deploy.write_image failed ...
+    # cut before its answer began, names the step that downloads and the
+    # connection that broke: "deploy.write_image failed ...
     # ('Connection aborted.', RemoteDisconnected(...))".
-    [[ $err == *"$url"* || ${err,,} == *download* || ${err,,} == *checksum* || $err == *write_image*onnection* ]] || fail "server killed: the deploy failed without naming the download: $err"
-    echo "server killed mid-deploy: deploy failed in $DEPLOY_SECS s with: ${err:0:300}"
+    [[ $err == *"$url"* || ${err,,} == *download* || ${err,,} == *checksum* || $err == *write_image*onnection* ]] || fail "server pod deleted: the deploy failed without naming the download: $err"
+    echo "server pod deleted mid-deploy: deploy failed in $DEPLOY_SECS s with: ${err:0:300}"
   fi
 }
 
@@ -487,7 +668,7 @@ deploy_with_server_killed() {
 # Under TCG a deploy's time is mostly the emulated IPA boot, so the ratio
 # is of whole deploys, as users wait for them, not of downloads alone.
 bench() {
-  render http
+  render http box
   local osi_url=$RENDER_URL ngx_url=https://$BR_IP:$NGINX_PORT/images/$SHA/osimages-test.raw
   local rounds=${BENCH_ROUNDS:-2} r who
   local osi_active=0 osi_marker=0 ngx_active=0 ngx_marker=0
@@ -513,12 +694,13 @@ bench() {
 # --- teardown ---------------------------------------------------------------
 
 down() {
-  local holder p cmd
+  local holder p cmd bad=0
   holder=$(pid_of holder || true)
   if alive "$holder"; then
     nsenter -t "$holder" -m -n chroot "$R" virsh -q -c qemu:///system destroy "$NODE" >/dev/null 2>&1 || true
   fi
   capi_stop
+  cluster_down || bad=1
   for p in serve registry ironic nginx dnsmasq sushy libvirtd virtlogd holder; do stop_pid "$p"; done
   # What the daemons started and left (the VM's qemu outlives libvirtd):
   # the processes of the run, by their command line or root.
@@ -527,7 +709,7 @@ down() {
   ip netns list | grep -w "$NS" >/dev/null && ip netns del "$NS"
   ip route show | grep "^blackhole $BOX_CIDR" >/dev/null && ip route del blackhole "$BOX_CIDR"
   rm -f "$W/run/ready" "$OWNER_FILE"
-  return 0
+  return "$bad"
 }
 
 # box_processes: the PIDs of the run's processes, by their command line
@@ -556,8 +738,14 @@ check_clean() {
   ip netns list | grep -w "$NS" >/dev/null && { log "network namespace left: $NS"; bad=1; }
   ip route show | grep "10\.216\." >/dev/null && { log "route left: $(ip route show | grep '10\.216\.')"; bad=1; }
   losetup -a 2>/dev/null | grep "$W" >/dev/null && { log "loop device left: $(losetup -a | grep "$W")"; bad=1; }
+  # The e2e cluster a run of the box started (its folder exists once one
+  # did): its own check, processes, mounts, namespace, routes, iptables.
+  [ ! -f "$CLUSTER_FILE" ] || { log "the e2e cluster the box started is still up ($CLUSTER_FILE)"; bad=1; }
+  if [ -d "$CLUSTER_DIR" ]; then
+    E2E_DIR=$CLUSTER_DIR "$ROOT/hack/e2e-cluster.sh" check-clean || bad=1
+  fi
   [ "$bad" = 0 ] || fail "the box left the above behind (make e2e-metal3-down stops it)"
-  log "clean: no process, mount, network namespace, route or loop device of the box left"
+  log "clean: no process, mount, network namespace, route or loop device of the box or its e2e cluster left"
 }
 
 # --- main -------------------------------------------------------------------
@@ -597,19 +785,25 @@ on_box() {
 }
 
 case "${1:-run}" in
-run) main run ;;
+run)
+  # The scenarios on the chart's server; the box's own only for the
+  # Cluster API chain, which starts its server on that one's data.
+  BOX_SERVE=$WITH_CAPI
+  main run
+  ;;
 bench)
-  WITH_CAPI=0
+  WITH_CAPI=0 USE_CHART=0
   main bench
   ;;
 up)
   preflight up
   trap 'rc=$?; [ "$rc" = 0 ] || { down; check_clean; }; exit "$rc"' EXIT
   up
-  log "the box stays up: hack/e2e-metal3.sh scenarios, bench or down"
+  log "the box and its e2e cluster stay up: hack/e2e-metal3.sh scenarios, bench-on-box, capi or down"
   ;;
 scenarios)
   on_box
+  [ -f "$W/chart/served.yaml" ] || fail "the chart's server is not up in this box (hack/e2e-metal3.sh up starts it)"
   scenarios
   ;;
 capi)

@@ -16,6 +16,10 @@
 #      stops the cluster and checks that nothing of it is left.
 #
 #   hack/e2e.sh [-run REGEXP] [-keep]     -keep: leave the cluster up afterwards
+#   hack/e2e.sh -build-only               steps 1-4 but the test binary, then
+#                                         print E2E_BIN=... E2E_IMAGES=... for
+#                                         hack/e2e-cluster.sh up (Metal3 in a
+#                                         box starts the cluster itself)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -29,6 +33,7 @@ now() { date +%s; }
 
 run_regexp=
 keep=
+build_only=
 while [ $# -gt 0 ]; do
   case "$1" in
   -run)
@@ -39,7 +44,11 @@ while [ $# -gt 0 ]; do
     keep=1
     shift
     ;;
-  *) fail "unknown argument $1 (want -run REGEXP, -keep)" ;;
+  -build-only)
+    build_only=1
+    shift
+    ;;
+  *) fail "unknown argument $1 (want -run REGEXP, -keep, -build-only)" ;;
   esac
 done
 
@@ -106,6 +115,11 @@ for img in pause registry client; do
   CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/$img" "./test/e2e/images/$img"
   go run ./hack/image --binary "$out/$img" --arch "$arch" --tarball "$out/images/$img.tar" --tag "local/$img:e2e" 2>/dev/null
 done
+if [ -n "$build_only" ]; then
+  log "built in $(($(now) - T_BUILD)) s (cluster binaries, image, test images)"
+  echo "E2E_BIN=$bindir E2E_IMAGES=$out/images"
+  exit 0
+fi
 go vet -tags e2e ./test/e2e/
 go test -c -tags e2e -o "$out/e2e.test" ./test/e2e
 log "built in $(($(now) - T_BUILD)) s (cluster binaries, image, test images, test binary)"

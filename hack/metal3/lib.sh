@@ -33,6 +33,24 @@ NGINX_PORT=8444     # nginx serving the same file, for bench-metal3
 VM_MAC=52:54:00:16:00:10
 NODE=node0
 
+# The chart's server runs in the e2e cluster (hack/e2e-cluster.sh: network
+# namespace $CLUSTER_NS, node $CLUSTER_NODE_IP, pods 10.214.0.0/16), which
+# the box starts in a folder of its own (the logs of a `make e2e` run before
+# it stay) and records in $CLUSTER_FILE (outside $W) until it is down, so
+# that `down` and the next run stop it after a killed run. A veth pair
+# joins the two namespaces, its /30 inside the box's blackholed range: the
+# machine's own namespace never holds an address or a route of it.
+CLUSTER_NS=osimages-e2e
+CLUSTER_DIR=${E2E_METAL3_CLUSTER_DIR:-/var/tmp/osimages-m3box-cluster}
+CLUSTER_FILE=/run/$NS.cluster
+CLUSTER_NODE_IP=10.213.0.1
+CLUSTER_ROUTES="10.213.0.0/24 10.214.0.0/16" # the node, the pods (no NAT on their way out)
+LINK_BOX_IP=10.216.255.1                       # m3-e2e, in the box
+LINK_CLUSTER_IP=10.216.255.2                   # m3-box, in the cluster's namespace
+CHART_NS=sylva-system
+CHART_NODEPORT=30443 # the chart's Service (NodePort, HTTPS) on the node
+REGISTRY_PORT=5000   # the box's registry, on every address of the box
+
 log() { echo "e2e-metal3: [$(date -u +%H:%M:%S)] $*" >&2; }
 fail() {
   log "$*"
