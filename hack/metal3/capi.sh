@@ -433,10 +433,7 @@ EOF
   render_apply || fail "osimages render --apply failed"
   TEMPLATE1=$TEMPLATE
   t_tpl=$(now)
-  MARKERS_BEFORE=$(markers)
-  DEPLOY_T0=$t_tpl
-  machine 1
-  wait_provisioned "$SHA" 900
+  machine_from_template 1 "$SHA"
   echo "BareMetalHost $CAPI_NS/$NODE provisioned by CAPM3 from Metal3MachineTemplate $TEMPLATE1"
   echo "template to provisioned host: $(($(now) - t_tpl)) s"
   wait_marker
@@ -534,10 +531,7 @@ capi_image_upgrade() {
   # goes (CAPM3 deprovisions its host), a new one comes from the new
   # template.
   replace_machine
-  MARKERS_BEFORE=$(markers)
-  DEPLOY_T0=$(now)
-  machine 2
-  wait_provisioned "$SHA2" 900
+  machine_from_template 2 "$SHA2"
   start2=$(bmh '{.status.operationHistory.provision.start}')
   [ "$start2" != "$start1" ] || fail "the host's provisioning history did not change"
   wait_marker
@@ -546,6 +540,15 @@ capi_image_upgrade() {
 }
 
 machine_gone() { ! kc -n "$CAPI_NS" get machine "$1" >/dev/null 2>&1; }
+
+# machine_from_template N SHA: Machine N from TEMPLATE, its host
+# provisioned with the image of SHA (markers counted from here on).
+machine_from_template() {
+  MARKERS_BEFORE=$(markers)
+  DEPLOY_T0=$(now)
+  machine "$1"
+  wait_provisioned "$2" 900
+}
 
 # replace_machine: the Machine MACHINE deleted and its host deprovisioned,
 # as a MachineDeployment's rollout does with one host.
@@ -594,10 +597,7 @@ capi_oci() {
 
   t0=$(now)
   replace_machine
-  MARKERS_BEFORE=$(markers)
-  DEPLOY_T0=$(now)
-  machine 3
-  wait_provisioned "$SHA" 900
+  machine_from_template 3 "$SHA"
   wait_marker
   echo "oci:// with CAPM3 $CAPM3_VERSION + PR #3522: $NODE reprovisioned from $url (Metal3MachineTemplate $TEMPLATE, $(($(now) - t0)) s)"
   booted "$SHA" "$W/image"
