@@ -236,6 +236,25 @@ node_in() { [ "$(api GET "/nodes/$1" | jq -r .provision_state)" = "$2" ]; }
 
 bmh() { kc -n "$CAPI_NS" get baremetalhost "$NODE" -o jsonpath="$1"; }
 
+# ironic_node JQ: JQ of the Ironic node of the BareMetalHost, which
+# baremetal-operator names namespace~name.
+ironic_node() { api GET "/nodes/$CAPI_NS~$NODE" | jq -r "$1"; }
+
+# stuck_host: what each part says of a host that did not come to its
+# state, printed before the failure (CI keeps the tail of the output, not
+# the box's logs).
+stuck_host() {
+  local f
+  echo "--- the host's console, last lines:"
+  tail -c 20000 "$W/logs/node0-console.log" 2>/dev/null | tr -d '\r' | tr -c '[:print:]\n' '?' | grep -v '^\s*$' | tail -5 | cut -c1-200
+  for f in bmo capm3 serve ironic; do
+    echo "--- $f.log: $(grep -aiE 'error|fail|timeout|timed out' "$W/logs/$f.log" 2>/dev/null | tail -1 | cut -c1-400)"
+  done
+  echo "--- Ironic node $CAPI_NS~$NODE: $(ironic_node '{provision_state, target_provision_state, power_state, provision_updated_at, last_error, deploy_step,
+    image_source: .instance_info.image_source, image_disk_format: .instance_info.image_disk_format,
+    agent_last_heartbeat: .driver_internal_info.agent_last_heartbeat} | tostring' 2>&1 | cut -c1-600)"
+}
+
 enroll_bmh() {
   kc apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -358,7 +377,10 @@ wait_provisioned() {
     state=$(bmh '{.status.provisioning.state}/{.spec.consumerRef.name}/{.status.provisioning.image.url}' 2>/dev/null) || true
     case "$state" in provisioned/"$MACHINE"/*"$sha"*) break ;; esac
     case "$(bmh '{.status.errorType}' 2>/dev/null)" in ?*) fail "BareMetalHost $CAPI_NS/$NODE: $(bmh '{.status.errorType}: {.status.errorMessage}')" ;; esac
-    [ $(($(now) - t0)) -lt "$secs" ] || fail "BareMetalHost $CAPI_NS/$NODE not provisioned by $MACHINE with $sha after $secs s: $state; Ironic: $(node_field provision_state) $(node_field last_error)"
+    if [ $(($(now) - t0)) -ge "$secs" ]; then
+      stuck_host
+      fail "BareMetalHost $CAPI_NS/$NODE not provisioned by $MACHINE with $sha after $secs s: $state; Ironic: $(ironic_node '[.provision_state, .last_error] | join(" ")')"
+    fi
     sleep 2
   done
 }
@@ -463,7 +485,7 @@ bmh_state() { [ "$(bmh '{.status.provisioning.state}')" = "$1" ]; }
 # host_facts: what changes when the host is provisioned again.
 host_facts() {
   echo "bmh=$(bmh '{.status.provisioning.state} {.spec.consumerRef.name} {.spec.image.url} {.status.operationHistory.provision.start}')"
-  echo "ironic=$(api GET "/nodes/$NODE" | jq -r '[.provision_state, .provision_updated_at, .instance_info.image_source] | join(" ")')"
+  echo "ironic=$(ironic_node '[.provision_state, .provision_updated_at, .instance_info.image_source] | join(" ")')"
   echo "template=$(kc -n "$CAPI_NS" get metal3machinetemplate "$TEMPLATE1" -o jsonpath='{.metadata.generation}')"
 }
 
