@@ -27,6 +27,7 @@ func main() {
 	)
 	flag.StringVar(&o.Binary, "binary", "", "static osimages binary (CGO_ENABLED=0)")
 	flag.StringVar(&o.Arch, "arch", "amd64", "GOARCH of the binary")
+	flag.StringVar(&o.Entrypoint, "entrypoint", containerimage.DefaultEntrypoint, "the binary's path in the image (in its root folder)")
 	flag.StringVar(&o.CACerts, "ca-certs", containerimage.DefaultCACerts, "PEM bundle shipped as the image's system CAs")
 	flag.Parse()
 	if *layout == "" && *tarball == "" {

@@ -175,11 +175,37 @@ func TestImageFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Config.User != User || len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != Entrypoint {
+	if cfg.Config.User != User || len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != DefaultEntrypoint {
 		t.Errorf("user %q entrypoint %v", cfg.Config.User, cfg.Config.Entrypoint)
 	}
 	if !contains(cfg.Config.Env, "SSL_CERT_FILE="+CACertsPath) {
 		t.Errorf("env %v does not point Go at the CA bundle", cfg.Config.Env)
+	}
+}
+
+// TestImageEntrypoint: a binary packed under another name (a manager whose
+// Deployment runs /manager) sits there, and the config runs it.
+func TestImageEntrypoint(t *testing.T) {
+	img, err := Build(Options{Binary: tiny(t), CACerts: certs(t), Arch: runtime.GOARCH, Entrypoint: "/manager"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := Files(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, ok := files["manager"]; !ok || h.Mode != 0o755 {
+		t.Errorf("manager: %+v, in the image: %v", h, ok)
+	}
+	if _, ok := files["osimages"]; ok {
+		t.Error("the binary is also at the default entrypoint")
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != "/manager" {
+		t.Errorf("entrypoint %v, want [/manager]", cfg.Config.Entrypoint)
 	}
 }
 
@@ -222,6 +248,8 @@ func TestBuildRefusesBadInputs(t *testing.T) {
 		{"an unknown architecture", Options{Binary: bin, Arch: "mips"}, []string{`"mips"`, "amd64, arm64"}},
 		{"a CA bundle without a certificate", Options{Binary: bin, Arch: runtime.GOARCH, CACerts: notPEM}, []string{notPEM, "no PEM certificate"}},
 		{"a missing CA bundle", Options{Binary: bin, Arch: runtime.GOARCH, CACerts: notPEM + ".absent"}, []string{"reading the CA certificates", ".absent"}},
+		{"an entrypoint in a folder", Options{Binary: bin, Arch: runtime.GOARCH, Entrypoint: "/usr/bin/manager"}, []string{`"/usr/bin/manager"`, "root folder"}},
+		{"a relative entrypoint", Options{Binary: bin, Arch: runtime.GOARCH, Entrypoint: "manager"}, []string{`"manager"`, "root folder"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := Build(c.o)

@@ -35,8 +35,9 @@ import (
 const (
 	UID  = 65532
 	User = "65532:65532"
-	// Entrypoint is where the binary sits in the image.
-	Entrypoint = "/osimages"
+	// DefaultEntrypoint is where the binary sits in the image, unless
+	// Options.Entrypoint says otherwise.
+	DefaultEntrypoint = "/osimages"
 	// CACertsPath is where the CA bundle sits, the first place Go's
 	// crypto/x509 looks on Linux.
 	CACertsPath = "/etc/ssl/certs/ca-certificates.crt"
@@ -49,6 +50,10 @@ type Options struct {
 	// Binary is the osimages executable. It must be static (CGO_ENABLED=0):
 	// the image has no C library.
 	Binary string
+	// Entrypoint is the binary's absolute path in the image, in the root
+	// folder (default DefaultEntrypoint): the end-to-end tests also pack
+	// other projects' managers, whose Deployments name their own path.
+	Entrypoint string
 	// CACerts is a PEM bundle to ship as the system CAs. Default
 	// DefaultCACerts.
 	CACerts string
@@ -80,6 +85,12 @@ func Build(o Options) (v1.Image, error) {
 	if o.CACerts == "" {
 		o.CACerts = DefaultCACerts
 	}
+	if o.Entrypoint == "" {
+		o.Entrypoint = DefaultEntrypoint
+	}
+	if path.Dir(o.Entrypoint) != "/" || path.Base(o.Entrypoint) == "/" {
+		return nil, fmt.Errorf("entrypoint %q: want a file of the root folder, such as %s", o.Entrypoint, DefaultEntrypoint)
+	}
 	if err := checkStatic(o.Binary, o.Arch); err != nil {
 		return nil, err
 	}
@@ -100,7 +111,7 @@ func Build(o Options) (v1.Image, error) {
 	}
 	created = created.UTC()
 
-	layerTar, err := rootfs(created, bin, certs)
+	layerTar, err := rootfs(created, path.Base(o.Entrypoint), bin, certs)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +144,7 @@ func Build(o Options) (v1.Image, error) {
 	cfg.Created = v1.Time{Time: created}
 	cfg.Config = v1.Config{
 		User:       User,
-		Entrypoint: []string{Entrypoint},
+		Entrypoint: []string{o.Entrypoint},
 		WorkingDir: "/",
 		Env: []string{
 			"PATH=/",
@@ -171,7 +182,7 @@ func checkStatic(binary, arch string) error {
 }
 
 // rootfs is the uncompressed tar of the image's only layer.
-func rootfs(mtime time.Time, bin, certs []byte) ([]byte, error) {
+func rootfs(mtime time.Time, name string, bin, certs []byte) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dir := func(name string, uid int, mode int64) error {
@@ -198,7 +209,7 @@ func rootfs(mtime time.Time, bin, certs []byte) ([]byte, error) {
 		// A world-writable /tmp with the sticky bit, as every Linux has; with
 		// a read-only root filesystem the chart mounts an emptyDir over it.
 		func() error { return dir("tmp", 0, 0o1777) },
-		func() error { return file(path.Base(Entrypoint), 0o755, bin) },
+		func() error { return file(name, 0o755, bin) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
