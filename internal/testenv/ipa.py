@@ -12,11 +12,18 @@
 # "result": path}. Output (JSON, in the result file; IPA logs to stderr): what IPA did, observed by wrapping its functions
 # (which path ran, how many downloads it started, the bytes of each, whether
 # its checksum check passed), and the command's status and error.
+import faulthandler
 import hashlib
 import json
+import os
 import sys
+import time
 
 req = json.load(sys.stdin)
+
+# A driver that hangs says where, in every thread, and ends before the Go
+# side's deadline (ipa.go) kills it without a word.
+faulthandler.dump_traceback_later(req.get('watchdog_seconds', 540), exit=True)
 
 from oslo_config import cfg
 from oslo_log import log
@@ -94,7 +101,13 @@ ext = standby.StandbyExtension()
 out = {}
 try:
     cmd = ext.prepare_image(image_info=req['image_info'])
-    cmd.join()
+    # The command's state, not its thread's end: on a loaded machine the
+    # driver once hung in join() after IPA had logged the command completed
+    # (eventlet, whose hubs are per thread, had printed "cannot switch to a
+    # different thread" in the command's thread): the result is complete
+    # once the state is set, whatever the thread does after.
+    while not cmd.is_done():
+        time.sleep(0.05)
     out['status'] = str(cmd.command_status)
     err = cmd.command_error
 except Exception as e:  # the validator refused the image_info
@@ -113,5 +126,9 @@ if req.get('hash_disk'):
         for chunk in iter(lambda: f.read(1 << 20), b''):
             h.update(chunk)
     out['disk_sha256'] = h.hexdigest()
-with open(req['result'], 'w') as f:
+with open(req['result'] + '.part', 'w') as f:
     json.dump(out, f)
+os.rename(req['result'] + '.part', req['result'])
+sys.stderr.flush()
+# Not the interpreter's shutdown, which joins the command's thread too.
+os._exit(0)
