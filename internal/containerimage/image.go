@@ -35,11 +35,9 @@ import (
 const (
 	UID  = 65532
 	User = "65532:65532"
-	// DefaultEntrypoint is where the binary sits in the image, unless
-	// Options.Entrypoint says otherwise.
+	// DefaultEntrypoint is where the binary sits unless Options say otherwise.
 	DefaultEntrypoint = "/osimages"
-	// CACertsPath is where the CA bundle sits, the first place Go's
-	// crypto/x509 looks on Linux.
+	// CACertsPath is the first place Go's crypto/x509 looks on Linux.
 	CACertsPath = "/etc/ssl/certs/ca-certificates.crt"
 	// DefaultCACerts is the build machine's bundle (Debian, Ubuntu, Alpine).
 	DefaultCACerts = "/etc/ssl/certs/ca-certificates.crt"
@@ -47,15 +45,12 @@ const (
 
 // Options describe the image.
 type Options struct {
-	// Binary is the osimages executable. It must be static (CGO_ENABLED=0):
-	// the image has no C library.
+	// Binary must be static (CGO_ENABLED=0): the image has no C library.
 	Binary string
-	// Entrypoint is the binary's absolute path in the image, in the root
-	// folder (default DefaultEntrypoint): the end-to-end tests also pack
-	// other projects' managers, whose Deployments name their own path.
+	// Entrypoint is the binary's path, in the root folder: the e2e tests
+	// also pack other projects' managers, at the path their Deployments run.
 	Entrypoint string
-	// CACerts is a PEM bundle to ship as the system CAs. Default
-	// DefaultCACerts.
+	// CACerts is a PEM bundle to ship as the system CAs (DefaultCACerts).
 	CACerts string
 	// Arch is the GOARCH the binary was built for (amd64, arm64); it must
 	// match the binary's ELF header.
