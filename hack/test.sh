@@ -21,6 +21,9 @@ go vet ./...
 # validation of v1.14.0-rc.0, which the Go module proxy does not serve).
 (cd hack/tools/capm3webhook && go test -count=1 ./...)
 hack/tools/capm3webhook/oci-commit.sh
+# The stand-in for clusterctl and cert-manager with which Metal3 in a box
+# deploys the Cluster API providers (a module of its own: kustomize).
+(cd hack/tools/m3manifests && go vet ./... && go test -count=1 ./...)
 # go test's own output, then every skipped test and why (hack/testreport):
 # a skip is a test that did not run. pipefail keeps go test's exit status;
 # the report fails too on any failed test or build, or a cut run, and, with

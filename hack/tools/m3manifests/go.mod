@@ -3,6 +3,7 @@ module github.com/sylva-projects/osimages/hack/tools/m3manifests
 go 1.26.0
 
 require (
+	github.com/drone/envsubst/v2 v2.0.0-20210730161058-179042472c46
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2
 	sigs.k8s.io/yaml v1.6.0
