@@ -10,6 +10,8 @@
 #   hack/e2e-cluster.sh down          stop it; only the logs stay
 #   hack/e2e-cluster.sh kubectl ...   kubectl inside the namespace, as cluster admin
 #   hack/e2e-cluster.sh exec CMD ...  any command inside the namespace (KUBECONFIG set)
+#   hack/e2e-cluster.sh import TAR... import image tarballs into the node's
+#                                     containerd (what a pull would bring)
 #   hack/e2e-cluster.sh crash-node    SIGKILL the kubelet, containerd and every
 #                                     container, as a power cut of the node would
 #   hack/e2e-cluster.sh start-node    start containerd and the kubelet again
@@ -597,6 +599,11 @@ kubectl)
   kc "$@"
   ;;
 exec) KUBECONFIG=$KUBECONFIG_ADMIN in_ns "$@" ;;
+import)
+  for tar in "$@"; do
+    ctr_ images import "$tar" >>"$W/logs/images.log" 2>&1 || fail "importing $tar failed: see $W/logs/images.log"
+  done
+  ;;
 crash-node) crash_node ;;
 start-node)
   [ -z "$BIN" ] && BIN=$(cat "$W/run/bin")
