@@ -34,10 +34,9 @@ set -euo pipefail
 cd "$ROOT"
 WITH_CAPI=${E2E_METAL3_CAPI:-1}
 # What serves the image: the chart's server in the e2e cluster (the
-# scenarios), `osimages serve` as a process of the box (the bench, and the
-# Cluster API chain, which starts its own on that server's data directory).
-# main sets them by mode.
-USE_CHART=1 BOX_SERVE=1
+# scenarios and the Cluster API chain), or `osimages serve` as a process
+# of the box (the bench). main sets them by mode.
+USE_CHART=1 BOX_SERVE=0
 
 R=$W/ironic/root
 SERVE_URL=https://$BR_IP:$SERVE_PORT
@@ -265,7 +264,7 @@ chart_up() {
   # The same image, published again under a name whose registry address
   # the pods reach (the link's end in the box) and a repository of its
   # own: its signature names that address, and the box's first signature
-  # stays the one `osimages serve` and the Cluster API chain check.
+  # stays the one the bench's `osimages serve` checks.
   mkdir -p "$W/chart"
   out=$(in_ns "$W/bin/publish" -registry "$LINK_BOX_IP:$REGISTRY_PORT" -image "$W/image/osimages-test.raw" \
     -repo-base m3box-chart/diskimage-builder \
@@ -276,8 +275,12 @@ chart_up() {
   # catalog Job on the sylva-units values publish wrote, the server with
   # the management values (the registries with the cosign key, the
   # additional selector of the test image), HTTPS with the run's
-  # certificate, on a fixed NodePort. The controller is off: nothing here
-  # needs the fleet's catalogs, and the machine has two cores.
+  # certificate, on a fixed NodePort. The fleet controller (one replica:
+  # the machine has two cores) runs for the Cluster API chain, which needs
+  # the workload cluster's catalog, the propagation and the check; the
+  # scenarios need none of it, and run without it when the chain is off.
+  local controller="{enabled: false}"
+  [ "$WITH_CAPI" = 0 ] || controller="{enabled: true, replicas: 1, pdb: {minAvailable: 0}}"
   {
     cat <<EOV
 image: {repository: osimages, tag: dev}
@@ -291,7 +294,7 @@ server:
   tlsSecret: osimages-m3box-tls
 service: {type: NodePort, port: 443, nodePort: $CHART_NODEPORT}
 networkPolicy: {egressPorts: [443, $REGISTRY_PORT, 6443]}
-controller: {enabled: false}
+controller: $controller
 catalogJob:
   enabled: true
   values:
@@ -699,7 +702,7 @@ down() {
   if alive "$holder"; then
     nsenter -t "$holder" -m -n chroot "$R" virsh -q -c qemu:///system destroy "$NODE" >/dev/null 2>&1 || true
   fi
-  capi_stop
+  capi_logs
   cluster_down || bad=1
   for p in serve registry ironic nginx dnsmasq sushy libvirtd virtlogd holder; do stop_pid "$p"; done
   # What the daemons started and left (the VM's qemu outlives libvirtd):
@@ -786,16 +789,16 @@ on_box() {
 
 case "${1:-run}" in
 run)
-  # The scenarios on the chart's server; the box's own only for the
-  # Cluster API chain, which starts its server on that one's data.
-  BOX_SERVE=$WITH_CAPI
   main run
   ;;
 bench)
-  WITH_CAPI=0 USE_CHART=0
+  WITH_CAPI=0 USE_CHART=0 BOX_SERVE=1
   main bench
   ;;
 up)
+  # Both servers: the box is there to debug scenarios, the chain or the
+  # bench on.
+  BOX_SERVE=1
   preflight up
   trap 'rc=$?; [ "$rc" = 0 ] || { down; check_clean; }; exit "$rc"' EXIT
   up
@@ -815,9 +818,9 @@ capi)
   # own).
   nice -n 5 go build -o "$W/bin/osimages" ./cmd/osimages
   nice -n 5 go build -o "$W/bin/publish" ./test/metal3/publish
+  nice -n 5 go build -o "$W/bin/chart" ./test/metal3/chart
   capi_build
   capi_debs
-  trap 'capi_stop' EXIT
   capi_up
   capi_scenarios
   ;;

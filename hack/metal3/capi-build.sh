@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
 # The Cluster API chain of Metal3 in a box, built once from the tagged Go
 # module sources the Go module proxy serves, and kept in the tools cache
-# under names keyed by version (as hack/tools.sh keeps its tools):
+# under names keyed by version and by the build's recipe (as hack/tools.sh
+# keeps its tools):
 #
-#   capi-core-VERSION/manager     sigs.k8s.io/cluster-api's controller
-#                                 manager (Cluster, Machine...)
-#   capm3-VERSION/manager         Cluster API Provider Metal3's manager
-#   bmo-VERSION/manager           baremetal-operator's manager
-#   kubectl-K8S-KEY/kubectl       from hack/tools/cluster, the module the
-#                                 e2e cluster is built from
-#   capi-apiserver-K8S-KEY/       the tests' kube-apiserver (hack/tools/envtest)
-#                                 linked with its version, which CAPI checks
-#   m3manifests-KEY/m3manifests   hack/tools/m3manifests: renders each
-#                                 provider's config/default (kustomize, as
-#                                 upstream makes its release manifests) into
-#                                 its CRDs and webhook configurations
+#   capi-core-VERSION-KEY/manager  sigs.k8s.io/cluster-api's controller
+#                                  manager (Cluster, Machine...)
+#   capm3-VERSION-KEY/manager      Cluster API Provider Metal3's manager
+#   bmo-VERSION-KEY/manager        baremetal-operator's manager
+#   m3manifests-KEY/m3manifests    hack/tools/m3manifests: renders each
+#                                  provider's config/default (kustomize, as
+#                                  upstream makes its release manifests,
+#                                  clusterctl's variables, cert-manager's
+#                                  part) into the objects to apply
+#
+# Each manager is static (CGO_ENABLED=0, as upstream's Dockerfiles build
+# them): hack/metal3/capi.sh packs it into a container image and runs it in
+# the e2e cluster with its release's own Deployment.
 #
 # The versions are the ones CAPM3 v1.13.2 is built against (its go.mod):
 # Cluster API v1.13.4 and baremetal-operator's apis v0.13.2, so BMO v0.13.2.
 # CAPM3 v1.14.x, the first release that accepts an oci:// image without a
 # checksum, is not on the Go module proxy (403 for v1.14.0-rc.0, rc.1,
-# v1.14.0, v1.14.1, and for the baremetal-operator and ip-address-manager
-# api modules v1.14.0-rc.0 requires). What makes v1.14.0-rc.0 accept it is
-# one upstream commit (PR #3522): applied to v1.13.2 as
-# patches/capm3-v1.13.2-oci-without-checksum.patch, it gives a second
-# CAPM3, capm3-v1.13.2-oci-KEY/ (its manager and its patched config/), with
-# which the chain runs the oci:// delivery (docs/development.md).
+# v1.14.0, v1.14.1, v1.14.2, and for the baremetal-operator and
+# ip-address-manager api modules v1.14.0-rc.0 requires). What makes
+# v1.14.0-rc.0 accept it is one upstream commit (PR #3522): applied to
+# v1.13.2 as patches/capm3-v1.13.2-oci-without-checksum.patch, it gives a
+# second CAPM3, capm3-v1.13.2-oci-KEY/ (its manager and its patched
+# config/), with which the chain runs the oci:// delivery
+# (docs/development.md).
 #
-# Prints the folders as shell assignments (CAPI_BIN=... and the module
+# Prints the folders as shell assignments (CAPI_MANAGER=... and the module
 # folders holding config/default).
 #
 #   hack/metal3/capi-build.sh
@@ -101,7 +104,7 @@ build_manager() {
   done
   # -mod=mod: go.sum of the release may lack lines for the nested folders'
   # own requirements; the proxy's checksum database still checks them.
-  (cd "$tmp/src" && GOFLAGS=-mod=mod nice -n 10 go build -trimpath -o "$tmp/manager" .) ||
+  (cd "$tmp/src" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 go build -trimpath -o "$tmp/manager" .) ||
     { rm -rf "$tmp"; fail "building $mod failed"; }
   mkdir -p "$tmp/out"
   mv "$tmp/manager" "$tmp/out/manager"
@@ -110,19 +113,6 @@ build_manager() {
   rm -rf "$tmp/src" "$out"
   mv "$tmp/out" "$out"
   rm -rf "$tmp"
-}
-
-# build_kubectl: kubectl of hack/tools/cluster (the e2e cluster's module),
-# the copy hack/e2e.sh built when there is one.
-kubectl_dir() {
-  local module=$ROOT/hack/tools/cluster k8s sum
-  k8s=$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$module/go.mod" | head -1 | cut -d' ' -f2)
-  sum=$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)
-  if [ -x "$CACHE/cluster-$k8s-$sum/kubectl" ]; then
-    echo "$CACHE/cluster-$k8s-$sum"
-  else
-    echo "$CACHE/kubectl-$k8s-$sum"
-  fi
 }
 
 # cached_build DIR BIN MODULE PACKAGE [GO BUILD FLAGS...]: DIR/BIN, the go
@@ -140,32 +130,6 @@ cached_build() {
   mv "$tmp" "$d"
 }
 
-build_kubectl() {
-  local d
-  d=$(kubectl_dir)
-  [ -x "$d/kubectl" ] || log "building kubectl from hack/tools/cluster into $d (a few minutes, once)"
-  cached_build "$d" kubectl "$ROOT/hack/tools/cluster" ./kubectl
-}
-
-# build_apiserver: kube-apiserver of hack/tools/envtest (the tests' one),
-# linked with its version: Cluster API's manager refuses an apiserver that
-# says v0.0.0-master ("minimum required version is v1.20.0"), which the
-# tests' build does. Only the link differs, so the build cache serves the
-# rest.
-apiserver_dir() {
-  local module=$ROOT/hack/tools/envtest
-  echo "$CACHE/capi-apiserver-$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$module/go.mod" | head -1 | cut -d' ' -f2)-$(key "$module/go.mod" "$module/go.sum")"
-}
-build_apiserver() {
-  local d k8s ldflags
-  d=$(apiserver_dir)
-  [ -x "$d/kube-apiserver" ] && return 0
-  k8s=$(grep -o 'k8s.io/kubernetes v[0-9.]*' "$ROOT/hack/tools/envtest/go.mod" | head -1 | cut -d' ' -f2)
-  log "building kube-apiserver $k8s with its version into $d (the tests' build, linked again)"
-  ldflags="-X k8s.io/component-base/version.gitVersion=$k8s -X k8s.io/component-base/version.gitMajor=$(echo "$k8s" | cut -d. -f1 | tr -d v) -X k8s.io/component-base/version.gitMinor=$(echo "$k8s" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
-  cached_build "$d" kube-apiserver "$ROOT/hack/tools/envtest" ./kube-apiserver -ldflags "$ldflags"
-}
-
 m3manifests_dir() { echo "$CACHE/m3manifests-$(key "$ROOT"/hack/tools/m3manifests/{go.mod,go.sum,main.go})"; }
 build_m3manifests() {
   local d
@@ -174,23 +138,28 @@ build_m3manifests() {
   cached_build "$d" m3manifests "$ROOT/hack/tools/m3manifests" .
 }
 
-build_manager "$CACHE/capi-core-$CAPI_VERSION" "sigs.k8s.io/cluster-api@$CAPI_VERSION"
-build_manager "$CACHE/capm3-$CAPM3_VERSION" "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION" \
+# RECIPE keys the managers' folders by how they are built: a folder built
+# another way (a dynamically linked manager of an older recipe) is not
+# taken for this one.
+RECIPE=$(key <(declare -f build_manager))
+CORE_OUT=$CACHE/capi-core-$CAPI_VERSION-$RECIPE
+CAPM3_OUT=$CACHE/capm3-$CAPM3_VERSION-$RECIPE
+BMO_OUT=$CACHE/bmo-$BMO_VERSION-$RECIPE
+build_manager "$CORE_OUT" "sigs.k8s.io/cluster-api@$CAPI_VERSION"
+build_manager "$CAPM3_OUT" "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION" \
   "api=github.com/metal3-io/cluster-api-provider-metal3/api@$CAPM3_VERSION"
-build_manager "$CACHE/bmo-$BMO_VERSION" "github.com/metal3-io/baremetal-operator@$BMO_VERSION" \
+build_manager "$BMO_OUT" "github.com/metal3-io/baremetal-operator@$BMO_VERSION" \
   "apis=github.com/metal3-io/baremetal-operator/apis@$BMO_APIS_VERSION" \
   "pkg/hardwareutils=github.com/metal3-io/baremetal-operator/pkg/hardwareutils@$BMO_HWUTILS_VERSION" \
   "github.com/metal3-io/ironic-standalone-operator/api=>$BMO_IRSO_API_VERSION"
 CAPM3_OCI_PATCH=$M3_DIR/patches/capm3-$CAPM3_VERSION-oci-without-checksum.patch
-CAPM3_OCI_DIR=$CACHE/capm3-$CAPM3_VERSION-oci-$(key "$CAPM3_OCI_PATCH")
+CAPM3_OCI_DIR=$CACHE/capm3-$CAPM3_VERSION-oci-$(key "$CAPM3_OCI_PATCH" <(echo "$RECIPE"))
 build_manager "$CAPM3_OCI_DIR" "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION" \
   "api=github.com/metal3-io/cluster-api-provider-metal3/api@$CAPM3_VERSION" "patch:$CAPM3_OCI_PATCH"
-build_kubectl
 build_m3manifests
-build_apiserver
 
-echo "CAPI_MANAGER=$CACHE/capi-core-$CAPI_VERSION/manager CAPM3_MANAGER=$CACHE/capm3-$CAPM3_VERSION/manager BMO_MANAGER=$CACHE/bmo-$BMO_VERSION/manager" \
-  "KUBECTL=$(kubectl_dir)/kubectl M3MANIFESTS=$(m3manifests_dir)/m3manifests KUBE_APISERVER=$(apiserver_dir)/kube-apiserver" \
+echo "CAPI_MANAGER=$CORE_OUT/manager CAPM3_MANAGER=$CAPM3_OUT/manager BMO_MANAGER=$BMO_OUT/manager" \
+  "M3MANIFESTS=$(m3manifests_dir)/m3manifests" \
   "CAPI_SRC=$(moddir "sigs.k8s.io/cluster-api@$CAPI_VERSION") CAPM3_SRC=$(moddir "github.com/metal3-io/cluster-api-provider-metal3@$CAPM3_VERSION") BMO_SRC=$(moddir "github.com/metal3-io/baremetal-operator@$BMO_VERSION")" \
   "CAPM3_OCI_MANAGER=$CAPM3_OCI_DIR/manager CAPM3_OCI_SRC=$CAPM3_OCI_DIR" \
   "CAPI_VERSION=$CAPI_VERSION CAPM3_VERSION=$CAPM3_VERSION BMO_VERSION=$BMO_VERSION"

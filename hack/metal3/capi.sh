@@ -1,31 +1,41 @@
 # The Cluster API chain of Metal3 in a box (issue 38), sourced by
-# hack/e2e-metal3.sh: a management cluster's kube-apiserver and etcd, and
-# Cluster API core, Cluster API Provider Metal3 and baremetal-operator's
-# managers (built by capi-build.sh from their tagged module sources), all
-# as processes of the box's network namespace; their CRDs and webhook
-# configurations rendered from each release's own config/default, the
-# webhooks served over TLS with a certificate of the run's CA. BMO drives
-# the box's Ironic, the way Sylva's management cluster drives its hosts.
+# hack/e2e-metal3.sh: Cluster API core, Cluster API Provider Metal3 and
+# baremetal-operator in the e2e cluster, where the chart runs osimages, as a
+# Sylva management cluster holds them all. Each manager is built from its
+# tagged module source (capi-build.sh), packed into a container image and
+# deployed with its release's own config/default (kustomize, as upstream
+# makes its release manifests; clusterctl's variables; the certificates
+# and CA injection cert-manager would do, done by m3manifests: nothing else
+# here issues them). BMO drives the box's Ironic, the way Sylva's
+# management cluster drives its hosts.
 #
-# capi_up starts it on a box that is up; capi_scenarios runs the chain:
-# osimages' catalog, server, propagation and render produce the
-# Metal3MachineTemplate, and CAPM3 and BMO provision the box's VM from it.
+# capi_up deploys the providers on a box that is up; capi_scenarios runs
+# the chain: the chart's catalog Job, server and fleet controller (the
+# workload namespace's catalog, the propagation, the check) and osimages
+# render produce the Metal3MachineTemplate, and CAPM3 and BMO provision the
+# box's VM from it.
 
 CAPI_DIR=$W/capi
-CAPI_NS=capi-m3box   # the workload cluster's namespace
-CAPI_CLUSTER=m3box   # its Cluster
-MGMT_NS=sylva-system
+CAPI_NS=capi-m3box # the workload cluster's namespace
+CAPI_CLUSTER=m3box # its Cluster
+MGMT_NS=$CHART_NS  # the chart's release namespace: the management side
 KCFG=$CAPI_DIR/admin.kubeconfig
-# Inside the namespace, on its loopback: the apiserver, etcd, and each
-# manager's webhook server (all addresses of the namespace: they bind no
-# address of their own) and health endpoint.
-API_PORT=6443
-WEBHOOK_PORT_CAPI=9443
-WEBHOOK_PORT_CAPM3=9444
-WEBHOOK_PORT_BMO=9445
+# The image each release's config/default names, replaced by the one
+# packed here from the manager built, imported into the node's containerd
+# (nothing is pulled).
+CAPI_UPSTREAM_IMAGE=gcr.io/k8s-staging-cluster-api/cluster-api-controller
+CAPM3_UPSTREAM_IMAGE=quay.io/metal3-io/cluster-api-provider-metal3
+BMO_UPSTREAM_IMAGE=quay.io/metal3-io/baremetal-operator
+LOCAL_IMAGES=local/m3box
+CAPI_DEPLOY=capi-system/capi-controller-manager
+CAPM3_DEPLOY=capm3-system/capm3-controller-manager
+BMO_DEPLOY=baremetal-operator-system/baremetal-operator-controller-manager
 
-kc() { in_ns "$KUBECTL" --kubeconfig "$KCFG" "$@"; }
-osi() { in_ns "$W/bin/osimages" "$@"; }
+# In the e2e cluster's network namespace, as its admin: kubectl and
+# osimages' commands, as an operator runs them against the management
+# cluster.
+kc() { in_cluster "$(cat "$CLUSTER_DIR/run/bin")/kubectl" --kubeconfig "$KCFG" "$@"; }
+osi() { in_cluster "$W/bin/osimages" "$@"; }
 
 # wait_for WHAT SECONDS CMD...: until CMD succeeds; fails naming WHAT.
 wait_for() {
@@ -42,12 +52,9 @@ capi_build() {
   local out
   out=$("$M3_DIR/capi-build.sh") || fail "building the Cluster API chain failed"
   eval "$out"
-  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER KUBECTL M3MANIFESTS KUBE_APISERVER CAPI_SRC CAPM3_SRC BMO_SRC CAPM3_OCI_MANAGER CAPM3_OCI_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
-  local tools
-  tools=$("$ROOT/hack/tools.sh" env) || fail "hack/tools.sh failed: the chain runs the envtest etcd"
-  KUBEBUILDER_ASSETS=$(printf '%s\n' "$tools" | sed -n "s/^export KUBEBUILDER_ASSETS='\(.*\)'$/\1/p")
-  [ -x "$KUBEBUILDER_ASSETS/etcd" ] || fail "no etcd in '$KUBEBUILDER_ASSETS' (hack/tools.sh builds it)"
-  export KUBEBUILDER_ASSETS
+  export CAPI_MANAGER CAPM3_MANAGER BMO_MANAGER M3MANIFESTS CAPI_SRC CAPM3_SRC BMO_SRC CAPM3_OCI_MANAGER CAPM3_OCI_SRC CAPI_VERSION CAPM3_VERSION BMO_VERSION
+  mkdir -p "$W/bin"
+  nice -n 5 go build -o "$W/bin/image" ./hack/image
 }
 
 # Ironic builds the config drive baremetal-operator asks for (user data,
@@ -90,53 +97,85 @@ capi_install_debs() {
   in_box sh -c 'dpkg -i /m3box/capi-debs/*.deb' >"$W/logs/capi-debs.log" 2>&1 || fail "installing $CAPI_DEBS into the box failed: see $W/logs/capi-debs.log"
 }
 
-capi_pki() {
-  local d=$CAPI_DIR/pki
-  mkdir -p "$d"
-  (
-    cd "$d"
-    # cert NAME SUBJECT EXTENSIONS: a certificate of the run's CA (tls/).
-    cert() {
-      openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key" 2>/dev/null
-      printf '%s\n' "$3" >"$1.ext"
-      openssl req -new -key "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-      openssl x509 -req -in "$1.csr" -CA "$W/tls/ca.crt" -CAkey "$W/tls/ca.key" -CAcreateserial -out "$1.crt" -days 2 -extfile "$1.ext" 2>/dev/null
-    }
-    cert apiserver /CN=kube-apiserver "subjectAltName=IP:127.0.0.1,DNS:kubernetes.default.svc
-extendedKeyUsage=serverAuth"
-    cert admin "/O=system:masters/CN=osimages-m3box-admin" "extendedKeyUsage=clientAuth"
-    # One serving certificate for the three webhook servers, all on
-    # 127.0.0.1 of the namespace.
-    cert webhook /CN=m3box-webhooks "subjectAltName=IP:127.0.0.1
-extendedKeyUsage=serverAuth"
-    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out sa.key 2>/dev/null
-    openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
-    rm -f ./*.csr ./*.ext
-  )
-  # Where each manager reads its serving certificate: CAPI and CAPM3 take
-  # --webhook-cert-dir; BMO has no flag and reads controller-runtime's
-  # default, under $TMPDIR.
-  local dir
-  for dir in "$CAPI_DIR/webhook-certs" "$CAPI_DIR/bmo-tmp/k8s-webhook-server/serving-certs"; do
-    mkdir -p "$dir"
-    cp "$d/webhook.crt" "$dir/tls.crt"
-    cp "$d/webhook.key" "$dir/tls.key"
-  done
-  cat >"$KCFG" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: m3box, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: $W/tls/ca.crt}}]
-users: [{name: admin, user: {client-certificate: $d/admin.crt, client-key: $d/admin.key}}]
-contexts: [{name: m3box, context: {cluster: m3box, user: admin}}]
-current-context: m3box
-EOF
+# --- the providers, deployed in the e2e cluster ------------------------------
+
+# capi_image NAME MANAGER ENTRYPOINT TAG: MANAGER packed as the image
+# $LOCAL_IMAGES/NAME:TAG, the binary at ENTRYPOINT (where its Deployment
+# runs it), and imported into the node's containerd.
+capi_image() {
+  local tar=$CAPI_DIR/images/$1-$4.tar
+  mkdir -p "$CAPI_DIR/images"
+  "$W/bin/image" --binary "$2" --entrypoint "$3" --tarball "$tar" --tag "$LOCAL_IMAGES/$1:$4" \
+    --labels "org.opencontainers.image.version=$4" >"$W/logs/image-$1-$4.log" 2>&1 ||
+    fail "packing $2 into an image failed: $(tail -3 "$W/logs/image-$1-$4.log")"
+  cluster_sh import "$tar" || fail "importing $tar into the e2e cluster failed"
+  rm -f "$tar"
 }
 
-# capi_manifests NAME SRC PORT: the CRDs and webhook configurations of the
-# release in SRC, each webhook at https://127.0.0.1:PORT.
-capi_manifests() {
-  "$M3MANIFESTS" -kustomize "$2/config/default" -url "https://127.0.0.1:$3" -ca "$W/tls/ca.crt" >"$CAPI_DIR/$1.yaml" ||
-    fail "rendering $2/config/default failed"
+# capi_render NAME SRC IMAGE NEW_IMAGE [RESOURCE...] [-- LINE...]: the
+# provider's config/default in SRC as an operator deploys it, through a
+# kustomize overlay of it (with RESOURCE folders of SRC before it; LINE
+# added to the kustomization): its image replaced by NEW_IMAGE, pulled only
+# if not present (it is imported, never pulled); rendered by m3manifests
+# into CAPI_DIR/NAME.yaml.
+capi_render() {
+  local name=$1 src=$2 image=$3 new=$4 d=$CAPI_DIR/kustomize/$1 r
+  shift 4
+  local resources=() lines=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do resources+=("$1"); shift; done
+  [ $# -eq 0 ] || { shift; lines=("$@"); }
+  mkdir -p "$d"
+  {
+    echo "resources:"
+    # kustomize takes the package by a relative path.
+    for r in ${resources[@]+"${resources[@]}"} config/default; do echo "- $(realpath --relative-to="$d" "$src/$r")"; done
+    echo "images: [{name: $image, newName: ${new%:*}, newTag: ${new##*:}}]"
+    echo "patches:"
+    echo "- target: {kind: Deployment}"
+    echo "  patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/imagePullPolicy\", \"value\": \"IfNotPresent\"}]'"
+    printf '%s\n' ${lines[@]+"${lines[@]}"}
+  } >"$d/kustomization.yaml"
+  "$M3MANIFESTS" -kustomize "$d" -ca "$W/tls/ca.crt" -ca-key "$W/tls/ca.key" >"$CAPI_DIR/$name.yaml" 2>"$W/logs/m3manifests-$name.log" ||
+    fail "rendering $src/config/default failed: $(cat "$W/logs/m3manifests-$name.log")"
+}
+
+# capi_apply NAME NAMESPACE/DEPLOYMENT PROBE: CAPI_DIR/NAME.yaml applied
+# (server-side: the largest CRDs exceed what client-side apply keeps in its
+# annotation), the manager's Deployment rolled out, and its webhooks
+# answering: the object PROBE prints, created with a server-side dry run,
+# goes through them. A Deployment rolled out is not yet a webhook the
+# apiserver reaches (right after CAPM3's upgrade, render's apply once
+# timed out in the conversion webhook, 30 s, the Service not yet leading
+# to the new pod).
+capi_apply() {
+  local log=$W/logs/apply-$1.log t0
+  kc apply --server-side --force-conflicts -f "$CAPI_DIR/$1.yaml" >"$log" 2>&1 ||
+    fail "applying the objects of $1 failed: $(tail -3 "$log")"
+  if ! kc -n "${2%/*}" rollout status "deployment/${2#*/}" --timeout=300s >>"$log" 2>&1; then
+    kc -n "${2%/*}" get pods -o wide >>"$log" 2>&1 || true
+    fail "$1's manager did not roll out: $(tail -3 "$log"); its log: $(kc -n "${2%/*}" logs "deployment/${2#*/}" --tail 5 2>&1)"
+  fi
+  t0=$(now)
+  until "$3" | kc create --dry-run=server -f - >>"$log" 2>&1; do
+    [ $(($(now) - t0)) -lt 180 ] || fail "$1's webhooks do not answer 180 s after its Deployment rolled out: $(tail -2 "$log")"
+    sleep 2
+  done
+}
+
+# Objects whose dry-run create goes through each provider's webhooks:
+# conversion from v1beta1 (the stored version is v1beta2) and validation.
+probe_capi() {
+  printf '%s\n' 'apiVersion: cluster.x-k8s.io/v1beta1' 'kind: Cluster' 'metadata: {name: probe, namespace: default}' \
+    'spec: {infrastructureRef: {apiVersion: infrastructure.cluster.x-k8s.io/v1beta1, kind: Metal3Cluster, name: probe}}'
+}
+probe_capm3() {
+  printf '%s\n' 'apiVersion: infrastructure.cluster.x-k8s.io/v1beta1' 'kind: Metal3MachineTemplate' \
+    'metadata: {name: probe, namespace: default}' \
+    'spec: {template: {spec: {image: {url: "http://probe/image.raw", checksum: "http://probe/image.raw.sha256sum", checksumType: sha256, format: raw}}}}'
+}
+probe_bmo() {
+  printf '%s\n' 'apiVersion: metal3.io/v1alpha1' 'kind: BareMetalHost' 'metadata: {name: probe, namespace: default}' \
+    'spec: {online: false, bootMACAddress: "52:54:00:00:00:01"}'
 }
 
 capi_up() {
@@ -144,70 +183,42 @@ capi_up() {
   t0=$(now)
   rm -rf "$CAPI_DIR"
   mkdir -p "$CAPI_DIR"
+  cp "$CLUSTER_DIR/admin.kubeconfig" "$KCFG"
+  if kc get namespace "$CAPI_NS" >/dev/null 2>&1; then
+    fail "the chain ran on this box already (namespace $CAPI_NS exists): hack/e2e-metal3.sh down, then up, to run it again"
+  fi
   capi_install_debs
-  capi_pki
-  start etcd "$KUBEBUILDER_ASSETS/etcd" --name m3box --data-dir "$CAPI_DIR/etcd" \
-    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster m3box=http://127.0.0.1:2380 --log-level warn
-  # No controller-manager: nothing here needs garbage collection or
-  # service accounts' tokens; the managers delete what they own.
-  start apiserver "$KUBE_APISERVER" --etcd-servers=http://127.0.0.1:2379 \
-    --advertise-address=127.0.0.1 --bind-address=127.0.0.1 --secure-port="$API_PORT" \
-    --tls-cert-file="$CAPI_DIR/pki/apiserver.crt" --tls-private-key-file="$CAPI_DIR/pki/apiserver.key" \
-    --client-ca-file="$W/tls/ca.crt" \
-    --service-account-key-file="$CAPI_DIR/pki/sa.pub" --service-account-signing-key-file="$CAPI_DIR/pki/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc --service-cluster-ip-range=10.216.240.0/24 \
-    --authorization-mode=RBAC --profiling=false --endpoint-reconciler-type=none
-  wait_for "the management kube-apiserver's /readyz (see $W/logs/apiserver.log)" 120 kc get --raw /readyz
-  capi_manifests capi "$CAPI_SRC" "$WEBHOOK_PORT_CAPI"
-  capi_manifests capm3 "$CAPM3_SRC" "$WEBHOOK_PORT_CAPM3"
-  capi_manifests bmo "$BMO_SRC" "$WEBHOOK_PORT_BMO"
-  # Server-side: the largest CRDs exceed the annotation client-side apply
-  # keeps.
-  local m
-  for m in capi capm3 bmo; do
-    kc apply --server-side --force-conflicts -f "$CAPI_DIR/$m.yaml" >"$W/logs/apply-$m.log" 2>&1 ||
-      fail "applying the CRDs and webhooks of $m failed: $(tail -3 "$W/logs/apply-$m.log")"
+  mkdir -p "$CAPI_DIR/kustomize"
+  capi_image cluster-api-controller "$CAPI_MANAGER" /manager "$CAPI_VERSION"
+  capi_image cluster-api-provider-metal3 "$CAPM3_MANAGER" /manager "$CAPM3_VERSION"
+  capi_image baremetal-operator "$BMO_MANAGER" /baremetal-operator "$BMO_VERSION"
+  capi_render capi "$CAPI_SRC" "$CAPI_UPSTREAM_IMAGE" "$LOCAL_IMAGES/cluster-api-controller:$CAPI_VERSION"
+  capi_render capm3 "$CAPM3_SRC" "$CAPM3_UPSTREAM_IMAGE" "$LOCAL_IMAGES/cluster-api-provider-metal3:$CAPM3_VERSION"
+  # BMO beside its Ironic, as Metal3's docs deploy it: the settings of
+  # config/default's ironic.env replaced by the box's (the endpoint; no
+  # authentication, as the box runs Ironic; IPA's kernel and ramdisk from
+  # the box's nginx), its namespace from config/namespace.
+  printf '%s\n' "IRONIC_ENDPOINT=http://$BR_IP:$IRONIC_PORT/v1/" \
+    "DEPLOY_KERNEL_URL=http://$BR_IP:$BOOT_HTTP_PORT/ipa/ipa.kernel" \
+    "DEPLOY_RAMDISK_URL=http://$BR_IP:$BOOT_HTTP_PORT/ipa/ipa.initramfs" >"$CAPI_DIR/kustomize/ironic.env"
+  capi_render bmo "$BMO_SRC" "$BMO_UPSTREAM_IMAGE" "$LOCAL_IMAGES/baremetal-operator:$BMO_VERSION" config/namespace -- \
+    "configMapGenerator: [{name: ironic, behavior: replace, envs: [../ironic.env]}]" \
+    "generatorOptions: {disableNameSuffixHash: true}"
+  capi_apply capi "$CAPI_DEPLOY" probe_capi
+  capi_apply capm3 "$CAPM3_DEPLOY" probe_capm3
+  capi_apply bmo "$BMO_DEPLOY" probe_bmo
+  log "Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION and baremetal-operator $BMO_VERSION running in the e2e cluster, $(($(now) - t0)) s to pack and import their images, apply their releases' config/default and roll out their Deployments (webhooks behind their Services)"
+}
+
+# capi_logs: the managers' logs, kept before the cluster goes (the kubelet
+# deletes a pod's logs with it).
+capi_logs() {
+  local m d
+  [ -f "$KCFG" ] || return 0
+  for m in "capi:$CAPI_DEPLOY" "capm3:$CAPM3_DEPLOY" "bmo:$BMO_DEPLOY"; do
+    d=${m#*:}
+    kc -n "${d%/*}" --request-timeout=10s logs "deployment/${d#*/}" >"$W/logs/${m%%:*}.log" 2>&1 || true
   done
-  wait_for "the CRDs established" 60 kc wait --for=condition=Established --timeout=5s crd --all
-
-  start capi "$CAPI_MANAGER" --kubeconfig "$KCFG" --leader-elect=false \
-    --webhook-port "$WEBHOOK_PORT_CAPI" --webhook-cert-dir "$CAPI_DIR/webhook-certs" \
-    --health-addr 127.0.0.1:9440 --diagnostics-address 127.0.0.1:9450 --insecure-diagnostics
-  start_capm3 "$CAPM3_MANAGER"
-  # BMO as Metal3 runs it beside its Ironic: the endpoint, no
-  # authentication (the box's Ironic runs noauth: no credentials folder),
-  # IPA's kernel and ramdisk from the box's nginx.
-  start bmo env TMPDIR="$CAPI_DIR/bmo-tmp" METAL3_AUTH_ROOT_DIR="$CAPI_DIR/no-ironic-auth" \
-    IRONIC_ENDPOINT="http://$BR_IP:$IRONIC_PORT/v1/" \
-    DEPLOY_KERNEL_URL="http://$BR_IP:$BOOT_HTTP_PORT/ipa/ipa.kernel" \
-    DEPLOY_RAMDISK_URL="http://$BR_IP:$BOOT_HTTP_PORT/ipa/ipa.initramfs" \
-    "$BMO_MANAGER" --kubeconfig "$KCFG" --webhook-port "$WEBHOOK_PORT_BMO" \
-    --health-addr 127.0.0.1:9442 --metrics-addr 0 -dev
-  local name port
-  for name in capi:9440 capm3:9441 bmo:9442; do
-    port=${name#*:}
-    name=${name%:*}
-    wait_for "$name's manager ready (see $W/logs/$name.log)" 180 capi_ready "$name" "$port"
-  done
-  log "Cluster API $CAPI_VERSION, CAPM3 $CAPM3_VERSION and baremetal-operator $BMO_VERSION up in $(($(now) - t0)) s (kube-apiserver $("$KUBE_APISERVER" --version | cut -d' ' -f2), webhooks over TLS)"
-}
-
-start_capm3() {
-  start capm3 "$1" --kubeconfig "$KCFG" --leader-elect=false \
-    --webhook-port "$WEBHOOK_PORT_CAPM3" --webhook-cert-dir "$CAPI_DIR/webhook-certs" \
-    --health-addr 127.0.0.1:9441 --diagnostics-address 127.0.0.1:9451 --insecure-diagnostics
-}
-
-capi_ready() {
-  alive "$(pid_of "$1")" || fail "$1's manager exited: $(tail -5 "$W/logs/$1.log")"
-  in_ns curl -sf "http://127.0.0.1:$2/readyz"
-}
-
-capi_stop() {
-  local p
-  for p in propagate bmo capm3 capi apiserver etcd; do stop_pid "$p"; done
 }
 
 # --- the host, handed to baremetal-operator --------------------------------
@@ -247,7 +258,9 @@ stuck_host() {
   local f
   echo "--- the host's console, last lines:"
   tail -c 20000 "$W/logs/node0-console.log" 2>/dev/null | tr -d '\r' | tr -c '[:print:]\n' '?' | grep -v '^\s*$' | tail -5 | cut -c1-200
-  for f in bmo capm3 serve ironic; do
+  capi_logs
+  kc -n "$MGMT_NS" --request-timeout=10s logs "$(chart_pod)" >"$W/logs/chart-server.log" 2>&1 || true
+  for f in bmo capm3 chart-server ironic; do
     echo "--- $f.log: $(grep -aiE 'error|fail|timeout|timed out' "$W/logs/$f.log" 2>/dev/null | tail -1 | cut -c1-400)"
   done
   echo "--- Ironic node $CAPI_NS~$NODE: $(ironic_node '{provision_state, target_provision_state, power_state, provision_updated_at, last_error, deploy_step,
@@ -280,18 +293,6 @@ EOF
 
 # --- osimages, as a Sylva management cluster runs it -----------------------
 
-# mgmt_serve: osimages serve reading the management catalog from the
-# cluster (os-images-info) and publishing what it serves to the ConfigMap
-# Sylva's charts read, on the data directory of the box's first server.
-mgmt_serve() {
-  stop_pid serve
-  start serve "$W/bin/osimages" serve --kubeconfig "$KCFG" --data "$W/serve/data" --listen "$BR_IP:$SERVE_PORT" \
-    --peer-listen 127.0.0.1:8081 --tls-cert "$W/tls/server.crt" --tls-key "$W/tls/server.key" \
-    --free-space-margin 0 --os-images-configmap "$MGMT_NS/os-images-info" \
-    -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" \
-    --output-configmap "$MGMT_NS/capm3-os-image-server-os-images"
-}
-
 # served_in NS/NAME SHA: the served-images ConfigMap lists SHA.
 served_in() { kc -n "${1%/*}" get configmap "${1#*/}" -o jsonpath='{.data.values\.yaml}' | grep "$2" >/dev/null; }
 
@@ -303,7 +304,7 @@ k8s_version: v1.32.5+rke2r1
 capi_providers: {infra_provider: capm3, bootstrap_provider: cabpr}
 capm3:
   image_key: $1
-  image_provisioning_host: $BR_IP:$SERVE_PORT
+  image_provisioning_host: $CLUSTER_NODE_IP:$CHART_NODEPORT
   image_provisioning_scheme: https
   image_delivery: $2
   # No cleaning between deployments (an IPA boot each under TCG): the
@@ -312,15 +313,29 @@ capm3:
 EOV
 }
 
+# labelled_configmap NAME LABEL FILE: the ConfigMap NAME of the workload
+# namespace holding FILE as values.yaml, labelled LABEL (what the fleet
+# controller reads), made or replaced.
+labelled_configmap() {
+  kc -n "$CAPI_NS" create configmap "$1" --from-file=values.yaml="$3" --dry-run=client -o yaml |
+    kc label -f - --local -o yaml "$2=" | kc apply -f - >/dev/null
+}
+
 # workload_values IMAGE_KEY [DELIVERY]: the cluster's values, where Sylva
 # keeps them (a ConfigMap the check controller and plan read), and as a
 # file.
 workload_values() {
   cluster_values "$1" "${2:-http}" >"$CAPI_DIR/cluster-values.yaml"
-  kc -n "$CAPI_NS" create configmap cluster-values --from-file=values.yaml="$CAPI_DIR/cluster-values.yaml" \
-    --dry-run=client -o yaml | kc label -f - --local -o yaml osimages.sylva-project.org/cluster-values= |
-    kc apply -f - >/dev/null
+  labelled_configmap cluster-values osimages.sylva-project.org/cluster-values "$CAPI_DIR/cluster-values.yaml"
 }
+
+# workload_catalog NAME FILE: sylva-units values of the workload cluster
+# (FILE) in a catalog-values ConfigMap NAME: the fleet controller resolves
+# the namespace's os-images-info from all of them, merged in name order.
+workload_catalog() { labelled_configmap "$1" osimages.sylva-project.org/catalog-values "$2"; }
+
+# catalog_lists NS SHA: the os-images-info of NS lists SHA.
+catalog_lists() { kc -n "$1" get configmap os-images-info -o jsonpath='{.data.values\.yaml}' | grep "$2" >/dev/null; }
 
 # render_apply [FILE]: osimages render --apply of the cluster's values
 # against its catalog and its copy of the served set; TEMPLATE is the
@@ -389,7 +404,6 @@ capi_scenarios() {
   local t0 t_tpl out
   release_node "$NODE"
   release_node "$CAPI_NS~$NODE"
-  kc create namespace "$MGMT_NS" >/dev/null
   kc create namespace "$CAPI_NS" >/dev/null
   kc label namespace "$CAPI_NS" sylva-project.org/workload-cluster= >/dev/null
   # The host first: baremetal-operator registers and inspects it while
@@ -397,23 +411,20 @@ capi_scenarios() {
   enroll_bmh
   t0=$(now)
 
-  # The management side: its catalog in the cluster, the image server
-  # reading it and publishing what it serves, the propagation of that into
-  # the workload clusters' namespaces.
-  echo "{}" >"$CAPI_DIR/mgmt-values-extra.yaml"
-  osi catalog --kubeconfig "$KCFG" --apply -n "$MGMT_NS" -f "$W/serve/catalog-values.yaml" >/dev/null 2>"$W/logs/catalog-mgmt.log" ||
-    fail "osimages catalog --apply ($MGMT_NS) failed: $(cat "$W/logs/catalog-mgmt.log")"
-  mgmt_serve
-  wait_for "the served-images ConfigMap listing $SHA (see $W/logs/serve.log)" 180 served_in "$MGMT_NS/capm3-os-image-server-os-images" "$SHA"
-  start propagate "$W/bin/osimages" propagate --kubeconfig "$KCFG" --health-addr 127.0.0.1:18081 --metrics-addr 0 --log-format text
+  # The management side is the chart's (chart_up): its catalog Job wrote
+  # $MGMT_NS/os-images-info, its server serves the image and publishes it
+  # in $MGMT_NS/capm3-os-image-server-os-images, its fleet controller
+  # propagates that into the workload clusters' namespaces.
+  served_in "$MGMT_NS/capm3-os-image-server-os-images" "$SHA" || fail "the chart's server does not publish $SHA in $MGMT_NS/capm3-os-image-server-os-images"
 
-  # The workload cluster: its catalog, its values, its copy of the served
-  # set.
-  osi catalog --kubeconfig "$KCFG" --apply -n "$CAPI_NS" -f "$W/serve/catalog-values.yaml" >/dev/null 2>"$W/logs/catalog-wl.log" ||
-    fail "osimages catalog --apply ($CAPI_NS) failed: $(cat "$W/logs/catalog-wl.log")"
+  # The workload cluster: its own catalog (its sylva-units values, which
+  # the fleet controller resolves into its os-images-info), its values,
+  # and its copy of the served set (the controller's propagation).
+  workload_catalog catalog-values "$W/chart/catalog-values.yaml"
+  wait_for "the fleet controller's catalog of $CAPI_NS listing $SHA ($(controller_says))" 180 catalog_lists "$CAPI_NS" "$SHA"
   workload_values m3box-test
-  wait_for "the served set propagated to $CAPI_NS (see $W/logs/propagate.log)" 120 served_in "$CAPI_NS/kyverno-cloned-os-image-server-images" "$SHA"
-  log "osimages: management catalog, server and propagation, the workload cluster's catalog and values in place $(($(now) - t0)) s after the host was enrolled"
+  wait_for "the served set propagated to $CAPI_NS ($(controller_says))" 120 served_in "$CAPI_NS/kyverno-cloned-os-image-server-images" "$SHA"
+  log "osimages (the chart's fleet controller): the workload cluster's catalog and its copy of the served set in place $(($(now) - t0)) s after the host was enrolled"
 
   # oci:// delivery: CAPM3 v1.13.2's schema requires image.checksum, which
   # an oci:// image has not: render refuses before writing anything.
@@ -449,7 +460,7 @@ metadata: {name: $CAPI_CLUSTER, namespace: $CAPI_NS}
 spec:
   infrastructureRef: {apiGroup: infrastructure.cluster.x-k8s.io, kind: Metal3Cluster, name: $CAPI_CLUSTER}
 EOF
-  wait_for "BareMetalHost $CAPI_NS/$NODE available (registered and inspected by baremetal-operator; see $W/logs/bmo.log)" 900 bmh_state available
+  wait_for "BareMetalHost $CAPI_NS/$NODE available (registered and inspected by baremetal-operator; see kubectl -n ${BMO_DEPLOY%/*} logs deployment/${BMO_DEPLOY#*/})" 900 bmh_state available
   log "BareMetalHost $CAPI_NS/$NODE available $(($(now) - t0)) s after it was created: inspected: $(bmh '{.status.hardware.cpu.count} CPUs, {.status.hardware.ramMebibytes} MiB, NIC {.status.hardware.nics[0].mac}, disk {.status.hardware.storage[0].name}')"
 
   render_apply || fail "osimages render --apply failed"
@@ -499,28 +510,39 @@ second_image() {
   cp -r "$W/image/vmlinuz" "$W/image/modules" "$W/image2/"
   SHA2=$(in_box /m3box/bin/test-image.sh /m3box/image2) || fail "the second test image was not built: see $W/image2/boot.log"
   [ "$SHA2" != "$SHA" ] || fail "the second test image is byte for byte the first ($SHA)"
-  in_ns "$W/bin/publish" -registry 127.0.0.1:5000 -image "$W/image2/osimages-test.raw" -name m3box-test-v2 -registry-key m3box-v2 \
-    -repo-base sylva-projects/sylva-elements/m3box-v2 \
+  in_ns "$W/bin/publish" -registry "$LINK_BOX_IP:$REGISTRY_PORT" -image "$W/image2/osimages-test.raw" -name m3box-test-v2 -registry-key m3box-v2 \
+    -repo-base m3box-chart-v2/diskimage-builder \
     -catalog-values "$CAPI_DIR/catalog-values2.yaml" -server-values "$CAPI_DIR/mgmt-values2.yaml" >&2 ||
     fail "publishing the second test image failed"
 }
 
 # The guarantee, management side: a new image in the management catalog,
-# selected and served, the old one kept; osimages plan says the workload
-# cluster is unchanged, and no host is provisioned again.
+# selected and served, the old one kept, by a helm upgrade of the chart;
+# osimages plan says the workload cluster is unchanged first, and no host
+# is provisioned again.
 capi_management_change() {
-  local before after
+  local before after out
   before=$(host_facts)
   second_image
-  osi catalog -f "$W/serve/catalog-values.yaml" -f "$CAPI_DIR/catalog-values2.yaml" >"$CAPI_DIR/mgmt-catalog2.yaml" 2>"$W/logs/catalog-mgmt2.log" ||
+  # The proposed management catalog, resolved as the catalog Job will.
+  osi catalog -f "$W/chart/catalog-values.yaml" -f "$CAPI_DIR/catalog-values2.yaml" >"$CAPI_DIR/mgmt-catalog2.yaml" 2>"$W/logs/catalog-mgmt2.log" ||
     fail "osimages catalog (the new management catalog) failed: $(cat "$W/logs/catalog-mgmt2.log")"
-  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values2.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-mgmt.txt" 2>&1 ||
-    fail "osimages plan says the management change would break a workload cluster: $(cat "$CAPI_DIR/plan-mgmt.txt")"
+  mgmt_plan "$CAPI_DIR/plan-mgmt.txt" || fail "osimages plan says the management change would break a workload cluster: $(cat "$CAPI_DIR/plan-mgmt.txt")"
   echo "osimages plan (management change): $(grep -m1 "$CAPI_NS" "$CAPI_DIR/plan-mgmt.txt")"
-  cp "$CAPI_DIR/mgmt-values2.yaml" "$CAPI_DIR/mgmt-values-extra.yaml"
-  osi catalog --kubeconfig "$KCFG" --apply -n "$MGMT_NS" -f "$W/serve/catalog-values.yaml" -f "$CAPI_DIR/catalog-values2.yaml" >/dev/null 2>"$W/logs/catalog-mgmt2.log" ||
-    fail "osimages catalog --apply ($MGMT_NS, the new image) failed: $(cat "$W/logs/catalog-mgmt2.log")"
-  wait_for "the server serving the new image $SHA2 (see $W/logs/serve.log)" 300 served_in "$MGMT_NS/capm3-os-image-server-os-images" "$SHA2"
+  # The change as an operator makes it: the new image's registry and
+  # catalog entry in the chart's values (the catalog Job's and the
+  # server's), helm upgrade.
+  {
+    echo "catalogJob:"
+    echo "  values:"
+    sed 's/^/    /' "$CAPI_DIR/catalog-values2.yaml"
+    echo "cluster:"
+    sed 's/^/  /' "$CAPI_DIR/mgmt-values2.yaml"
+  } >"$CAPI_DIR/values2.yaml"
+  out=$(cluster_sh exec "$W/bin/chart" -chart "$ROOT/charts/osimages" -namespace "$CHART_NS" -upgrade \
+    -f "$W/chart/values.yaml" -f "$CAPI_DIR/values2.yaml" 2>&1) || fail "upgrading the chart failed: $out"
+  log "$out"
+  wait_for "the chart's server serving the new image $SHA2 ($(kc -n "$MGMT_NS" logs "$(chart_pod)" --tail 3 2>&1))" 300 served_in "$MGMT_NS/capm3-os-image-server-os-images" "$SHA2"
   served_in "$MGMT_NS/capm3-os-image-server-os-images" "$SHA" || fail "the management change dropped $SHA from the served set"
   # Flux renders the cluster again whenever its inputs change: the same
   # values give the same template.
@@ -532,17 +554,28 @@ capi_management_change() {
   log "served now: $SHA (kept) and $SHA2 (new); template $TEMPLATE1 unchanged; $(printf '%s' "$after" | head -1)"
 }
 
+# mgmt_plan FILE: osimages plan of the management values and catalog in place
+# since the management change (the chart's server values with the second
+# image's, the catalog with it) against the cluster, into FILE.
+mgmt_plan() {
+  osi plan --kubeconfig "$KCFG" -f "$W/chart/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values2.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$1" 2>&1
+}
+
+# controller_says: the last lines of the chart's fleet controller's log.
+controller_says() { kc -n "$MGMT_NS" logs -l app.kubernetes.io/component=controller --tail 3 2>&1 | cut -c1-300; }
+
 # The guarantee, workload side: the cluster's own image upgraded; plan
 # says its nodes roll; render writes a new template, the Machine is
 # replaced from it, and the host is provisioned once with the new image.
 capi_image_upgrade() {
   local t0 start1 start2
-  osi catalog --kubeconfig "$KCFG" --apply -n "$CAPI_NS" -f "$W/serve/catalog-values.yaml" -f "$CAPI_DIR/catalog-values2.yaml" >/dev/null 2>"$W/logs/catalog-wl2.log" ||
-    fail "osimages catalog --apply ($CAPI_NS, the new image) failed: $(cat "$W/logs/catalog-wl2.log")"
+  # The new image in the workload cluster's own catalog: a second
+  # catalog-values ConfigMap, merged after the first.
+  workload_catalog catalog-values-v2 "$CAPI_DIR/catalog-values2.yaml"
+  wait_for "the fleet controller's catalog of $CAPI_NS listing $SHA2 ($(controller_says))" 180 catalog_lists "$CAPI_NS" "$SHA2"
   workload_values m3box-test-v2
-  wait_for "the new image propagated to $CAPI_NS" 120 served_in "$CAPI_NS/kyverno-cloned-os-image-server-images" "$SHA2"
-  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-upgrade.txt" 2>&1 ||
-    fail "osimages plan failed: $(cat "$CAPI_DIR/plan-upgrade.txt")"
+  wait_for "the new image propagated to $CAPI_NS ($(controller_says))" 120 served_in "$CAPI_NS/kyverno-cloned-os-image-server-images" "$SHA2"
+  mgmt_plan "$CAPI_DIR/plan-upgrade.txt" || fail "osimages plan failed: $(cat "$CAPI_DIR/plan-upgrade.txt")"
   grep -q "rolls nodes" "$CAPI_DIR/plan-upgrade.txt" || fail "osimages plan does not say that $CAPI_NS's nodes roll: $(cat "$CAPI_DIR/plan-upgrade.txt")"
   echo "osimages plan (image upgrade): $(grep -m1 'rolls nodes' "$CAPI_DIR/plan-upgrade.txt")"
   render_apply || fail "osimages render --apply (the upgrade) failed"
@@ -578,10 +611,14 @@ replace_machine() {
   local t0
   t0=$(now)
   kc -n "$CAPI_NS" delete machine "$MACHINE" --wait=false >/dev/null
-  wait_for "Machine $MACHINE deleted and $NODE deprovisioned (see $W/logs/capm3.log, $W/logs/bmo.log)" 600 machine_gone "$MACHINE"
+  wait_for "Machine $MACHINE deleted and $NODE deprovisioned (see the logs of $CAPM3_DEPLOY and $BMO_DEPLOY)" 600 machine_gone "$MACHINE"
   wait_for "BareMetalHost $CAPI_NS/$NODE available again" 600 bmh_state available
   log "Machine $MACHINE deleted, $NODE deprovisioned in $(($(now) - t0)) s"
 }
+
+# status_says TEXT: the line of the workload namespace's osimages-status
+# (the fleet controller's check) that holds TEXT.
+status_says() { kc -n "$CAPI_NS" get configmap osimages-status -o jsonpath='{.data.status\.yaml}' | grep -m1 -F "$1" | cut -c1-400; }
 
 # The oci:// delivery through CAPM3. The Go module proxy serves no CAPM3
 # that accepts it (v1.14.x: 403); v1.13.2 with the one upstream commit
@@ -594,23 +631,24 @@ replace_machine() {
 capi_oci() {
   local t0 url
   workload_values m3box-test oci
-  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-oci-refused.txt" 2>&1 || true
+  mgmt_plan "$CAPI_DIR/plan-oci-refused.txt" || true
   grep -q "requires spec.template.spec.image.checksum" "$CAPI_DIR/plan-oci-refused.txt" ||
     fail "osimages plan does not say that CAPM3 $CAPM3_VERSION refuses $CAPI_NS's oci:// delivery: $(cat "$CAPI_DIR/plan-oci-refused.txt")"
   echo "osimages plan (oci:// with CAPM3 $CAPM3_VERSION): $(grep -m1 'requires spec.template.spec.image.checksum' "$CAPI_DIR/plan-oci-refused.txt")"
 
+  # The fleet controller's check says it too, in the namespace's status.
+  wait_for "the check of $CAPI_NS reporting CAPM3's refusal of oci:// ($(controller_says))" 120 status_says "requires spec.template.spec.image.checksum"
+  echo "osimages controller (check of $CAPI_NS): $(status_says "requires spec.template.spec.image.checksum")"
+
+  # CAPM3 upgraded in place, as an operator upgrades a provider: the new
+  # release's objects applied over the old ones, its Deployment rolled.
   t0=$(now)
-  stop_pid capm3
-  capi_manifests capm3-oci "$CAPM3_OCI_SRC" "$WEBHOOK_PORT_CAPM3"
-  kc apply --server-side --force-conflicts -f "$CAPI_DIR/capm3-oci.yaml" >"$W/logs/apply-capm3-oci.log" 2>&1 ||
-    fail "applying the CRDs and webhooks of CAPM3 $CAPM3_VERSION with the oci:// commit failed: $(tail -3 "$W/logs/apply-capm3-oci.log")"
-  wait_for "the CRDs established" 60 kc wait --for=condition=Established --timeout=5s crd --all
-  start_capm3 "$CAPM3_OCI_MANAGER"
-  wait_for "capm3's manager ready (see $W/logs/capm3.log)" 180 capi_ready capm3 9441
+  capi_image cluster-api-provider-metal3 "$CAPM3_OCI_MANAGER" /manager "$CAPM3_VERSION-oci"
+  capi_render capm3-oci "$CAPM3_OCI_SRC" "$CAPM3_UPSTREAM_IMAGE" "$LOCAL_IMAGES/cluster-api-provider-metal3:$CAPM3_VERSION-oci"
+  capi_apply capm3-oci "$CAPM3_DEPLOY" probe_capm3
   log "CAPM3 upgraded in place to $CAPM3_VERSION with upstream's oci:// commit (PR #3522, in v1.14.0-rc.0) in $(($(now) - t0)) s"
 
-  osi plan --kubeconfig "$KCFG" -f "$W/serve/mgmt-values.yaml" -f "$CAPI_DIR/mgmt-values-extra.yaml" --os-images "$CAPI_DIR/mgmt-catalog2.yaml" >"$CAPI_DIR/plan-oci.txt" 2>&1 ||
-    fail "osimages plan failed with CAPM3 accepting oci://: $(cat "$CAPI_DIR/plan-oci.txt")"
+  mgmt_plan "$CAPI_DIR/plan-oci.txt" || fail "osimages plan failed with CAPM3 accepting oci://: $(cat "$CAPI_DIR/plan-oci.txt")"
   grep -q "rolls nodes" "$CAPI_DIR/plan-oci.txt" || fail "osimages plan does not say that $CAPI_NS's nodes roll to oci:// delivery: $(cat "$CAPI_DIR/plan-oci.txt")"
   echo "osimages plan (oci:// with CAPM3 $CAPM3_VERSION + PR #3522): $(grep -m1 'rolls nodes' "$CAPI_DIR/plan-oci.txt")"
   render_apply || fail "osimages render --apply (oci://) failed"
