@@ -164,9 +164,12 @@ capi_apply() {
 
 # Objects whose dry-run create goes through each provider's webhooks:
 # conversion from v1beta1 (the stored version is v1beta2) and validation.
+# (A Cluster would not do for Cluster API: converting one with an
+# infrastructureRef looks up the referenced kind's CRD, which CAPM3, applied
+# after it, installs.)
 probe_capi() {
-  printf '%s\n' 'apiVersion: cluster.x-k8s.io/v1beta1' 'kind: Cluster' 'metadata: {name: probe, namespace: default}' \
-    'spec: {infrastructureRef: {apiVersion: infrastructure.cluster.x-k8s.io/v1beta1, kind: Metal3Cluster, name: probe}}'
+  printf '%s\n' 'apiVersion: cluster.x-k8s.io/v1beta1' 'kind: MachineHealthCheck' 'metadata: {name: probe, namespace: default}' \
+    'spec: {clusterName: probe, selector: {matchLabels: {probe: "true"}}, unhealthyConditions: [{type: Ready, status: Unknown, timeout: 300s}]}'
 }
 probe_capm3() {
   printf '%s\n' 'apiVersion: infrastructure.cluster.x-k8s.io/v1beta1' 'kind: Metal3MachineTemplate' \
